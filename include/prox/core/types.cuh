@@ -1,0 +1,60 @@
+// SPDX-License-Identifier: Apache-2.0
+//! @file types.cuh  Element types (fp16, bf16): names, enum tags and float conversions, host and device.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "config.hpp"
+
+PROX_NAMESPACE_BEGIN
+
+//! Runtime tag of an activation / weight element type (tuning-cache keys, messages).
+enum class DType : int { kF16 = 0, kBF16 = 1 };
+
+constexpr const char* to_string(DType t) noexcept { return t == DType::kF16 ? "f16" : "bf16"; }
+
+/**
+ * @brief Traits of the 16-bit element types prox accepts: `__half` and `__nv_bfloat16`.
+ * @tparam T the element type. Other types do not compile (no primary definition).
+ */
+template <class T>
+struct DTypeTraits;
+
+template <>
+struct DTypeTraits<__half> {
+  static constexpr DType kDType = DType::kF16;
+  static constexpr const char* kName = "f16";
+  using Pair = __half2;
+  PROX_HOST_DEVICE static PROX_FORCEINLINE float to_float(__half v) { return __half2float(v); }
+  PROX_HOST_DEVICE static PROX_FORCEINLINE __half from_float(float v) { return __float2half_rn(v); }
+#if defined(__CUDACC__)
+  PROX_DEVICE static PROX_FORCEINLINE float2 to_float2(__half2 v) { return __half22float2(v); }
+#endif
+};
+
+template <>
+struct DTypeTraits<__nv_bfloat16> {
+  static constexpr DType kDType = DType::kBF16;
+  static constexpr const char* kName = "bf16";
+  using Pair = __nv_bfloat162;
+  PROX_HOST_DEVICE static PROX_FORCEINLINE float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+  PROX_HOST_DEVICE static PROX_FORCEINLINE __nv_bfloat16 from_float(float v) { return __float2bfloat16_rn(v); }
+#if defined(__CUDACC__)
+  PROX_DEVICE static PROX_FORCEINLINE float2 to_float2(__nv_bfloat162 v) { return __bfloat1622float2(v); }
+#endif
+};
+
+//! Convenience: element -> float.
+template <class T>
+PROX_HOST_DEVICE PROX_FORCEINLINE float to_float(T v) {
+  return DTypeTraits<T>::to_float(v);
+}
+
+//! Convenience: float -> element, round to nearest even.
+template <class T>
+PROX_HOST_DEVICE PROX_FORCEINLINE T from_float(float v) {
+  return DTypeTraits<T>::from_float(v);
+}
+
+PROX_NAMESPACE_END

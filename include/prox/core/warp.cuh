@@ -1,0 +1,85 @@
+// SPDX-License-Identifier: Apache-2.0
+//! @file warp.cuh  Warp and block helpers: deterministic reductions, ballot compaction, PDL controls.
+#pragma once
+
+#include <cstdint>
+
+#include "config.hpp"
+
+PROX_NAMESPACE_BEGIN
+
+constexpr int kWarpSize = 32;
+
+#if defined(__CUDACC__)
+
+PROX_DEVICE PROX_FORCEINLINE int lane_id() { return static_cast<int>(threadIdx.x) & (kWarpSize - 1); }
+PROX_DEVICE PROX_FORCEINLINE int warp_id() { return static_cast<int>(threadIdx.x) / kWarpSize; }
+
+/**
+ * @brief Sum over the lanes of a warp with a fixed xor butterfly: every lane gets the same,
+ * bit-reproducible result (the order of additions never depends on timing).
+ */
+PROX_DEVICE PROX_FORCEINLINE float warp_sum(float v) {
+#pragma unroll
+  for (int off = kWarpSize / 2; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+  return v;
+}
+
+/**
+ * @brief Sum the values of lanes that differ only in lane bits >= `kStride` (kStride a power of two
+ * below 32): lanes l and l ^ kStride, l ^ 2 kStride, ... are added with a fixed butterfly.
+ * Used when a warp holds several row groups of one tile side by side.
+ */
+template <int kStride>
+PROX_DEVICE PROX_FORCEINLINE float warp_sum_strided(float v) {
+#pragma unroll
+  for (int off = kWarpSize / 2; off >= kStride; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+  return v;
+}
+
+/**
+ * @brief Block-wide stream compaction step, in order: thread t with `flag` set gets the number of
+ * flagged threads below it. Returns that position; `*total` gets the block's flagged count.
+ * @param warp_counts shared scratch of kThreads/32 ints. Contains a __syncthreads() pair; every
+ *        thread of the block must call it.
+ */
+template <int kThreads>
+PROX_DEVICE PROX_FORCEINLINE int block_compact_position(bool flag, int* warp_counts, int* total) {
+  static_assert(kThreads % kWarpSize == 0, "block size must be a multiple of 32");
+  constexpr int kWarps = kThreads / kWarpSize;
+  const unsigned ballot = __ballot_sync(0xffffffffu, flag);
+  const int lane = lane_id();
+  const int warp = warp_id();
+  if (lane == 0) warp_counts[warp] = __popc(ballot);
+  __syncthreads();
+  int before = 0;
+  int sum = 0;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) {
+    const int c = warp_counts[w];
+    before += (w < warp) ? c : 0;
+    sum += c;
+  }
+  __syncthreads();
+  *total = sum;
+  return before + __popc(ballot & ((1u << lane) - 1u));
+}
+
+//! Programmatic dependent launch: wait until the preceding kernel's memory is visible (sm_90+;
+//! a no-op elsewhere or when the kernel was launched without the PDL attribute).
+PROX_DEVICE PROX_FORCEINLINE void pdl_wait() {
+#if PROX_ARCH_SM90
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+//! Programmatic dependent launch: allow the next kernel in the stream to start launching.
+PROX_DEVICE PROX_FORCEINLINE void pdl_launch_dependents() {
+#if PROX_ARCH_SM90
+  asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+}
+
+#endif  // __CUDACC__
+
+PROX_NAMESPACE_END

@@ -1,0 +1,64 @@
+// SPDX-License-Identifier: Apache-2.0
+//! @file dispatch.hpp  L4 runtime choice: device facts read once at plan time, and the constexpr
+//! default policy when the tuning cache has no entry. No allocation, no sync, no device query on
+//! the hot path: the choice is an index fixed at plan().
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "core/config.hpp"
+#include "core/policy.hpp"
+#include "core/status.hpp"
+
+PROX_NAMESPACE_BEGIN
+
+//! Facts about the current device that planning needs (read once, cached by the planner).
+struct DeviceInfo {
+  int device = 0;
+  int sm_count = 0;
+  int cc_major = 0;
+  int cc_minor = 0;
+  bool supports_pdl() const noexcept { return cc_major >= 9; }
+};
+
+//! Query the current device (planning time only).
+inline Status query_device(DeviceInfo* out) noexcept {
+  if (out == nullptr) return Status::kErrorNullPointer;
+  int dev = 0;
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) return Status::kErrorNoDevice;
+  if (cudaGetDevice(&dev) != cudaSuccess) return Status::kErrorCudaRuntime;
+  DeviceInfo info;
+  info.device = dev;
+  if (cudaDeviceGetAttribute(&info.sm_count, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&info.cc_major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&info.cc_minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
+    return Status::kErrorCudaRuntime;
+  }
+  if (info.cc_major < 8) return Status::kErrorUnsupportedDevice;
+  *out = info;
+  return Status::kSuccess;
+}
+
+/**
+ * @brief Default policy of a list for a shape: the first candidate whose grid has at least
+ * two blocks per SM (enough bytes in flight for a memory-bound GEMV); if none has, the one with
+ * the largest grid (ties to the lower index). `blocks(policy)` returns the grid size of a policy.
+ */
+template <class List, class BlocksFn>
+int default_policy(int sm_count, BlocksFn&& blocks) {
+  int chosen = -1;
+  long best = -1;
+  int best_index = 0;
+  for_each_policy<List>([&](auto p, int i) {
+    const long b = blocks(p);
+    if (chosen < 0 && b >= 2L * sm_count) chosen = i;
+    if (b > best) {
+      best = b;
+      best_index = i;
+    }
+  });
+  return chosen >= 0 ? chosen : best_index;
+}
+
+PROX_NAMESPACE_END

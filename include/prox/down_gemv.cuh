@@ -1,0 +1,211 @@
+// SPDX-License-Identifier: Apache-2.0
+//! @file down_gemv.cuh  Op 4, Stage 2: the input-sparse down GEMV, y = sum_{j selected} s_j W_down^T[j,:].
+//! Reads only the selected rows of W_down^T [d_ff][d_model] (row j contiguous over d_model).
+//!
+//! Grid: x = column tiles of kTileD outputs, y = chunks of kChunk channels (split-K). A block
+//! compacts the selected channels of its chunk (and their s_j) in shared memory, streams their rows
+//! over its column tile, and the split-K blocks of a tile combine deterministically.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include "core/config.hpp"
+#include "core/launch.cuh"
+#include "core/math.hpp"
+#include "core/policy.hpp"
+#include "core/status.hpp"
+#include "core/types.cuh"
+#include "core/vec.cuh"
+#include "core/warp.cuh"
+#include "detail/tile_reduce.cuh"
+
+PROX_NAMESPACE_BEGIN
+
+/**
+ * @brief Arguments of the sparse down GEMV. All pointers are device pointers.
+ * @tparam T `__half` or `__nv_bfloat16` (weights and output).
+ */
+template <class T>
+struct DownGemvArgs {
+  const float* s = nullptr;                     //!< [d_ff] intermediate values; only selected entries are read
+  const std::uint32_t* channel_mask = nullptr;  //!< [d_ff/32] selected channels
+  const T* w_down_t = nullptr;                  //!< [d_ff][d_model] row-major = W_down^T, 16-byte aligned
+  int d_model = 0;                              //!< outputs, a multiple of 8, 8..2^20
+  int d_ff = 0;                                 //!< a multiple of 32, 32..2^20
+  T* y = nullptr;                               //!< out [d_model]; every element is written
+};
+
+/**
+ * @brief Tile policy of the down GEMV.
+ * @tparam Threads threads per block; @tparam TileD outputs per block (TileD/8 threads share a row,
+ * at most 32); @tparam Chunk channels per block (split-K); @tparam Unroll rows in flight per thread.
+ */
+template <int Threads, int TileD, int Chunk, int Unroll>
+struct DownGemvPolicy {
+  static constexpr int kThreads = Threads;
+  static constexpr int kTileD = TileD;
+  static constexpr int kChunk = Chunk;
+  static constexpr int kUnroll = Unroll;
+  static_assert(Chunk % 32 == 0 && TileD % 8 == 0 && TileD / 8 <= 32, "policy shape");
+  static std::string name() {
+    return "down_t" + std::to_string(Threads) + "_d" + std::to_string(TileD) + "_c" + std::to_string(Chunk) + "_u" +
+           std::to_string(Unroll);
+  }
+};
+
+using DownGemvPolicies =
+    PolicyList<DownGemvPolicy<256, 256, 256, 4>, DownGemvPolicy<256, 128, 512, 4>, DownGemvPolicy<512, 256, 512, 2>>;
+
+// ---------------------------------------------------------------- L2: kernel
+template <class Policy, class T>
+PROX_KERNEL __launch_bounds__(Policy::kThreads) void down_gemv_kernel(const DownGemvArgs<T> a, float* partials,
+                                                                      unsigned* tile_counters) {
+  constexpr int kThreads = Policy::kThreads;
+  constexpr int kTileD = Policy::kTileD;
+  constexpr int kChunk = Policy::kChunk;
+  constexpr int kU = Policy::kUnroll;
+  constexpr int kTn = kTileD / 8;
+  constexpr int kGroups = kThreads / kTn;
+  using Reducer = detail::TileReducer<kThreads, kTn, 8, 1>;
+
+  __shared__ int s_rows[kChunk];
+  __shared__ float s_val[kChunk];
+  __shared__ int s_warp[kThreads / kWarpSize];
+  __shared__ typename Reducer::Storage s_red;
+
+  const int tid = static_cast<int>(threadIdx.x);
+  const int tile = static_cast<int>(blockIdx.x);
+  const int chunk = static_cast<int>(blockIdx.y);
+  const int d0 = tile * kTileD;
+  const int c0 = chunk * kChunk;
+  pdl_wait();  // mask and s come from the previous kernels
+  pdl_launch_dependents();
+
+  int count = 0;
+#pragma unroll 1
+  for (int base = 0; base < kChunk; base += kThreads) {
+    const int t = base + tid;
+    const int j = c0 + t;
+    bool sel = false;
+    if (t < kChunk && j < a.d_ff) sel = (a.channel_mask[j / kWarpSize] >> (j % kWarpSize)) & 1u;
+    int total = 0;
+    const int pos = block_compact_position<kThreads>(sel, s_warp, &total);
+    if (sel) {
+      s_rows[count + pos] = j;
+      s_val[count + pos] = a.s[j];
+    }
+    count += total;
+  }
+  __syncthreads();
+
+  const int slot = tid % kTn;
+  const int group = tid / kTn;
+  const int d = d0 + slot * 8;
+  const bool col_ok = d < a.d_model;
+  const std::size_t ld = static_cast<std::size_t>(a.d_model);
+  const T* base_ptr = a.w_down_t + d;
+
+  float acc[1][8];
+#pragma unroll
+  for (int c = 0; c < 8; ++c) acc[0][c] = 0.0f;
+#pragma unroll 1
+  for (int i = group; i < count; i += kGroups * kU) {
+    uint4 v[kU];
+    float sv[kU];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int r = i + u * kGroups;
+      if (col_ok && r < count) {
+        v[u] = ld_stream_16(base_ptr + static_cast<std::size_t>(s_rows[r]) * ld);
+        sv[u] = s_val[r];
+      } else {
+        v[u] = make_uint4(0u, 0u, 0u, 0u);
+        sv[u] = 0.0f;
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      float w[8];
+      unpack8<T>(v[u], w);
+#pragma unroll
+      for (int c = 0; c < 8; ++c) acc[0][c] = fmaf(sv[u], w[c], acc[0][c]);
+    }
+  }
+
+  Reducer::reduce(s_red, acc);
+  const int ncols = min(kTileD, a.d_model - d0);
+  if (!Reducer::split_k(s_red, partials, tile_counters + tile, a.d_model, d0, ncols, chunk,
+                        static_cast<int>(gridDim.y))) {
+    return;
+  }
+  for (int ch = tid; ch < ncols; ch += kThreads) a.y[d0 + ch] = from_float<T>(Reducer::at(s_red, 0, ch));
+}
+
+// ---------------------------------------------------------------- L3: op
+namespace down_gemv {
+
+template <class Policy>
+constexpr int num_tiles(int d_model) noexcept {
+  return ceil_div(d_model, Policy::kTileD);
+}
+template <class Policy>
+constexpr int num_chunks(int d_ff) noexcept {
+  return ceil_div(d_ff, Policy::kChunk);
+}
+
+/**
+ * @brief Validate without launching. Shape rule: d_model a multiple of 8 in [8, 2^20]; d_ff a
+ * multiple of 32 in [32, 2^20]; w_down_t 16-byte aligned; s, mask 4-byte aligned; y element-aligned.
+ */
+template <class T>
+Status can_implement(const DownGemvArgs<T>& a) noexcept {
+  if (a.s == nullptr || a.channel_mask == nullptr || a.w_down_t == nullptr || a.y == nullptr)
+    return Status::kErrorNullPointer;
+  if (a.d_model < 8 || a.d_model > (1 << 20) || a.d_model % 8 != 0 || a.d_ff < 32 || a.d_ff > (1 << 20) ||
+      a.d_ff % 32 != 0)
+    return Status::kErrorInvalidShape;
+  if (!is_aligned(a.w_down_t, 16) || !is_aligned(a.s, 4) || !is_aligned(a.channel_mask, 4) ||
+      !is_aligned(a.y, sizeof(T)))
+    return Status::kErrorMisalignedPointer;
+  return Status::kSuccess;
+}
+
+//! Workspace: tile counters (zero before first use; left zero) + split-K partials.
+template <class Policy, class T>
+constexpr std::size_t workspace_bytes(const DownGemvArgs<T>& a) noexcept {
+  const std::size_t counters = round_up<std::size_t>(sizeof(unsigned) * num_tiles<Policy>(a.d_model), 256);
+  const int chunks = num_chunks<Policy>(a.d_ff);
+  return counters + (chunks > 1 ? sizeof(float) * static_cast<std::size_t>(chunks) * a.d_model : 0);
+}
+
+/**
+ * @brief Launch the sparse down GEMV on `stream`.
+ * @param workspace at least workspace_bytes<Policy>(a), 16-byte aligned, zeroed before first use.
+ * @code
+ * prox::DownGemvArgs<__half> a{d_s, d_mask, d_wdt, K, N, d_y};
+ * using P = prox::PolicyAt<0, prox::DownGemvPolicies>;
+ * auto st = prox::down_gemv::launch<P>(a, ws, ws_bytes, stream);
+ * @endcode
+ */
+template <class Policy, class T>
+Status launch(const DownGemvArgs<T>& a, void* workspace, std::size_t workspace_size, cudaStream_t stream,
+              const LaunchOptions& opts = {}) noexcept {
+  PROX_RETURN_IF_ERROR(can_implement(a));
+  if (workspace == nullptr) return Status::kErrorNullPointer;
+  if (workspace_size < workspace_bytes<Policy>(a)) return Status::kErrorWorkspaceTooSmall;
+  if (!is_aligned(workspace, 16)) return Status::kErrorMisalignedPointer;
+  auto* counters = static_cast<unsigned*>(workspace);
+  float* partials = reinterpret_cast<float*>(static_cast<char*>(workspace) +
+                                             round_up<std::size_t>(sizeof(unsigned) * num_tiles<Policy>(a.d_model), 256));
+  const dim3 grid(static_cast<unsigned>(num_tiles<Policy>(a.d_model)), static_cast<unsigned>(num_chunks<Policy>(a.d_ff)));
+  if (grid.y > 65535u) return Status::kErrorInvalidShape;
+  return detail::launch_kernel(down_gemv_kernel<Policy, T>, grid, dim3(Policy::kThreads), 0, stream, opts, a, partials,
+                               counters);
+}
+
+}  // namespace down_gemv
+
+PROX_NAMESPACE_END

@@ -1,0 +1,154 @@
+// SPDX-License-Identifier: Apache-2.0
+//! @file int4.cuh  INT4 proxy weights on the device: the register dequantizer (L1) and the device
+//! packer (bit-identical to int4::pack_host). The layout is documented in int4_format.hpp.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "core/config.hpp"
+#include "core/launch.cuh"
+#include "core/math.hpp"
+#include "core/status.hpp"
+#include "core/types.cuh"
+#include "core/vec.cuh"
+#include "core/warp.cuh"
+#include "int4_format.hpp"
+
+PROX_NAMESPACE_BEGIN
+
+namespace int4 {
+
+#if defined(__CUDACC__)
+
+template <uint32_t kLut>
+PROX_DEVICE PROX_FORCEINLINE uint32_t lop3(uint32_t a, uint32_t b, uint32_t c) {
+  uint32_t d;
+  asm("lop3.b32 %0, %1, %2, %3, %4;" : "=r"(d) : "r"(a), "r"(b), "r"(c), "n"(kLut));
+  return d;
+}
+
+/**
+ * @brief Dequantize one packed word (8 channels) into four fp16 pairs holding q = nibble - 8,
+ * exactly, in channel order (c0,c1), (c2,c3), (c4,c5), (c6,c7).
+ *
+ * Why it is cheap: OR-ing a nibble into the mantissa of fp16 1024.0 (0x6400) gives 1024 + q
+ * without a conversion; the nibble interleave puts channels (2i, 2i+1) into the two halves of the
+ * same 32-bit register, so 4 lop3 + 1 shift + 2 hsub2 + 2 hfma2 decode 8 weights (the scheme of
+ * FasterTransformer / Marlin, with the -8 zero point folded into the subtract and the fma).
+ */
+PROX_DEVICE PROX_FORCEINLINE void dequant_word(uint32_t q, __half2 (&h)[4]) {
+  constexpr uint32_t kLo = 0x000f000fu;
+  constexpr uint32_t kHi = 0x00f000f0u;
+  constexpr uint32_t kEx = 0x64006400u;
+  constexpr uint32_t kLut = (0xf0 & 0xcc) | 0xaa;  // (a & b) | c
+  const uint32_t lo0 = lop3<kLut>(q, kLo, kEx);
+  const uint32_t hi0 = lop3<kLut>(q, kHi, kEx);
+  q >>= 8;
+  const uint32_t lo1 = lop3<kLut>(q, kLo, kEx);
+  const uint32_t hi1 = lop3<kLut>(q, kHi, kEx);
+  const __half2 sub = as_pair<__half>(0x64086408u);  // {1032, 1032}: 1024 bias + 8 zero point
+  const __half2 mul = as_pair<__half>(0x2c002c00u);  // {1/16, 1/16}
+  const __half2 add = as_pair<__half>(0xd480d480u);  // {-72, -72} = -(1024/16 + 8)
+  h[0] = __hsub2(as_pair<__half>(lo0), sub);
+  h[1] = __hfma2(as_pair<__half>(hi0), mul, add);
+  h[2] = __hsub2(as_pair<__half>(lo1), sub);
+  h[3] = __hfma2(as_pair<__half>(hi1), mul, add);
+}
+
+//! Dequantize one packed word into 8 floats q in [-8, 7], channel order.
+PROX_DEVICE PROX_FORCEINLINE void dequant_word(uint32_t q, float (&out)[8]) {
+  __half2 h[4];
+  dequant_word(q, h);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = __half22float2(h[i]);
+    out[2 * i] = f.x;
+    out[2 * i + 1] = f.y;
+  }
+}
+
+namespace detail {
+
+//! One warp per output channel: scale = max|w| / 7; a non-finite weight makes the scale NaN.
+template <class T>
+PROX_KERNEL void int4_scale_kernel(const T* __restrict__ w, int d_model, int d_ff, float* __restrict__ scales) {
+  const int n = static_cast<int>(blockIdx.x) * (blockDim.x / kWarpSize) + warp_id();
+  if (n >= d_ff) return;
+  const T* row = w + static_cast<std::size_t>(n) * d_model;
+  float amax = 0.0f;
+  bool finite = true;
+  for (int k = lane_id(); k < d_model; k += kWarpSize) {
+    const float v = to_float(row[k]);
+    finite = finite && isfinite(v);
+    amax = fmaxf(amax, fabsf(v));
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+  finite = __all_sync(0xffffffffu, finite);
+  if (lane_id() == 0) scales[n] = finite ? scale_from_amax(amax) : __int_as_float(0x7fc00000);
+}
+
+//! One thread per packed word.
+template <class T>
+PROX_KERNEL void int4_pack_kernel(const T* __restrict__ w, int d_model, int d_ff, const float* __restrict__ scales,
+                                  uint32_t* __restrict__ packed) {
+  const int words_per_row = d_ff / kChannelsPerWord;
+  const std::size_t idx = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= static_cast<std::size_t>(d_model) * words_per_row) return;
+  const int k = static_cast<int>(idx / words_per_row);
+  const int wi = static_cast<int>(idx % words_per_row);
+  uint32_t word = 0;
+#pragma unroll
+  for (int c = 0; c < kChannelsPerWord; ++c) {
+    const int n = wi * kChannelsPerWord + c;
+    const float v = to_float(w[static_cast<std::size_t>(n) * d_model + k]);
+    word |= quantize_nibble(v, scales[n]) << (4 * nibble_of_channel(c));
+  }
+  packed[idx] = word;
+}
+
+}  // namespace detail
+
+/**
+ * @brief Quantize and pack on the device; bit-identical to pack_host.
+ * Offline helper, not for the hot path: it synchronizes `stream` and copies the scales to the host
+ * once to check for non-finite weights (kErrorNonFiniteWeight; then `packed` is not written).
+ * @param w [d_ff][d_model] device pointer (nn.Linear layout); packed [d_model][d_ff/8] and
+ *        scales [d_ff] device outputs; host_scales optional host buffer of d_ff floats (else a
+ *        temporary host vector is used).
+ */
+template <class T>
+Status pack_device(const T* w, int d_model, int d_ff, uint32_t* packed, float* scales, cudaStream_t stream,
+                   float* host_scales = nullptr) {
+  if (w == nullptr || packed == nullptr || scales == nullptr) return Status::kErrorNullPointer;
+  PROX_RETURN_IF_ERROR(check_pack_shape(d_model, d_ff));
+  constexpr int kThreads = 256;
+  const LaunchOptions opts{};
+  PROX_RETURN_IF_ERROR(prox::detail::launch_kernel(detail::int4_scale_kernel<T>,
+                                                   dim3(ceil_div(d_ff, kThreads / kWarpSize)), dim3(kThreads), 0,
+                                                   stream, opts, w, d_model, d_ff, scales));
+  std::vector<float> tmp;
+  if (host_scales == nullptr) {
+    tmp.resize(static_cast<std::size_t>(d_ff));
+    host_scales = tmp.data();
+  }
+  if (cudaMemcpyAsync(host_scales, scales, sizeof(float) * d_ff, cudaMemcpyDeviceToHost, stream) != cudaSuccess ||
+      cudaStreamSynchronize(stream) != cudaSuccess) {
+    return Status::kErrorCudaRuntime;
+  }
+  for (int n = 0; n < d_ff; ++n)
+    if (!(host_scales[n] == host_scales[n])) return Status::kErrorNonFiniteWeight;
+  const std::size_t words = packed_words(d_model, d_ff);
+  return prox::detail::launch_kernel(detail::int4_pack_kernel<T>,
+                                     dim3(static_cast<unsigned>((words + kThreads - 1) / kThreads)), dim3(kThreads), 0,
+                                     stream, opts, w, d_model, d_ff, static_cast<const float*>(scales), packed);
+}
+
+#endif  // __CUDACC__
+
+}  // namespace int4
+
+PROX_NAMESPACE_END

@@ -1,0 +1,25 @@
+// SPDX-License-Identifier: Apache-2.0
+//! @file prox.cuh  Umbrella header: everything public in prox.
+#pragma once
+
+#include "version.hpp"
+#include "core/config.hpp"
+#include "core/status.hpp"
+#include "core/math.hpp"
+#include "core/types.cuh"
+#include "core/vec.cuh"
+#include "core/warp.cuh"
+#include "core/policy.hpp"
+#include "core/launch.cuh"
+#include "allocation.hpp"
+#include "activation.cuh"
+#include "int4_format.hpp"
+#include "int4.cuh"
+#include "layout.cuh"
+#include "stats.cuh"
+#include "threshold.cuh"
+#include "proxy_gemv.cuh"
+#include "glu_gemv.cuh"
+#include "down_gemv.cuh"
+#include "dispatch.hpp"
+#include "sparse_ffn.cuh"

@@ -1,0 +1,332 @@
+// SPDX-License-Identifier: Apache-2.0
+//! @file proxy_gemv.cuh  Op 2, Stage 1: the fused split-N proxy GEMV.
+//!
+//! For one token x [d_model]: keep coordinates with |x_k| >= tau_x, compute the gate and up proxies
+//! over the kept rows only (one pass over x, both matrices in the same loop), rescale per channel,
+//! form s~ = u~ * act(g~) in registers and keep channels with |s~_j| >= tau_s. Output: the channel
+//! bitmask (what Stage 2 reads) and, in the values mode, s~ itself (calibration, analysis).
+//!
+//! Grid: x = column tiles of kTileN channels (split-N), y = chunks of kChunkK input coordinates
+//! (split-K). Each block thresholds and compacts its own chunk of x in shared memory, so a dropped
+//! coordinate costs no weight bytes, then streams the kept rows of its tile. Split-K blocks of a tile
+//! combine deterministically (detail::TileReducer).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include "activation.cuh"
+#include "core/config.hpp"
+#include "core/launch.cuh"
+#include "core/math.hpp"
+#include "core/policy.hpp"
+#include "core/status.hpp"
+#include "core/types.cuh"
+#include "core/vec.cuh"
+#include "core/warp.cuh"
+#include "detail/tile_reduce.cuh"
+#include "int4.cuh"
+#include "stats.cuh"
+#include "threshold.cuh"
+
+PROX_NAMESPACE_BEGIN
+
+// ---------------------------------------------------------------- weight formats (L1)
+/**
+ * @brief INT4 proxy weights (the method): packed [d_model][d_ff/8] uint32, layout int4_format.hpp,
+ * with float scales [d_ff]. One 16-byte piece holds 32 channels of one input row.
+ */
+struct Int4Weights {
+  static constexpr const char* kName = "int4";
+  static constexpr int kChannelsPerVec = 32;
+  static constexpr bool kNeedsScales = true;
+  PROX_HOST_DEVICE static constexpr std::size_t row_bytes(int d_ff) noexcept { return static_cast<std::size_t>(d_ff) / 2; }
+  PROX_HOST_DEVICE static constexpr std::size_t col_bytes(int n) noexcept { return static_cast<std::size_t>(n) / 2; }
+#if defined(__CUDACC__)
+  //! Piece whose every nibble decodes to 0 (used for predicated-off rows).
+  PROX_DEVICE static PROX_FORCEINLINE uint4 zero_vec() { return make_uint4(0x88888888u, 0x88888888u, 0x88888888u, 0x88888888u); }
+  //! acc[c] += x * q_c for the 32 channels of one piece.
+  PROX_DEVICE static PROX_FORCEINLINE void fma(float (&acc)[kChannelsPerVec], uint4 v, float x) {
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      float q[8];
+      int4::dequant_word(w[i], q);
+#pragma unroll
+      for (int c = 0; c < 8; ++c) acc[8 * i + c] = fmaf(x, q[c], acc[8 * i + c]);
+    }
+  }
+#endif
+};
+
+/**
+ * @brief fp16/bf16 proxy weights, input-major [d_model][d_ff] (the paper's A1 ablation and the
+ * denominator of the alpha ratio). Scales are optional (nullptr means 1). Make the layout from
+ * nn.Linear weights with transpose_host / transpose_device.
+ */
+template <class W>
+struct DenseWeights {
+  static constexpr const char* kName = DTypeTraits<W>::kName;
+  static constexpr int kChannelsPerVec = 8;
+  static constexpr bool kNeedsScales = false;
+  PROX_HOST_DEVICE static constexpr std::size_t row_bytes(int d_ff) noexcept { return static_cast<std::size_t>(d_ff) * sizeof(W); }
+  PROX_HOST_DEVICE static constexpr std::size_t col_bytes(int n) noexcept { return static_cast<std::size_t>(n) * sizeof(W); }
+#if defined(__CUDACC__)
+  PROX_DEVICE static PROX_FORCEINLINE uint4 zero_vec() { return make_uint4(0u, 0u, 0u, 0u); }
+  PROX_DEVICE static PROX_FORCEINLINE void fma(float (&acc)[kChannelsPerVec], uint4 v, float x) {
+    float w[8];
+    unpack8<W>(v, w);
+#pragma unroll
+    for (int c = 0; c < 8; ++c) acc[c] = fmaf(x, w[c], acc[c]);
+  }
+#endif
+};
+
+// ---------------------------------------------------------------- arguments and policy
+/**
+ * @brief Arguments of the Stage-1 proxy GEMV. All pointers are device pointers.
+ * @tparam T activation type (`__half` / `__nv_bfloat16`).
+ */
+template <class T>
+struct ProxyGemvArgs {
+  const T* x = nullptr;               //!< [d_model] token activations
+  int d_model = 0;                    //!< input size K, 1..2^20
+  int d_ff = 0;                       //!< channels N, a multiple of 32, 32..2^20
+  float tau_x = 0.0f;                 //!< input threshold (>= 0): keep |x_k| >= tau_x
+  float tau_s = 0.0f;                 //!< channel threshold (>= 0): keep |s~_j| >= tau_s
+  const void* w_gate = nullptr;       //!< gate proxy, format-specific layout, 16-byte aligned
+  const void* w_up = nullptr;         //!< up proxy, same layout
+  const float* scale_gate = nullptr;  //!< [d_ff] per-channel scales (required for Int4Weights)
+  const float* scale_up = nullptr;    //!< [d_ff]
+  std::uint32_t* channel_mask = nullptr;  //!< out [d_ff/32]: bit j%32 of word j/32 set iff channel j selected
+  float* s_proxy = nullptr;           //!< out [d_ff] (values mode, optional): s~ of every channel
+  SparsityCounters* counters = nullptr;  //!< optional runtime statistics (accumulated)
+};
+
+/**
+ * @brief Tile policy of the proxy GEMV.
+ * @tparam Threads   threads per block
+ * @tparam TileN     channels per block (split-N); TileN / kChannelsPerVec threads share a row
+ * @tparam ChunkK    input coordinates per block (split-K); thresholded in shared memory
+ * @tparam Unroll    kept rows each thread has in flight (2 x 16-byte loads each)
+ */
+template <int Threads, int TileN, int ChunkK, int Unroll>
+struct ProxyGemvPolicy {
+  static constexpr int kThreads = Threads;
+  static constexpr int kTileN = TileN;
+  static constexpr int kChunkK = ChunkK;
+  static constexpr int kUnroll = Unroll;
+  static std::string name() {
+    return "proxy_t" + std::to_string(Threads) + "_n" + std::to_string(TileN) + "_k" + std::to_string(ChunkK) + "_u" +
+           std::to_string(Unroll);
+  }
+};
+
+//! Candidates for INT4 weights (index 0 is the fallback/default).
+using ProxyGemvPolicies = PolicyList<ProxyGemvPolicy<256, 256, 512, 4>, ProxyGemvPolicy<256, 128, 256, 4>,
+                                     ProxyGemvPolicy<256, 256, 256, 2>>;
+//! Candidates for fp16/bf16 proxy weights (8 channels per piece, so tiles are narrower).
+using DenseProxyGemvPolicies = PolicyList<ProxyGemvPolicy<256, 256, 256, 4>, ProxyGemvPolicy<256, 128, 256, 4>>;
+
+// ---------------------------------------------------------------- L2: kernel
+template <class Policy, class T, class Fmt, class Act>
+PROX_KERNEL __launch_bounds__(Policy::kThreads) void proxy_gemv_kernel(const ProxyGemvArgs<T> a, float* partials,
+                                                                       unsigned* tile_counters) {
+  constexpr int kThreads = Policy::kThreads;
+  constexpr int kTileN = Policy::kTileN;
+  constexpr int kChunkK = Policy::kChunkK;
+  constexpr int kU = Policy::kUnroll;
+  constexpr int kCpv = Fmt::kChannelsPerVec;
+  constexpr int kTn = kTileN / kCpv;
+  constexpr int kGroups = kThreads / kTn;
+  static_assert(kTileN % kCpv == 0 && kTileN % kWarpSize == 0, "tile must hold whole pieces and mask words");
+  using Reducer = detail::TileReducer<kThreads, kTn, kCpv, 2>;
+
+  __shared__ int s_rows[kChunkK];
+  __shared__ float s_x[kChunkK];
+  __shared__ int s_warp[kThreads / kWarpSize];
+  __shared__ typename Reducer::Storage s_red;
+
+  const int tid = static_cast<int>(threadIdx.x);
+  const int tile = static_cast<int>(blockIdx.x);
+  const int chunk = static_cast<int>(blockIdx.y);
+  const int n0 = tile * kTileN;
+  const int k0 = chunk * kChunkK;
+
+  pdl_wait();  // x may come from the previous kernel
+  pdl_launch_dependents();
+
+  // 1. Threshold this block's chunk of x and compact the kept coordinates, in order.
+  int count = 0;
+#pragma unroll 1
+  for (int base = 0; base < kChunkK; base += kThreads) {
+    const int kk = base + tid;
+    const int k = k0 + kk;
+    float xv = 0.0f;
+    bool keep = false;
+    if (kk < kChunkK && k < a.d_model) {
+      xv = to_float(a.x[k]);
+      keep = keep_magnitude(xv, a.tau_x);
+    }
+    int total = 0;
+    const int pos = block_compact_position<kThreads>(keep, s_warp, &total);
+    if (keep) {
+      s_rows[count + pos] = k;
+      s_x[count + pos] = xv;
+    }
+    count += total;
+  }
+  __syncthreads();
+  if (a.counters != nullptr && tid == 0) {
+    if (tile == 0) atomicAdd(&a.counters->kept_inputs, static_cast<unsigned long long>(count));
+    if (tile == 0 && chunk == 0) atomicAdd(&a.counters->calls, 1ull);
+  }
+
+  // 2. Stream the kept rows of this tile: kU rows in flight per thread, gate and up together.
+  const int slot = tid % kTn;
+  const int group = tid / kTn;
+  const int n = n0 + slot * kCpv;
+  const bool col_ok = n < a.d_ff;
+  const std::size_t row_stride = Fmt::row_bytes(a.d_ff);
+  const char* pg = static_cast<const char*>(a.w_gate) + Fmt::col_bytes(n);
+  const char* pu = static_cast<const char*>(a.w_up) + Fmt::col_bytes(n);
+
+  float acc[2][kCpv];
+#pragma unroll
+  for (int c = 0; c < kCpv; ++c) acc[0][c] = acc[1][c] = 0.0f;
+
+#pragma unroll 1
+  for (int i = group; i < count; i += kGroups * kU) {
+    uint4 vg[kU];
+    uint4 vu[kU];
+    float xs[kU];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int r = i + u * kGroups;
+      if (col_ok && r < count) {
+        const std::size_t off = static_cast<std::size_t>(s_rows[r]) * row_stride;
+        vg[u] = ld_stream_16(pg + off);
+        vu[u] = ld_stream_16(pu + off);
+        xs[u] = s_x[r];
+      } else {
+        vg[u] = vu[u] = Fmt::zero_vec();
+        xs[u] = 0.0f;
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      Fmt::fma(acc[0], vg[u], xs[u]);
+      Fmt::fma(acc[1], vu[u], xs[u]);
+    }
+  }
+
+  // 3. Block reduction over row groups, then the split-K combine across chunks.
+  Reducer::reduce(s_red, acc);
+  const int ncols = min(kTileN, a.d_ff - n0);
+  if (!Reducer::split_k(s_red, partials, tile_counters + tile, a.d_ff, n0, ncols, chunk,
+                        static_cast<int>(gridDim.y))) {
+    return;
+  }
+
+  // 4. Epilogue in registers: rescale, s~ = u~ * act(g~), threshold, bitmask.
+  const Act act{};
+  const int lane = lane_id();
+#pragma unroll 1
+  for (int base = 0; base < kTileN; base += kThreads) {
+    const int ch = base + tid;
+    const int j = n0 + ch;
+    const bool in = ch < kTileN && j < a.d_ff;
+    bool sel = false;
+    if (in) {
+      float g = Reducer::at(s_red, 0, ch);
+      float u = Reducer::at(s_red, 1, ch);
+      if (a.scale_gate != nullptr) g *= a.scale_gate[j];
+      if (a.scale_up != nullptr) u *= a.scale_up[j];
+      const float s = u * act(g);
+      sel = keep_magnitude(s, a.tau_s);
+      if (a.s_proxy != nullptr) a.s_proxy[j] = s;
+    }
+    const unsigned word = __ballot_sync(0xffffffffu, sel);
+    if (lane == 0 && in) {
+      if (a.channel_mask != nullptr) a.channel_mask[j / kWarpSize] = word;
+      if (a.counters != nullptr && word != 0u)
+        atomicAdd(&a.counters->selected_channels, static_cast<unsigned long long>(__popc(word)));
+    }
+  }
+}
+
+// ---------------------------------------------------------------- L3: op
+namespace proxy_gemv {
+
+template <class Policy>
+constexpr int num_tiles(int d_ff) noexcept {
+  return ceil_div(d_ff, Policy::kTileN);
+}
+template <class Policy>
+constexpr int num_chunks(int d_model) noexcept {
+  return ceil_div(d_model, Policy::kChunkK);
+}
+
+/**
+ * @brief Validate without launching. Shape rule: 1 <= d_model <= 2^20; d_ff a multiple of 32 in
+ * [32, 2^20]. Weights 16-byte aligned; scales, mask, s_proxy 4-byte aligned; thresholds >= 0 and
+ * not NaN; at least one of channel_mask / s_proxy given.
+ */
+template <class Fmt, class T>
+Status can_implement(const ProxyGemvArgs<T>& a) noexcept {
+  if (a.x == nullptr || a.w_gate == nullptr || a.w_up == nullptr) return Status::kErrorNullPointer;
+  if (Fmt::kNeedsScales && (a.scale_gate == nullptr || a.scale_up == nullptr)) return Status::kErrorNullPointer;
+  if (a.channel_mask == nullptr && a.s_proxy == nullptr) return Status::kErrorNullPointer;
+  if (a.d_model < 1 || a.d_model > (1 << 20) || a.d_ff < 32 || a.d_ff > (1 << 20) || a.d_ff % 32 != 0)
+    return Status::kErrorInvalidShape;
+  if (!valid_threshold(a.tau_x) || !valid_threshold(a.tau_s)) return Status::kErrorInvalidThreshold;
+  if (!is_aligned(a.x, sizeof(T)) || !is_aligned(a.w_gate, 16) || !is_aligned(a.w_up, 16) ||
+      !is_aligned(a.scale_gate, 4) || !is_aligned(a.scale_up, 4) || !is_aligned(a.channel_mask, 4) ||
+      !is_aligned(a.s_proxy, 4) || !is_aligned(a.counters, 8)) {
+    return Status::kErrorMisalignedPointer;
+  }
+  return Status::kSuccess;
+}
+
+//! Workspace: tile counters (zero before first use; left zero) + split-K partials.
+template <class Policy, class T>
+constexpr std::size_t workspace_bytes(const ProxyGemvArgs<T>& a) noexcept {
+  const std::size_t counters = round_up<std::size_t>(sizeof(unsigned) * num_tiles<Policy>(a.d_ff), 256);
+  const int chunks = num_chunks<Policy>(a.d_model);
+  const std::size_t parts = chunks > 1 ? sizeof(float) * 2 * static_cast<std::size_t>(chunks) * a.d_ff : 0;
+  return counters + parts;
+}
+
+/**
+ * @brief Launch Stage 1 on `stream`.
+ * @tparam Policy a ProxyGemvPolicy; @tparam Fmt Int4Weights or DenseWeights<W>; @tparam Act SiLU / GeluTanh.
+ * @param workspace device memory of at least workspace_bytes<Policy>(a), 16-byte aligned, zeroed
+ *        once before its first use (prox kernels leave it zeroed).
+ * @code
+ * prox::ProxyGemvArgs<__half> a{d_x, K, N, tau_x, tau_s, d_qg, d_qu, d_sg, d_su, d_mask};
+ * using P = prox::PolicyAt<0, prox::ProxyGemvPolicies>;
+ * auto st = prox::proxy_gemv::launch<P, prox::Int4Weights, prox::SiLU>(a, ws, ws_bytes, stream);
+ * @endcode
+ */
+template <class Policy, class Fmt, class Act, class T>
+Status launch(const ProxyGemvArgs<T>& a, void* workspace, std::size_t workspace_size, cudaStream_t stream,
+              const LaunchOptions& opts = {}) noexcept {
+  PROX_RETURN_IF_ERROR(can_implement<Fmt>(a));
+  const std::size_t need = workspace_bytes<Policy>(a);
+  if (workspace == nullptr) return Status::kErrorNullPointer;
+  if (workspace_size < need) return Status::kErrorWorkspaceTooSmall;
+  if (!is_aligned(workspace, 16)) return Status::kErrorMisalignedPointer;
+  auto* counters = static_cast<unsigned*>(workspace);
+  float* partials = reinterpret_cast<float*>(static_cast<char*>(workspace) +
+                                             round_up<std::size_t>(sizeof(unsigned) * num_tiles<Policy>(a.d_ff), 256));
+  const dim3 grid(static_cast<unsigned>(num_tiles<Policy>(a.d_ff)), static_cast<unsigned>(num_chunks<Policy>(a.d_model)));
+  if (grid.y > 65535u) return Status::kErrorInvalidShape;
+  return detail::launch_kernel(proxy_gemv_kernel<Policy, T, Fmt, Act>, grid, dim3(Policy::kThreads), 0, stream, opts, a,
+                               partials, counters);
+}
+
+}  // namespace proxy_gemv
+
+PROX_NAMESPACE_END

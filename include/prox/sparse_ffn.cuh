@@ -1,0 +1,293 @@
+// SPDX-License-Identifier: Apache-2.0
+//! @file sparse_ffn.cuh  The Prox FFN driver: plan() validates and chooses, run() only launches.
+//!
+//!   Stage 1  proxy_gemv   threshold x, INT4 gate/up proxies over kept rows, s~ -> channel bitmask
+//!   Stage 2  glu_gemv     exact gate/up rows of selected channels, s = u * act(g)
+//!            down_gemv    y = sum over selected j of s_j W_down^T[j,:]
+//!
+//! run() allocates nothing, never synchronizes, never copies to the host, and can be captured in a
+//! CUDA graph; every data-dependent decision (which rows, how many) stays on the device.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "activation.cuh"
+#include "core/config.hpp"
+#include "core/launch.cuh"
+#include "core/math.hpp"
+#include "core/policy.hpp"
+#include "core/status.hpp"
+#include "dispatch.hpp"
+#include "down_gemv.cuh"
+#include "glu_gemv.cuh"
+#include "proxy_gemv.cuh"
+#include "stats.cuh"
+#include "threshold.cuh"
+
+PROX_NAMESPACE_BEGIN
+
+//! Policy indices into each op's candidate list; -1 lets plan() use the default for the shape.
+struct PolicyChoice {
+  int proxy = -1;
+  int glu = -1;
+  int down = -1;
+};
+
+template <class ProxyFmt>
+struct ProxyPolicyListFor {
+  using type = ProxyGemvPolicies;
+};
+template <class W>
+struct ProxyPolicyListFor<DenseWeights<W>> {
+  using type = DenseProxyGemvPolicies;
+};
+
+/**
+ * @brief One sparse FFN layer (batch 1 decoding): y = (u * act(g)) W_down with Prox's two stages.
+ * @tparam T        `__half` or `__nv_bfloat16` (activations, exact weights, output)
+ * @tparam Act      SiLU (SwiGLU) or GeluTanh (GeGLU)
+ * @tparam ProxyFmt Int4Weights (the method) or DenseWeights<T> (A1 ablation)
+ *
+ * @code
+ * prox::SparseFfn<__half> ffn;
+ * prox::SparseFfn<__half>::Weights w{d_wg, d_wu, d_wdt, d_qg, d_qu, d_sg, d_su};
+ * if (ffn.plan({4096, 12288, tau_x, tau_s}, w) != prox::Status::kSuccess) ...;
+ * prox::initialize_workspace(d_ws, ffn.workspace_bytes(), stream);   // once
+ * ffn.run(d_x, d_y, d_ws, ffn.workspace_bytes(), stream);            // per token, graph-capturable
+ * @endcode
+ */
+template <class T, class Act = SiLU, class ProxyFmt = Int4Weights>
+class SparseFfn {
+ public:
+  using ProxyPolicies = typename ProxyPolicyListFor<ProxyFmt>::type;
+  using GluPolicies = GluGemvPolicies;
+  using DownPolicies = DownGemvPolicies;
+
+  //! Layer shape and calibrated thresholds.
+  struct Config {
+    int d_model = 0;      //!< a multiple of 8
+    int d_ff = 0;         //!< a multiple of 32
+    float tau_x = 0.0f;   //!< Stage-1 input threshold (>= 0)
+    float tau_s = 0.0f;   //!< Stage-1 channel threshold (>= 0)
+  };
+
+  //! Device pointers to the layer's weights (owned by the caller, which keeps them alive).
+  struct Weights {
+    const T* w_gate = nullptr;          //!< [d_ff][d_model] nn.Linear layout
+    const T* w_up = nullptr;            //!< [d_ff][d_model]
+    const T* w_down_t = nullptr;        //!< [d_ff][d_model] = W_down^T (transpose_host/device of nn.Linear's)
+    const void* proxy_gate = nullptr;   //!< ProxyFmt layout (Int4Weights: int4::pack_host/pack_device)
+    const void* proxy_up = nullptr;
+    const float* proxy_scale_gate = nullptr;  //!< [d_ff] (Int4Weights)
+    const float* proxy_scale_up = nullptr;
+  };
+
+  struct PlanOptions {
+    PolicyChoice choice{};   //!< explicit policies (tuning cache / tests); -1 = default
+    bool pdl = true;         //!< chain Stage 2 kernels with programmatic dependent launch (sm_90+)
+  };
+
+  /**
+   * @brief Validate shapes, pointers and thresholds; choose policies; size the workspace.
+   * Reads the current device's attributes (once). Not capturable; call it before capture.
+   */
+  Status plan(const Config& cfg, const Weights& w, const PlanOptions& opts = {}) noexcept {
+    planned_ = false;
+    cfg_ = cfg;
+    w_ = w;
+    PROX_RETURN_IF_ERROR(check_static(cfg, w));
+    DeviceInfo info;
+    PROX_RETURN_IF_ERROR(query_device(&info));
+    pdl_ = opts.pdl && info.supports_pdl();
+    const auto pick = [&](int requested, int size, int dflt, int* out) {
+      if (requested >= size) return Status::kErrorInvalidArgument;
+      *out = requested >= 0 ? requested : dflt;
+      return Status::kSuccess;
+    };
+    const int K = cfg.d_model;
+    const int N = cfg.d_ff;
+    PROX_RETURN_IF_ERROR(pick(opts.choice.proxy, ProxyPolicies::kSize,
+                              default_policy<ProxyPolicies>(info.sm_count,
+                                                            [&](auto p) {
+                                                              using P = decltype(p);
+                                                              return long(proxy_gemv::num_tiles<P>(N)) *
+                                                                     proxy_gemv::num_chunks<P>(K);
+                                                            }),
+                              &choice_.proxy));
+    PROX_RETURN_IF_ERROR(pick(opts.choice.glu, GluPolicies::kSize,
+                              default_policy<GluPolicies>(info.sm_count,
+                                                          [&](auto p) {
+                                                            using P = decltype(p);
+                                                            return long(ceil_div(N, P::kChannels));
+                                                          }),
+                              &choice_.glu));
+    PROX_RETURN_IF_ERROR(pick(opts.choice.down, DownPolicies::kSize,
+                              default_policy<DownPolicies>(info.sm_count,
+                                                           [&](auto p) {
+                                                             using P = decltype(p);
+                                                             return long(down_gemv::num_tiles<P>(K)) *
+                                                                    down_gemv::num_chunks<P>(N);
+                                                           }),
+                              &choice_.down));
+    layout_workspace();
+    planned_ = true;
+    return Status::kSuccess;
+  }
+
+  //! Bytes of workspace run() needs (valid after plan()). Sized for every candidate policy, so a
+  //! later re-plan with another choice never needs a larger buffer.
+  std::size_t workspace_bytes() const noexcept { return ws_total_; }
+  //! The policies plan() chose.
+  PolicyChoice choice() const noexcept { return choice_; }
+  const Config& config() const noexcept { return cfg_; }
+  bool uses_pdl() const noexcept { return pdl_; }
+
+  /**
+   * @brief Run the layer on one token: y = FFN(x). Launches 3 kernels on `stream`.
+   * @param x [d_model] device, 16-byte aligned; @param y [d_model] device, 16-byte aligned (written)
+   * @param workspace workspace_bytes() of device memory, zeroed before its first use
+   * @param counters optional SparsityCounters (accumulated on the device)
+   */
+  Status run(const T* x, T* y, void* workspace, std::size_t workspace_size, cudaStream_t stream,
+             SparsityCounters* counters = nullptr) const noexcept {
+    if (!planned_) return Status::kErrorNotPlanned;
+    if (x == nullptr || y == nullptr || workspace == nullptr) return Status::kErrorNullPointer;
+    if (!is_aligned(x, 16) || !is_aligned(y, 16) || !is_aligned(workspace, 16) || !is_aligned(counters, 8))
+      return Status::kErrorMisalignedPointer;
+    if (workspace_size < ws_total_) return Status::kErrorWorkspaceTooSmall;
+    char* ws = static_cast<char*>(workspace);
+    auto* mask = reinterpret_cast<std::uint32_t*>(ws + off_mask_);
+    auto* s = reinterpret_cast<float*>(ws + off_s_);
+    PROX_RETURN_IF_ERROR(launch_stage1(x, mask, nullptr, cfg_.tau_s, ws + off_proxy_, counters, stream));
+    const LaunchOptions chained{pdl_};
+    GluGemvArgs<T> a2;
+    a2.x = x;
+    a2.d_model = cfg_.d_model;
+    a2.d_ff = cfg_.d_ff;
+    a2.w_gate = w_.w_gate;
+    a2.w_up = w_.w_up;
+    a2.channel_mask = mask;
+    a2.s = s;
+    PROX_RETURN_IF_ERROR(dispatch_policy<GluPolicies>(choice_.glu, [&](auto p) {
+      return glu_gemv::launch<decltype(p), Act>(a2, nullptr, 0, stream, chained);
+    }));
+    DownGemvArgs<T> a3;
+    a3.s = s;
+    a3.channel_mask = mask;
+    a3.w_down_t = w_.w_down_t;
+    a3.d_model = cfg_.d_model;
+    a3.d_ff = cfg_.d_ff;
+    a3.y = y;
+    return dispatch_policy<DownPolicies>(choice_.down, [&](auto p) {
+      return down_gemv::launch<decltype(p)>(a3, ws + off_down_, ws_down_, stream, chained);
+    });
+  }
+
+  /**
+   * @brief Stage 1 alone in values mode: s_proxy[j] = s~_j for every channel (calibration of tau_s,
+   * analysis). The channel mask (with this plan's tau_s) is written into the workspace as usual.
+   */
+  Status run_proxy_values(const T* x, float* s_proxy, void* workspace, std::size_t workspace_size,
+                          cudaStream_t stream) const noexcept {
+    if (!planned_) return Status::kErrorNotPlanned;
+    if (x == nullptr || s_proxy == nullptr || workspace == nullptr) return Status::kErrorNullPointer;
+    if (workspace_size < ws_total_) return Status::kErrorWorkspaceTooSmall;
+    char* ws = static_cast<char*>(workspace);
+    return launch_stage1(x, reinterpret_cast<std::uint32_t*>(ws + off_mask_), s_proxy, cfg_.tau_s, ws + off_proxy_,
+                         nullptr, stream);
+  }
+
+  //! Offset of the channel bitmask [d_ff/32] inside the workspace (tests, analysis).
+  std::size_t mask_offset() const noexcept { return off_mask_; }
+  //! Offset of the Stage-2 s buffer [d_ff] float inside the workspace (tests, analysis).
+  std::size_t s_offset() const noexcept { return off_s_; }
+
+ private:
+  static Status check_static(const Config& cfg, const Weights& w) noexcept {
+    if (w.w_gate == nullptr || w.w_up == nullptr || w.w_down_t == nullptr || w.proxy_gate == nullptr ||
+        w.proxy_up == nullptr)
+      return Status::kErrorNullPointer;
+    if (ProxyFmt::kNeedsScales && (w.proxy_scale_gate == nullptr || w.proxy_scale_up == nullptr))
+      return Status::kErrorNullPointer;
+    if (cfg.d_model < 8 || cfg.d_model > (1 << 20) || cfg.d_model % 8 != 0 || cfg.d_ff < 32 ||
+        cfg.d_ff > (1 << 20) || cfg.d_ff % 32 != 0)
+      return Status::kErrorInvalidShape;
+    if (!valid_threshold(cfg.tau_x) || !valid_threshold(cfg.tau_s)) return Status::kErrorInvalidThreshold;
+    if (!is_aligned(w.w_gate, 16) || !is_aligned(w.w_up, 16) || !is_aligned(w.w_down_t, 16) ||
+        !is_aligned(w.proxy_gate, 16) || !is_aligned(w.proxy_up, 16) || !is_aligned(w.proxy_scale_gate, 4) ||
+        !is_aligned(w.proxy_scale_up, 4))
+      return Status::kErrorMisalignedPointer;
+    return Status::kSuccess;
+  }
+
+  ProxyGemvArgs<T> stage1_args(const T* x, std::uint32_t* mask, float* s_proxy, float tau_s,
+                               SparsityCounters* counters) const noexcept {
+    ProxyGemvArgs<T> a;
+    a.x = x;
+    a.d_model = cfg_.d_model;
+    a.d_ff = cfg_.d_ff;
+    a.tau_x = cfg_.tau_x;
+    a.tau_s = tau_s;
+    a.w_gate = w_.proxy_gate;
+    a.w_up = w_.proxy_up;
+    a.scale_gate = w_.proxy_scale_gate;
+    a.scale_up = w_.proxy_scale_up;
+    a.channel_mask = mask;
+    a.s_proxy = s_proxy;
+    a.counters = counters;
+    return a;
+  }
+
+  Status launch_stage1(const T* x, std::uint32_t* mask, float* s_proxy, float tau_s, char* ws,
+                       SparsityCounters* counters, cudaStream_t stream) const noexcept {
+    const ProxyGemvArgs<T> a1 = stage1_args(x, mask, s_proxy, tau_s, counters);
+    return dispatch_policy<ProxyPolicies>(choice_.proxy, [&](auto p) {
+      return proxy_gemv::launch<decltype(p), ProxyFmt, Act>(a1, ws, ws_proxy_, stream, LaunchOptions{});
+    });
+  }
+
+  void layout_workspace() noexcept {
+    const ProxyGemvArgs<T> a1 = stage1_args(nullptr, nullptr, nullptr, 0.0f, nullptr);
+    ws_proxy_ = 0;
+    for_each_policy<ProxyPolicies>([&](auto p, int) {
+      const std::size_t b = proxy_gemv::workspace_bytes<decltype(p)>(a1);
+      ws_proxy_ = b > ws_proxy_ ? b : ws_proxy_;
+    });
+    DownGemvArgs<T> a3;
+    a3.d_model = cfg_.d_model;
+    a3.d_ff = cfg_.d_ff;
+    ws_down_ = 0;
+    for_each_policy<DownPolicies>([&](auto p, int) {
+      const std::size_t b = down_gemv::workspace_bytes<decltype(p)>(a3);
+      ws_down_ = b > ws_down_ ? b : ws_down_;
+    });
+    constexpr std::size_t kAlign = 256;
+    off_proxy_ = 0;
+    off_mask_ = round_up(off_proxy_ + ws_proxy_, kAlign);
+    off_s_ = round_up(off_mask_ + sizeof(std::uint32_t) * static_cast<std::size_t>(cfg_.d_ff / 32), kAlign);
+    off_down_ = round_up(off_s_ + sizeof(float) * static_cast<std::size_t>(cfg_.d_ff), kAlign);
+    ws_total_ = round_up(off_down_ + ws_down_, kAlign);
+  }
+
+  Config cfg_{};
+  Weights w_{};
+  PolicyChoice choice_{};
+  bool pdl_ = false;
+  bool planned_ = false;
+  std::size_t ws_proxy_ = 0, ws_down_ = 0;
+  std::size_t off_proxy_ = 0, off_mask_ = 0, off_s_ = 0, off_down_ = 0, ws_total_ = 0;
+};
+
+/**
+ * @brief Zero a workspace on `stream` before its first use (split-K tile counters must start at
+ * zero; prox kernels leave them zero after every launch). Asynchronous and capturable.
+ */
+inline Status initialize_workspace(void* workspace, std::size_t bytes, cudaStream_t stream) noexcept {
+  if (workspace == nullptr) return Status::kErrorNullPointer;
+  return cudaMemsetAsync(workspace, 0, bytes, stream) == cudaSuccess ? Status::kSuccess : Status::kErrorCudaRuntime;
+}
+
+PROX_NAMESPACE_END

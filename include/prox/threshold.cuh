@@ -1,0 +1,133 @@
+// SPDX-License-Identifier: Apache-2.0
+//! @file threshold.cuh  Op 1: magnitude threshold mask of a vector, |v_i| >= tau, with in-order
+//! compaction of the kept coordinates (TEAL-style input sparsity). Stage 1 fuses the same L1
+//! predicate; this op exists on its own for callers that want the mask or the compacted list.
+//!
+//! Semantics (docs/api.md): kept iff |v| >= tau in IEEE float. tau = 0 keeps every non-NaN entry
+//! (zeros included); tau = +inf keeps only +-inf; NaN is never kept. tau must be >= 0 and not NaN.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include "core/config.hpp"
+#include "core/launch.cuh"
+#include "core/math.hpp"
+#include "core/policy.hpp"
+#include "core/status.hpp"
+#include "core/types.cuh"
+#include "core/warp.cuh"
+
+PROX_NAMESPACE_BEGIN
+
+// ---------------------------------------------------------------- L1: predicate
+//! The one threshold predicate of prox (inputs in Stage 1, channels in Stage 1's epilogue, this op).
+PROX_HOST_DEVICE PROX_FORCEINLINE bool keep_magnitude(float v, float tau) {
+#if defined(__CUDA_ARCH__)
+  return fabsf(v) >= tau;  // NaN compares false: never kept
+#else
+  return std::fabs(v) >= tau;
+#endif
+}
+
+//! Host-side validation shared by every op that takes a threshold.
+inline bool valid_threshold(float tau) noexcept { return tau >= 0.0f; }  // false for NaN
+
+// ---------------------------------------------------------------- L3 arguments
+/**
+ * @brief Arguments of the threshold op. All pointers are device pointers.
+ * @tparam T `__half` or `__nv_bfloat16`.
+ */
+template <class T>
+struct ThresholdArgs {
+  const T* x = nullptr;         //!< [n] input vector
+  int n = 0;                    //!< length, 1 <= n <= 2^24
+  float tau = 0.0f;             //!< threshold, >= 0
+  std::uint32_t* mask = nullptr;  //!< out [ceil(n/32)]: bit (i % 32) of word i / 32 set iff x_i kept (required)
+  int* indices = nullptr;       //!< out [n] (optional): kept coordinates in ascending order
+  int* count = nullptr;         //!< out [1] (optional; required with indices): number kept
+  T* x_sparse = nullptr;        //!< out [n] (optional): x with dropped coordinates set to +0
+};
+
+//! Tile policy of the threshold op: one block sweeps the vector kThreads items at a time.
+template <int Threads>
+struct ThresholdPolicy {
+  static constexpr int kThreads = Threads;  //!< threads of the single block
+  static_assert(Threads % 32 == 0 && Threads <= 1024, "block size");
+  static std::string name() { return "thr" + std::to_string(Threads); }
+};
+
+//! Candidates (index 0 is the default). Measured choice lives in the tuning cache.
+using ThresholdPolicies = PolicyList<ThresholdPolicy<1024>, ThresholdPolicy<256>>;
+
+// ---------------------------------------------------------------- L2: kernel
+template <class Policy, class T>
+PROX_KERNEL __launch_bounds__(Policy::kThreads) void threshold_kernel(const ThresholdArgs<T> a) {
+  constexpr int kThreads = Policy::kThreads;
+  __shared__ int warp_counts[kThreads / kWarpSize];
+  pdl_wait();
+  pdl_launch_dependents();
+  int offset = 0;
+  for (int base = 0; base < a.n; base += kThreads) {
+    const int i = base + static_cast<int>(threadIdx.x);
+    float v = 0.0f;
+    bool keep = false;
+    if (i < a.n) {
+      v = to_float(a.x[i]);
+      keep = keep_magnitude(v, a.tau);
+    }
+    const unsigned word = __ballot_sync(0xffffffffu, keep);
+    if (lane_id() == 0 && i < a.n) a.mask[i / kWarpSize] = word;  // base is a multiple of 32
+    if (a.x_sparse != nullptr && i < a.n) a.x_sparse[i] = keep ? a.x[i] : from_float<T>(0.0f);
+    int total = 0;
+    const int pos = block_compact_position<kThreads>(keep, warp_counts, &total);
+    if (a.indices != nullptr && keep) a.indices[offset + pos] = i;
+    offset += total;
+  }
+  if (a.count != nullptr && threadIdx.x == 0) *a.count = offset;
+}
+
+// ---------------------------------------------------------------- L3: op
+namespace threshold {
+
+//! Validate arguments without launching. Rules: pointers non-null where required, n in [1, 2^24],
+//! tau >= 0 and not NaN, count given whenever indices is.
+template <class T>
+Status can_implement(const ThresholdArgs<T>& a) noexcept {
+  if (a.x == nullptr || a.mask == nullptr) return Status::kErrorNullPointer;
+  if (a.indices != nullptr && a.count == nullptr) return Status::kErrorNullPointer;
+  if (a.n < 1 || a.n > (1 << 24)) return Status::kErrorInvalidShape;
+  if (!valid_threshold(a.tau)) return Status::kErrorInvalidThreshold;
+  if (!is_aligned(a.x, sizeof(T)) || !is_aligned(a.mask, 4) || !is_aligned(a.indices, 4) || !is_aligned(a.count, 4) ||
+      !is_aligned(a.x_sparse, sizeof(T))) {
+    return Status::kErrorMisalignedPointer;
+  }
+  return Status::kSuccess;
+}
+
+//! The op needs no workspace.
+template <class T>
+constexpr std::size_t workspace_bytes(const ThresholdArgs<T>&) noexcept {
+  return 0;
+}
+
+/**
+ * @brief Launch the threshold op on `stream`. Validates first; returns before launching on error.
+ * @code
+ * prox::ThresholdArgs<__half> a{d_x, 4096, tau_x, d_mask, d_idx, d_count};
+ * auto st = prox::threshold::launch<prox::ThresholdPolicy<1024>>(a, nullptr, stream);
+ * @endcode
+ */
+template <class Policy, class T>
+Status launch(const ThresholdArgs<T>& a, void* /*workspace*/, cudaStream_t stream,
+              const LaunchOptions& opts = {}) noexcept {
+  PROX_RETURN_IF_ERROR(can_implement(a));
+  return detail::launch_kernel(threshold_kernel<Policy, T>, dim3(1), dim3(Policy::kThreads), 0, stream, opts, a);
+}
+
+}  // namespace threshold
+
+PROX_NAMESPACE_END

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# Set up, build everything (library checks, tests, benches, examples; sm_80 + sm_90a) and run the
+# tests. GPU test executables report "skipped" (ctest skip code 77) on a machine without a GPU.
+#   bash scripts/test.sh            # preset "default" (build/)
+#   PROX_PRESET=ci bash scripts/test.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+preset="${PROX_PRESET:-default}"
+cmake --preset "$preset"
+cmake --build --preset "$preset" -j "${PROX_JOBS:-$(nproc)}"
+ctest --preset "$preset" -j 2

@@ -1,0 +1,253 @@
+// SPDX-License-Identifier: Apache-2.0
+//! @file reference.hpp  The float64 host reference of prox: the golden model every test compares with.
+//! Dense SwiGLU/GeGLU FFN, Prox Stage 1 (INT4 or fp16 proxy over thresholded x -> s~, channel set),
+//! Stage 2 on a given channel set, and the oracle-s channel set. Every value comes with an error
+//! bound for an fp32-accumulating implementation, so tests can tell rounding from bugs.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <numeric>
+#include <type_traits>
+#include <vector>
+
+#include <prox/int4_format.hpp>
+#include <prox/core/types.cuh>
+
+namespace prox_ref {
+
+enum class Act { kSiLU, kGeluTanh };
+
+inline double act(Act a, double g) {
+  if (a == Act::kSiLU) return g / (1.0 + std::exp(-g));
+  const double c = std::sqrt(2.0 / M_PI);
+  return 0.5 * g * (1.0 + std::tanh(c * (g + 0.044715 * g * g * g)));
+}
+
+//! fp32 unit roundoff.
+constexpr double kEps32 = 5.9604644775390625e-08;  // 2^-24
+//! Bound on |act'(g)| for SiLU (1.0998) and tanh-GELU (1.1289).
+constexpr double kActSlope = 1.2;
+
+/**
+ * @brief Rounding-error factor of an fp32 sum of n products computed in any fixed order
+ * (a worst-case-style bound, loose enough for the kernels' lane/warp/split-K trees, far below the
+ * O(1) error of any indexing bug): gamma(n) = (n + 64) * 2^-24.
+ */
+inline double gamma(std::size_t n) { return (static_cast<double>(n) + 64.0) * kEps32; }
+
+//! Relative rounding of storing to T (half an ulp).
+template <class T>
+constexpr double store_rel() {
+  return std::is_same_v<T, __half> ? 4.8828125e-04 : 3.90625e-03;  // 2^-11, 2^-8
+}
+
+template <class T>
+std::vector<double> to_double(const std::vector<T>& v) {
+  std::vector<double> out(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) out[i] = static_cast<double>(prox::to_float(v[i]));
+  return out;
+}
+
+//! A value with a bound on the error an fp32 implementation may make computing it.
+struct Bounded {
+  double v = 0.0;
+  double err = 0.0;
+};
+
+//! s = u * act(g) from bounded g and u.
+inline Bounded glu(Act a, Bounded g, Bounded u) {
+  const double h = act(a, g.v);
+  Bounded s;
+  s.v = u.v * h;
+  s.err = std::fabs(h) * u.err + std::fabs(u.v) * kActSlope * g.err + 8.0 * kEps32 * (std::fabs(s.v) + 1e-30) +
+          u.err * kActSlope * g.err;
+  return s;
+}
+
+// ---------------------------------------------------------------- dense FFN
+/**
+ * @brief Dense GLU FFN y = (u * act(g)) W_down in float64.
+ * @param x [K]; wg, wu [N][K] (nn.Linear); wdt [N][K] (W_down^T). Returns s [N] and y [K].
+ */
+struct DenseResult {
+  std::vector<double> s;  // exact intermediate state
+  std::vector<double> y;
+};
+inline DenseResult dense_ffn(const std::vector<double>& x, const std::vector<double>& wg, const std::vector<double>& wu,
+                             const std::vector<double>& wdt, int K, int N, Act a) {
+  DenseResult r;
+  r.s.assign(N, 0.0);
+  r.y.assign(K, 0.0);
+  for (int j = 0; j < N; ++j) {
+    double g = 0.0;
+    double u = 0.0;
+    for (int k = 0; k < K; ++k) {
+      g += x[k] * wg[static_cast<std::size_t>(j) * K + k];
+      u += x[k] * wu[static_cast<std::size_t>(j) * K + k];
+    }
+    r.s[j] = u * act(a, g);
+  }
+  for (int j = 0; j < N; ++j)
+    for (int k = 0; k < K; ++k) r.y[k] += r.s[j] * wdt[static_cast<std::size_t>(j) * K + k];
+  return r;
+}
+
+// ---------------------------------------------------------------- Stage 1
+struct Stage1Result {
+  std::vector<int> kept;          // kept input coordinates, ascending
+  std::vector<Bounded> s;         // s~ per channel with its fp32 error bound
+  std::vector<std::uint8_t> sel;  // |s~| >= tau_s (reference decision)
+  std::vector<std::uint8_t> ambiguous;  // | |s~| - tau_s | <= bound: either decision is correct
+  int num_selected = 0;
+  int num_ambiguous = 0;
+};
+
+//! The input mask: |float(x_k)| >= tau_x evaluated in float, exactly as the kernels do.
+inline std::vector<int> kept_inputs(const std::vector<double>& x, float tau_x) {
+  std::vector<int> kept;
+  for (std::size_t k = 0; k < x.size(); ++k)
+    if (std::fabs(static_cast<float>(x[k])) >= tau_x) kept.push_back(static_cast<int>(k));
+  return kept;
+}
+
+inline void finish_stage1(Stage1Result& r, float tau_s) {
+  const std::size_t N = r.s.size();
+  r.sel.assign(N, 0);
+  r.ambiguous.assign(N, 0);
+  for (std::size_t j = 0; j < N; ++j) {
+    const double m = std::fabs(r.s[j].v);
+    r.sel[j] = m >= static_cast<double>(tau_s);
+    r.ambiguous[j] = std::fabs(m - static_cast<double>(tau_s)) <= r.s[j].err;
+    r.num_selected += r.sel[j];
+    r.num_ambiguous += r.ambiguous[j];
+  }
+}
+
+/**
+ * @brief Stage 1 with INT4 proxies: g~_j = scale_g[j] sum_{k kept} x_k q_g[k][j] (q from the packed
+ * words), likewise u~, s~ = u~ act(g~), channel set |s~| >= tau_s.
+ */
+inline Stage1Result stage1_int4(const std::vector<double>& x, int K, int N, float tau_x, float tau_s,
+                                const std::vector<std::uint32_t>& qg, const std::vector<float>& sg,
+                                const std::vector<std::uint32_t>& qu, const std::vector<float>& su, Act a) {
+  (void)K;
+  Stage1Result r;
+  r.kept = kept_inputs(x, tau_x);
+  r.s.resize(N);
+  for (int j = 0; j < N; ++j) {
+    double g = 0.0, u = 0.0, ag = 0.0, au = 0.0;
+    for (int k : r.kept) {
+      const double qgk = prox::int4::unpack_host(qg.data(), N, k, j);
+      const double quk = prox::int4::unpack_host(qu.data(), N, k, j);
+      g += x[k] * qgk;
+      u += x[k] * quk;
+      ag += std::fabs(x[k] * qgk);
+      au += std::fabs(x[k] * quk);
+    }
+    const double scg = sg[j], scu = su[j];
+    const Bounded bg{g * scg, (gamma(r.kept.size()) * ag + kEps32 * std::fabs(g)) * scg};
+    const Bounded bu{u * scu, (gamma(r.kept.size()) * au + kEps32 * std::fabs(u)) * scu};
+    r.s[j] = glu(a, bg, bu);
+  }
+  finish_stage1(r, tau_s);
+  return r;
+}
+
+/**
+ * @brief Stage 1 with fp16/bf16 proxies (A1): wg_t, wu_t input-major [K][N].
+ */
+inline Stage1Result stage1_dense(const std::vector<double>& x, int K, int N, float tau_x, float tau_s,
+                                 const std::vector<double>& wg_t, const std::vector<double>& wu_t, Act a) {
+  Stage1Result r;
+  r.kept = kept_inputs(x, tau_x);
+  r.s.resize(N);
+  for (int j = 0; j < N; ++j) {
+    double g = 0.0, u = 0.0, ag = 0.0, au = 0.0;
+    for (int k : r.kept) {
+      const double wgk = wg_t[static_cast<std::size_t>(k) * N + j];
+      const double wuk = wu_t[static_cast<std::size_t>(k) * N + j];
+      g += x[k] * wgk;
+      u += x[k] * wuk;
+      ag += std::fabs(x[k] * wgk);
+      au += std::fabs(x[k] * wuk);
+    }
+    r.s[j] = glu(a, Bounded{g, gamma(r.kept.size()) * ag}, Bounded{u, gamma(r.kept.size()) * au});
+  }
+  finish_stage1(r, tau_s);
+  (void)K;
+  return r;
+}
+
+// ---------------------------------------------------------------- Stage 2
+/**
+ * @brief Stage 2 on a given channel set: exact s_j for selected j (others 0), and
+ * y = sum_{j selected} s_j W_down^T[j,:], each with its fp32 error bound (output rounding to T
+ * is added by the caller with store_rel<T>()).
+ */
+struct Stage2Result {
+  std::vector<Bounded> s;  // [N], zero for unselected channels
+  std::vector<Bounded> y;  // [K]
+};
+inline Stage2Result stage2(const std::vector<double>& x, const std::vector<double>& wg, const std::vector<double>& wu,
+                           const std::vector<double>& wdt, int K, int N, const std::vector<std::uint8_t>& sel,
+                           Act a) {
+  Stage2Result r;
+  r.s.assign(N, Bounded{});
+  r.y.assign(K, Bounded{});
+  std::size_t nsel = 0;
+  for (int j = 0; j < N; ++j) {
+    if (!sel[j]) continue;
+    ++nsel;
+    double g = 0.0, u = 0.0, ag = 0.0, au = 0.0;
+    for (int k = 0; k < K; ++k) {
+      const double pg = x[k] * wg[static_cast<std::size_t>(j) * K + k];
+      const double pu = x[k] * wu[static_cast<std::size_t>(j) * K + k];
+      g += pg;
+      u += pu;
+      ag += std::fabs(pg);
+      au += std::fabs(pu);
+    }
+    r.s[j] = glu(a, Bounded{g, gamma(K) * ag}, Bounded{u, gamma(K) * au});
+  }
+  std::vector<double> abs_sum(K, 0.0);
+  for (int j = 0; j < N; ++j) {
+    if (!sel[j]) continue;
+    for (int k = 0; k < K; ++k) {
+      const double w = wdt[static_cast<std::size_t>(j) * K + k];
+      r.y[k].v += r.s[j].v * w;
+      r.y[k].err += r.s[j].err * std::fabs(w);
+      abs_sum[k] += std::fabs(r.s[j].v * w);
+    }
+  }
+  for (int k = 0; k < K; ++k) r.y[k].err += gamma(nsel) * abs_sum[k];
+  return r;
+}
+
+// ---------------------------------------------------------------- oracle-s
+/**
+ * @brief The oracle-s channel set: the `keep` channels with the largest |s| (exact s), ties to the
+ * lower index. Returns a 0/1 flag per channel.
+ */
+inline std::vector<std::uint8_t> oracle_channels(const std::vector<double>& s, int keep) {
+  std::vector<int> order(s.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return std::fabs(s[a]) > std::fabs(s[b]); });
+  std::vector<std::uint8_t> sel(s.size(), 0);
+  for (int i = 0; i < keep && i < static_cast<int>(s.size()); ++i) sel[order[i]] = 1;
+  return sel;
+}
+
+//! Fraction of set `a` that is also in set `b` (|a & b| / |a|; 1 for an empty a).
+inline double overlap(const std::vector<std::uint8_t>& a, const std::vector<std::uint8_t>& b) {
+  std::size_t na = 0, both = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    na += a[i];
+    both += a[i] && b[i];
+  }
+  return na == 0 ? 1.0 : static_cast<double>(both) / static_cast<double>(na);
+}
+
+}  // namespace prox_ref

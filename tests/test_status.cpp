@@ -1,0 +1,68 @@
+// SPDX-License-Identifier: Apache-2.0
+//! @file test_status.cpp  Status names, the versioned namespace, the policy-list machinery.
+#include <catch2/catch.hpp>
+
+#include <cstring>
+#include <set>
+#include <string>
+
+#include <prox/core/policy.hpp>
+#include <prox/core/status.hpp>
+#include <prox/version.hpp>
+
+TEST_CASE("every Status has a distinct, non-empty name", "[status]") {
+  std::set<std::string> names;
+  for (int i = 0; i <= static_cast<int>(prox::Status::kErrorCapturing); ++i) {
+    const char* n = prox::to_string(static_cast<prox::Status>(i));
+    REQUIRE(n != nullptr);
+    CHECK(std::strlen(n) > 0);
+    CHECK(std::string(n) != "unknown status");
+    names.insert(n);
+  }
+  CHECK(names.size() == static_cast<std::size_t>(prox::Status::kErrorCapturing) + 1);
+  CHECK(std::string(prox::to_string(static_cast<prox::Status>(999))) == "unknown status");
+  CHECK(prox::ok(prox::Status::kSuccess));
+  CHECK_FALSE(prox::ok(prox::Status::kErrorNullPointer));
+}
+
+TEST_CASE("public symbols live in the versioned inline namespace prox::v0", "[status]") {
+  CHECK(prox::v0::to_string(prox::v0::Status::kSuccess) == std::string("success"));
+  CHECK(std::string(PROX_VERSION_STRING) == std::to_string(PROX_VERSION_MAJOR) + "." +
+                                                std::to_string(PROX_VERSION_MINOR) + "." +
+                                                std::to_string(PROX_VERSION_PATCH));
+}
+
+namespace {
+template <int V>
+struct P {
+  static constexpr int kValue = V;
+  static std::string name() { return "p" + std::to_string(V); }
+};
+using List = prox::PolicyList<P<3>, P<5>, P<7>>;
+}  // namespace
+
+TEST_CASE("dispatch_policy maps a runtime index to the policy type", "[policy]") {
+  static_assert(List::kSize == 3);
+  static_assert(prox::PolicyAt<1, List>::kValue == 5);
+  for (int i = 0; i < 3; ++i) {
+    int seen = -1;
+    const auto st = prox::dispatch_policy<List>(i, [&](auto p) {
+      seen = decltype(p)::kValue;
+      return prox::Status::kSuccess;
+    });
+    CHECK(st == prox::Status::kSuccess);
+    CHECK(seen == 3 + 2 * i);
+  }
+  bool called = false;
+  CHECK(prox::dispatch_policy<List>(3, [&](auto) {
+          called = true;
+          return prox::Status::kSuccess;
+        }) == prox::Status::kErrorInvalidArgument);
+  CHECK(prox::dispatch_policy<List>(-1, [&](auto) {
+          called = true;
+          return prox::Status::kSuccess;
+        }) == prox::Status::kErrorInvalidArgument);
+  CHECK_FALSE(called);
+  CHECK(prox::policy_list_names<List>() == "p3;p5;p7");
+  CHECK(prox::fnv1a64("p3;p5;p7") != prox::fnv1a64("p3;p5;p8"));
+}
