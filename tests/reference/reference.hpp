@@ -62,8 +62,10 @@ inline Bounded glu(Act a, Bounded g, Bounded u) {
   const double h = act(a, g.v);
   Bounded s;
   s.v = u.v * h;
-  s.err = std::fabs(h) * u.err + std::fabs(u.v) * kActSlope * g.err + 8.0 * kEps32 * (std::fabs(s.v) + 1e-30) +
-          u.err * kActSlope * g.err;
+  // Propagated input errors, the product's rounding, and the fp32 activation's own error: tanh-GELU
+  // loses relative accuracy where 1 + tanh(.) cancels (g << 0), so that term is absolute in |g|.
+  s.err = std::fabs(h) * u.err + std::fabs(u.v) * kActSlope * g.err + u.err * kActSlope * g.err +
+          8.0 * kEps32 * std::fabs(s.v) + 16.0 * kEps32 * std::fabs(u.v) * std::fabs(g.v);
   return s;
 }
 
@@ -120,7 +122,8 @@ inline void finish_stage1(Stage1Result& r, float tau_s) {
   for (std::size_t j = 0; j < N; ++j) {
     const double m = std::fabs(r.s[j].v);
     r.sel[j] = m >= static_cast<double>(tau_s);
-    r.ambiguous[j] = std::fabs(m - static_cast<double>(tau_s)) <= r.s[j].err;
+    // Strict: a value exactly computable (bound 0, e.g. no input kept) is never ambiguous.
+    r.ambiguous[j] = std::fabs(m - static_cast<double>(tau_s)) < r.s[j].err;
     r.num_selected += r.sel[j];
     r.num_ambiguous += r.ambiguous[j];
   }

@@ -1,0 +1,105 @@
+// SPDX-License-Identifier: Apache-2.0
+//! @file dense_baseline.cuh  The dense FFN baseline (cuBLAS), shared by the benchmarks, the alpha
+//! tool and the example. Not part of the library: prox::prox never links cuBLAS.
+//!
+//!   g = W_gate x, u = W_up x   (two cublasGemmEx GEMVs, fp32 compute)
+//!   s = u * act(g)             (one small kernel, s stored in T as a framework would)
+//!   y = W_down s               (one cublasGemmEx GEMV)
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <stdexcept>
+#include <string>
+
+#include <prox/activation.cuh>
+#include <prox/core/types.cuh>
+
+namespace prox_bench {
+
+inline void check_cublas(cublasStatus_t s, const char* what) {
+  if (s != CUBLAS_STATUS_SUCCESS) throw std::runtime_error(std::string("cuBLAS: ") + what + " failed (" + std::to_string(int(s)) + ")");
+}
+inline void check_cuda(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw std::runtime_error(std::string("CUDA: ") + what + ": " + cudaGetErrorString(e));
+}
+
+template <class T>
+constexpr cudaDataType_t cuda_type() {
+  return std::is_same_v<T, __half> ? CUDA_R_16F : CUDA_R_16BF;
+}
+
+template <class T, class Act>
+__global__ void glu_act_mul_kernel(const T* __restrict__ g, const T* __restrict__ u, T* __restrict__ s, float* s32, int n) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const float v = prox::to_float(u[i]) * Act{}(prox::to_float(g[i]));
+  s[i] = prox::from_float<T>(v);
+  if (s32 != nullptr) s32[i] = v;
+}
+
+/**
+ * @brief y = W_down (W_up x * act(W_gate x)) with cuBLAS GEMVs (batch 1).
+ * Weights: w_gate, w_up [d_ff][d_model] row-major (nn.Linear); w_down [d_model][d_ff] row-major
+ * (nn.Linear). Owns its intermediate buffers; run() is graph-capturable (the handle's workspace is
+ * set to a buffer owned here, so cuBLAS allocates nothing during capture).
+ */
+template <class T, class Act = prox::SiLU>
+class DenseFfn {
+ public:
+  DenseFfn(cublasHandle_t handle, int d_model, int d_ff) : h_(handle), K_(d_model), N_(d_ff) {
+    check_cuda(cudaMalloc(&g_, sizeof(T) * N_), "malloc g");
+    check_cuda(cudaMalloc(&u_, sizeof(T) * N_), "malloc u");
+    check_cuda(cudaMalloc(&s_, sizeof(T) * N_), "malloc s");
+    check_cuda(cudaMalloc(&s32_, sizeof(float) * N_), "malloc s32");
+    check_cuda(cudaMalloc(&ws_, kWorkspace), "malloc cublas workspace");
+  }
+  DenseFfn(const DenseFfn&) = delete;
+  DenseFfn& operator=(const DenseFfn&) = delete;
+  ~DenseFfn() {
+    cudaFree(g_);
+    cudaFree(u_);
+    cudaFree(s_);
+    cudaFree(s32_);
+    cudaFree(ws_);
+  }
+
+  //! y[n_out] = W x with W [n_out][n_in] row-major: one cublasGemmEx (m = n_out, n = 1, k = n_in).
+  void gemv(const T* w, const T* x, T* y, int n_out, int n_in, cudaStream_t stream) const {
+    check_cublas(cublasSetStream(h_, stream), "set stream");
+    check_cublas(cublasSetWorkspace(h_, ws_, kWorkspace), "set workspace");
+    const float one = 1.0f, zero = 0.0f;
+    check_cublas(cublasGemmEx(h_, CUBLAS_OP_T, CUBLAS_OP_N, n_out, 1, n_in, &one, w, cuda_type<T>(), n_in, x,
+                              cuda_type<T>(), n_in, &zero, y, cuda_type<T>(), n_out, CUBLAS_COMPUTE_32F,
+                              CUBLAS_GEMM_DEFAULT),
+                 "GemmEx");
+  }
+
+  void run(const T* w_gate, const T* w_up, const T* w_down, const T* x, T* y, cudaStream_t stream) const {
+    gemv(w_gate, x, g_, N_, K_, stream);
+    gemv(w_up, x, u_, N_, K_, stream);
+    glu_act_mul_kernel<T, Act><<<(N_ + 255) / 256, 256, 0, stream>>>(g_, u_, s_, s32_, N_);
+    check_cuda(cudaGetLastError(), "act-mul launch");
+    // W_down [d_model][d_ff]: y[d_model] = W_down s.
+    gemv(w_down, s_, y, K_, N_, stream);
+  }
+
+  const T* gate() const { return g_; }
+  const T* up() const { return u_; }
+  const T* s() const { return s_; }
+  //! The intermediate state in float (before rounding to T), for oracle-s selection.
+  const float* s_float() const { return s32_; }
+
+ private:
+  static constexpr size_t kWorkspace = 4u << 20;
+  cublasHandle_t h_;
+  int K_, N_;
+  T* g_ = nullptr;
+  T* u_ = nullptr;
+  T* s_ = nullptr;
+  float* s32_ = nullptr;
+  void* ws_ = nullptr;
+};
+
+}  // namespace prox_bench

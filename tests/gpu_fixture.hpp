@@ -1,0 +1,171 @@
+// SPDX-License-Identifier: Apache-2.0
+//! @file gpu_fixture.hpp  Synthetic layers for the GPU tests: seeded random weights and tokens on the
+//! host (never zeros), their prox layouts (INT4 pack, W_down^T, input-major proxies), device copies,
+//! and helpers that compare device outputs with the float64 reference.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include <prox/int4_format.hpp>
+#include <prox/layout.cuh>
+
+#include "common.hpp"
+#include "reference/reference.hpp"
+
+namespace prox_test {
+
+//! Fast seeded normal generator (splitmix64 + Box-Muller): the 8B layers hold 150 M weights.
+class FastNormal {
+ public:
+  explicit FastNormal(std::uint64_t seed) : s_(seed * 0x9E3779B97F4A7C15ull + 1) {}
+  double operator()() {
+    if (have_) {
+      have_ = false;
+      return spare_;
+    }
+    const double u1 = (static_cast<double>(next() >> 11) + 0.5) * (1.0 / 9007199254740992.0);
+    const double u2 = static_cast<double>(next() >> 11) * (1.0 / 9007199254740992.0);
+    const double r = std::sqrt(-2.0 * std::log(u1));
+    spare_ = r * std::sin(6.283185307179586 * u2);
+    have_ = true;
+    return r * std::cos(6.283185307179586 * u2);
+  }
+
+ private:
+  std::uint64_t next() {
+    std::uint64_t z = (s_ += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  std::uint64_t s_;
+  bool have_ = false;
+  double spare_ = 0.0;
+};
+
+template <class T>
+std::vector<T> normal_vector(std::size_t n, std::uint64_t seed, double sigma) {
+  FastNormal g(seed);
+  std::vector<T> v(n);
+  for (auto& e : v) e = prox::from_float<T>(static_cast<float>(sigma * g()));
+  return v;
+}
+
+//! One FFN layer in every layout prox reads, on the host, plus float64 copies for the reference.
+template <class T>
+struct HostLayer {
+  int K = 0;  // d_model
+  int N = 0;  // d_ff
+  std::vector<T> wg, wu, wdt;        // [N][K]: nn.Linear gate/up, and W_down^T
+  std::vector<T> wg_t, wu_t;         // [K][N]: input-major dense proxies (A1)
+  std::vector<std::uint32_t> qg, qu;  // INT4 proxies [K][N/8]
+  std::vector<float> sg, su;         // [N]
+  std::vector<double> dwg, dwu, dwdt, dwg_t, dwu_t;
+};
+
+template <class T>
+HostLayer<T> make_host_layer(int K, int N, std::uint64_t seed) {
+  HostLayer<T> L;
+  L.K = K;
+  L.N = N;
+  const double sigma = 1.0 / std::sqrt(static_cast<double>(K));
+  L.wg = normal_vector<T>(static_cast<std::size_t>(N) * K, seed * 4 + 1, sigma);
+  L.wu = normal_vector<T>(static_cast<std::size_t>(N) * K, seed * 4 + 2, sigma);
+  L.wdt = normal_vector<T>(static_cast<std::size_t>(N) * K, seed * 4 + 3, 1.0 / std::sqrt(static_cast<double>(N)));
+  L.wg_t.resize(L.wg.size());
+  L.wu_t.resize(L.wu.size());
+  PROX_TEST_OK(prox::transpose_host(L.wg.data(), N, K, L.wg_t.data()));
+  PROX_TEST_OK(prox::transpose_host(L.wu.data(), N, K, L.wu_t.data()));
+  L.qg.resize(prox::int4::packed_words(K, N));
+  L.qu.resize(prox::int4::packed_words(K, N));
+  L.sg.resize(N);
+  L.su.resize(N);
+  PROX_TEST_OK(prox::int4::pack_host(L.wg.data(), K, N, L.qg.data(), L.sg.data()));
+  PROX_TEST_OK(prox::int4::pack_host(L.wu.data(), K, N, L.qu.data(), L.su.data()));
+  L.dwg = prox_ref::to_double(L.wg);
+  L.dwu = prox_ref::to_double(L.wu);
+  L.dwdt = prox_ref::to_double(L.wdt);
+  L.dwg_t = prox_ref::to_double(L.wg_t);
+  L.dwu_t = prox_ref::to_double(L.wu_t);
+  return L;
+}
+
+template <class T>
+struct DeviceLayer {
+  explicit DeviceLayer(const HostLayer<T>& h)
+      : wg(h.wg), wu(h.wu), wdt(h.wdt), wg_t(h.wg_t), wu_t(h.wu_t), qg(h.qg), qu(h.qu), sg(h.sg), su(h.su) {}
+  DeviceBuffer<T> wg, wu, wdt, wg_t, wu_t;
+  DeviceBuffer<std::uint32_t> qg, qu;
+  DeviceBuffer<float> sg, su;
+};
+
+//! |v| quantile as the calibration defines it: sorted magnitudes a, tau = a[floor(s n)] (as float).
+inline float quantile_abs(const std::vector<double>& v, double s) {
+  std::vector<double> a(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) a[i] = std::fabs(v[i]);
+  std::sort(a.begin(), a.end());
+  const std::size_t idx = static_cast<std::size_t>(std::floor(s * static_cast<double>(a.size())));
+  if (idx >= a.size()) return INFINITY;
+  return static_cast<float>(a[idx]);
+}
+
+inline std::vector<double> values_of(const std::vector<prox_ref::Bounded>& b) {
+  std::vector<double> v(b.size());
+  for (std::size_t i = 0; i < b.size(); ++i) v[i] = b[i].v;
+  return v;
+}
+
+inline bool mask_bit(const std::vector<std::uint32_t>& mask, int j) { return (mask[j / 32] >> (j % 32)) & 1u; }
+
+inline std::vector<std::uint8_t> mask_to_flags(const std::vector<std::uint32_t>& mask, int n) {
+  std::vector<std::uint8_t> f(n);
+  for (int j = 0; j < n; ++j) f[j] = mask_bit(mask, j);
+  return f;
+}
+
+//! Stage-1 channel set of the device against the reference: exact, except channels whose reference
+//! |s~| lies within its rounding bound of tau_s (ambiguous: either decision is right).
+struct MaskCompare {
+  int selected_gpu = 0;
+  int mismatches = 0;          // unambiguous channels decided differently: must be 0
+  int ambiguous = 0;           // channels within rounding distance of tau_s
+  int ambiguous_flipped = 0;   // ambiguous channels the device decided differently
+};
+inline MaskCompare compare_mask(const std::vector<std::uint32_t>& mask, const prox_ref::Stage1Result& ref) {
+  MaskCompare c;
+  const int n = static_cast<int>(ref.sel.size());
+  for (int j = 0; j < n; ++j) {
+    const bool g = mask_bit(mask, j);
+    c.selected_gpu += g;
+    if (ref.ambiguous[j]) {
+      ++c.ambiguous;
+      c.ambiguous_flipped += g != static_cast<bool>(ref.sel[j]);
+    } else {
+      c.mismatches += g != static_cast<bool>(ref.sel[j]);
+    }
+  }
+  return c;
+}
+
+//! Elements of a device output outside their reference bound (+ the rounding of storing to T).
+template <class T>
+int count_out_of_bound(const std::vector<T>& y, const std::vector<prox_ref::Bounded>& ref, double* worst = nullptr) {
+  int bad = 0;
+  double w = 0.0;
+  for (std::size_t i = 0; i < y.size(); ++i) {
+    const double got = static_cast<double>(prox::to_float(y[i]));
+    const double tol = ref[i].err + prox_ref::store_rel<T>() * std::fabs(ref[i].v) + 1e-7;
+    const double d = std::fabs(got - ref[i].v);
+    if (!(d <= tol)) ++bad;  // NaN fails
+    w = std::max(w, d / tol);
+  }
+  if (worst) *worst = w;
+  return bad;
+}
+
+}  // namespace prox_test

@@ -1,0 +1,300 @@
+// SPDX-License-Identifier: Apache-2.0
+//! @file test_ffn.cu  The whole Prox FFN (SparseFfn) on the GPU against the float64 reference:
+//! Stage 1's channel set, Stage 2 on that set, every policy combination on a small shape, Qwen3
+//! shapes, boundary densities, CUDA-graph capture and replay on new inputs, determinism, bad input.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <limits>
+#include <vector>
+
+#include <prox/prox.cuh>
+
+#include "gpu_fixture.hpp"
+
+using namespace prox_test;
+using prox_ref::Act;
+
+namespace {
+
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+template <class A>
+constexpr Act ref_act() {
+  return std::is_same_v<A, prox::SiLU> ? Act::kSiLU : Act::kGeluTanh;
+}
+
+//! A planned SparseFfn over a synthetic layer, with its buffers.
+template <class T, class A>
+struct FfnRig {
+  using Ffn = prox::SparseFfn<T, A>;
+  FfnRig(int K, int N, std::uint64_t seed) : L(make_host_layer<T>(K, N, seed)), D(L), x(K), y(K), cnt(1) {}
+
+  typename Ffn::Weights weights() const {
+    typename Ffn::Weights w;
+    w.w_gate = D.wg.get();
+    w.w_up = D.wu.get();
+    w.w_down_t = D.wdt.get();
+    w.proxy_gate = D.qg.get();
+    w.proxy_up = D.qu.get();
+    w.proxy_scale_gate = D.sg.get();
+    w.proxy_scale_up = D.su.get();
+    return w;
+  }
+
+  //! Thresholds that give (s1, s2) on token `xt` (exact quantiles of the reference's values).
+  std::pair<float, float> thresholds(const std::vector<T>& xt, double s1, double s2) const {
+    const auto dxv = prox_ref::to_double(xt);
+    const float tau_x = quantile_abs(dxv, s1);
+    const auto probe = prox_ref::stage1_int4(dxv, L.K, L.N, tau_x, 0.0f, L.qg, L.sg, L.qu, L.su, ref_act<A>());
+    return {tau_x, quantile_abs(values_of(probe.s), s2)};
+  }
+
+  void plan(float tau_x, float tau_s, prox::PolicyChoice choice = {}, bool pdl = true) {
+    typename Ffn::PlanOptions o;
+    o.choice = choice;
+    o.pdl = pdl;
+    PROX_TEST_OK(ffn.plan({L.K, L.N, tau_x, tau_s}, weights(), o));
+    if (ws.bytes() < ffn.workspace_bytes()) ws = DeviceBuffer<char>(ffn.workspace_bytes());
+    PROX_TEST_OK(prox::initialize_workspace(ws.get(), ws.bytes(), nullptr));
+  }
+
+  std::vector<std::uint32_t> mask() const {
+    std::vector<std::uint32_t> m(L.N / 32);
+    PROX_TEST_CUDA(cudaMemcpy(m.data(), ws.get() + ffn.mask_offset(), m.size() * 4, cudaMemcpyDeviceToHost));
+    return m;
+  }
+
+  HostLayer<T> L;
+  DeviceLayer<T> D;
+  DeviceBuffer<T> x, y;
+  DeviceBuffer<prox::SparsityCounters> cnt;
+  DeviceBuffer<char> ws;
+  Ffn ffn;
+};
+
+//! Run one token through the planned rig and check it against the reference. Returns y.
+template <class T, class A>
+std::vector<T> check_token(FfnRig<T, A>& r, const std::vector<T>& xt, const char* label) {
+  const int K = r.L.K, N = r.L.N;
+  const auto& cfg = r.ffn.config();
+  r.x.upload(xt);
+  r.y.poison();
+  PROX_TEST_CUDA(cudaMemset(r.cnt.get(), 0, sizeof(prox::SparsityCounters)));
+  REQUIRE(r.ffn.run(r.x.get(), r.y.get(), r.ws.get(), r.ws.bytes(), nullptr, r.cnt.get()) == prox::Status::kSuccess);
+  PROX_TEST_CUDA(cudaDeviceSynchronize());
+  const auto dxv = prox_ref::to_double(xt);
+  const auto st1 =
+      prox_ref::stage1_int4(dxv, K, N, cfg.tau_x, cfg.tau_s, r.L.qg, r.L.sg, r.L.qu, r.L.su, ref_act<A>());
+  const auto mask = r.mask();
+  const MaskCompare c = compare_mask(mask, st1);
+  // Stage 2 is checked on the device's own channel set (ambiguous channels may differ by design).
+  const auto st2 = prox_ref::stage2(dxv, r.L.dwg, r.L.dwu, r.L.dwdt, K, N, mask_to_flags(mask, N), ref_act<A>());
+  const auto y = r.y.download();
+  double worst = 0.0;
+  const int bad = count_out_of_bound(y, st2.y, &worst);
+  // Against the dense FFN: how much the sparsification itself changes y (reported, not asserted).
+  const auto dense = prox_ref::dense_ffn(dxv, r.L.dwg, r.L.dwu, r.L.dwdt, K, N, ref_act<A>());
+  double num = 0.0, den = 0.0;
+  for (int k = 0; k < K; ++k) {
+    const double d = prox::to_float(y[k]) - dense.y[k];
+    num += d * d;
+    den += dense.y[k] * dense.y[k];
+  }
+  const auto cnt = r.cnt.download()[0];
+  const auto ch = r.ffn.choice();
+  std::printf(
+      "[ffn]    %-8s %-5s %-9s K=%-5d N=%-5d pol=%d/%d/%d pdl=%d kept=%-5zu sel=%-5d ambiguous=%d flipped=%d "
+      "mismatch=%d y_err/bound=%.3f rel_err_vs_dense=%.4f\n",
+      label, prox::DTypeTraits<T>::kName, A::kName, K, N, ch.proxy, ch.glu, ch.down, int(r.ffn.uses_pdl()),
+      st1.kept.size(), c.selected_gpu, c.ambiguous, c.ambiguous_flipped, c.mismatches, worst,
+      den > 0 ? std::sqrt(num / den) : 0.0);
+  CAPTURE(label, K, N, ch.proxy, ch.glu, ch.down);
+  CHECK(c.mismatches == 0);
+  CHECK(bad == 0);
+  CHECK(cnt.calls == 1u);
+  CHECK(cnt.kept_inputs == st1.kept.size());
+  CHECK(cnt.selected_channels == static_cast<unsigned long long>(c.selected_gpu));
+  return y;
+}
+
+template <class T, class A>
+void ffn_shape(int K, int N, std::uint64_t seed, bool boundaries, int tokens = 2) {
+  FfnRig<T, A> r(K, N, seed);
+  const auto x0 = normal_vector<T>(K, seed + 100, 1.0);
+  // e = 60 %: (s1, s2) = (55 %, 70 %).
+  const auto [tx, ts] = r.thresholds(x0, 0.55, 0.70);
+  r.plan(tx, ts);
+  for (int t = 0; t < tokens; ++t) check_token(r, t == 0 ? x0 : normal_vector<T>(K, seed + 200 + t, 1.0), "e60");
+  if (boundaries) {
+    r.plan(0.0f, 0.0f);  // density 1: every input, every channel (the dense FFN)
+    check_token(r, x0, "dense");
+    r.plan(tx, kInf);  // density 0: no channel, y = 0
+    const auto y = check_token(r, x0, "empty");
+    for (T v : y) CHECK(prox::to_float(v) == 0.0f);
+    r.plan(kInf, 0.0f);  // no input kept: s~ = 0 everywhere, |0| >= 0 keeps every channel
+    check_token(r, x0, "noinput");
+  }
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("Prox FFN: small and odd shapes, both activations, boundary densities", "[ffn][gpu]", __half,
+                   __nv_bfloat16) {
+  using T = TestType;
+  ffn_shape<T, prox::SiLU>(200, 96, 1, true);
+  ffn_shape<T, prox::GeluTanh>(8, 32, 2, true);
+  ffn_shape<T, prox::GeluTanh>(136, 224, 3, true);
+  ffn_shape<T, prox::SiLU>(1000, 2016, 4, false);
+}
+
+TEMPLATE_TEST_CASE("Prox FFN: Qwen3-1.7B and Qwen3-8B shapes", "[ffn][gpu][large]", __half, __nv_bfloat16) {
+  using T = TestType;
+  ffn_shape<T, prox::SiLU>(2048, 6144, 5, true, 2);
+  ffn_shape<T, prox::GeluTanh>(2048, 6144, 6, false, 1);
+  ffn_shape<T, prox::SiLU>(4096, 12288, 7, false, 2);
+}
+
+TEST_CASE("Prox FFN: every compiled policy combination gives a correct result", "[ffn][gpu][policies]") {
+  using Ffn = prox::SparseFfn<__half, prox::SiLU>;
+  FfnRig<__half, prox::SiLU> r(520, 1056, 9);
+  const auto x0 = normal_vector<__half>(520, 901, 1.0);
+  const auto [tx, ts] = r.thresholds(x0, 0.10, 0.70);
+  for (int p = 0; p < Ffn::ProxyPolicies::kSize; ++p)
+    for (int g = 0; g < Ffn::GluPolicies::kSize; ++g)
+      for (int d = 0; d < Ffn::DownPolicies::kSize; ++d) {
+        r.plan(tx, ts, prox::PolicyChoice{p, g, d});
+        check_token(r, x0, "policy");
+      }
+  // An index past a list is refused at plan time.
+  CHECK(r.ffn.plan({520, 1056, tx, ts}, r.weights(), {prox::PolicyChoice{Ffn::ProxyPolicies::kSize, 0, 0}, true}) ==
+        prox::Status::kErrorInvalidArgument);
+}
+
+TEST_CASE("Prox FFN: deterministic, PDL on and off bit-identical", "[ffn][gpu][determinism]") {
+  FfnRig<__nv_bfloat16, prox::SiLU> r(2048, 6144, 10);
+  const auto x0 = normal_vector<__nv_bfloat16>(2048, 1001, 1.0);
+  const auto [tx, ts] = r.thresholds(x0, 0.55, 0.70);
+  r.plan(tx, ts);
+  r.x.upload(x0);
+  std::vector<__nv_bfloat16> first;
+  std::vector<std::uint32_t> first_mask;
+  int differing = 0;
+  for (int rep = 0; rep < 20; ++rep) {
+    r.y.poison();
+    REQUIRE(r.ffn.run(r.x.get(), r.y.get(), r.ws.get(), r.ws.bytes(), nullptr) == prox::Status::kSuccess);
+    PROX_TEST_CUDA(cudaDeviceSynchronize());
+    const auto y = r.y.download();
+    const auto m = r.mask();
+    if (rep == 0) {
+      first = y;
+      first_mask = m;
+      continue;
+    }
+    bool same = m == first_mask;
+    for (std::size_t i = 0; i < y.size(); ++i) same = same && bits16(y[i]) == bits16(first[i]);
+    differing += !same;
+  }
+  std::printf("[determinism] 20 runs, %d differ from the first\n", differing);
+  CHECK(differing == 0);
+  r.plan(tx, ts, {}, /*pdl=*/false);
+  r.y.poison();
+  REQUIRE(r.ffn.run(r.x.get(), r.y.get(), r.ws.get(), r.ws.bytes(), nullptr) == prox::Status::kSuccess);
+  PROX_TEST_CUDA(cudaDeviceSynchronize());
+  const auto y_nopdl = r.y.download();
+  int diff = 0;
+  for (std::size_t i = 0; i < y_nopdl.size(); ++i) diff += bits16(y_nopdl[i]) != bits16(first[i]);
+  CHECK(diff == 0);
+}
+
+TEST_CASE("Prox FFN: captured in a CUDA graph and replayed on new inputs", "[ffn][gpu][graph]") {
+  using T = __half;
+  FfnRig<T, prox::SiLU> r(4096, 12288, 11);
+  const auto x0 = normal_vector<T>(4096, 1101, 1.0);
+  const auto [tx, ts] = r.thresholds(x0, 0.70, 0.767);
+  r.plan(tx, ts);
+  cudaStream_t stream;
+  PROX_TEST_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  PROX_TEST_CUDA(cudaMemset(r.cnt.get(), 0, sizeof(prox::SparsityCounters)));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  PROX_TEST_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  const prox::Status st = r.ffn.run(r.x.get(), r.y.get(), r.ws.get(), r.ws.bytes(), stream, r.cnt.get());
+  PROX_TEST_CUDA(cudaStreamEndCapture(stream, &graph));
+  REQUIRE(st == prox::Status::kSuccess);
+  std::size_t nodes = 0;
+  PROX_TEST_CUDA(cudaGraphGetNodes(graph, nullptr, &nodes));
+  CHECK(nodes == 3);  // three kernels, no memcpy or memset in the hot path
+  PROX_TEST_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  const int kTokens = 4;
+  std::size_t kept_total = 0;
+  unsigned long long sel_total = 0;
+  for (int t = 0; t < kTokens; ++t) {
+    const auto xt = normal_vector<T>(4096, 1200 + t, 1.0);
+    r.x.upload(xt);
+    r.y.poison();
+    PROX_TEST_CUDA(cudaGraphLaunch(exec, stream));
+    PROX_TEST_CUDA(cudaStreamSynchronize(stream));
+    const auto y_graph = r.y.download();
+    const auto m = r.mask();
+    // The same token through a direct run gives the same bits.
+    REQUIRE(r.ffn.run(r.x.get(), r.y.get(), r.ws.get(), r.ws.bytes(), stream) == prox::Status::kSuccess);
+    PROX_TEST_CUDA(cudaStreamSynchronize(stream));
+    const auto y_direct = r.y.download();
+    int diff = 0;
+    for (std::size_t i = 0; i < y_graph.size(); ++i) diff += bits16(y_graph[i]) != bits16(y_direct[i]);
+    CHECK(diff == 0);
+    // And it matches the reference on the device's channel set.
+    const auto dxv = prox_ref::to_double(xt);
+    const auto st2 = prox_ref::stage2(dxv, r.L.dwg, r.L.dwu, r.L.dwdt, 4096, 12288, mask_to_flags(m, 12288),
+                                      Act::kSiLU);
+    double worst = 0.0;
+    CHECK(count_out_of_bound(y_graph, st2.y, &worst) == 0);
+    kept_total += prox_ref::kept_inputs(dxv, tx).size();
+    for (std::uint32_t w : m) sel_total += static_cast<unsigned>(__builtin_popcount(w));
+    std::printf("[graph]  token %d: replay == direct run (%d differing), y_err/bound=%.3f\n", t, diff, worst);
+  }
+  // Counters accumulated inside the graph, once per replay.
+  const auto cnt = r.cnt.download()[0];
+  CHECK(cnt.calls == static_cast<unsigned long long>(kTokens));
+  CHECK(cnt.kept_inputs == kept_total);
+  CHECK(cnt.selected_channels == sel_total);
+  prox::SparsityReport rep;
+  REQUIRE(prox::make_report(cnt, 4096, 12288, &rep) == prox::Status::kSuccess);
+  std::printf("[graph]  measured s1=%.3f s2=%.3f e=%.3f over %d tokens (targets 0.700 / 0.767 / 0.700)\n", rep.s1,
+              rep.s2, rep.effective, kTokens);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
+TEST_CASE("Prox FFN: bad input gets a Status before any launch", "[ffn][gpu][status]") {
+  using Ffn = prox::SparseFfn<__half>;
+  FfnRig<__half, prox::SiLU> r(200, 96, 12);
+  Ffn f;
+  CHECK(f.run(r.x.get(), r.y.get(), nullptr, 0, nullptr) == prox::Status::kErrorNotPlanned);
+  auto w = r.weights();
+  CHECK(f.plan({200, 96, 0.1f, std::numeric_limits<float>::quiet_NaN()}, w) == prox::Status::kErrorInvalidThreshold);
+  CHECK(f.plan({200, 96, -0.1f, 0.1f}, w) == prox::Status::kErrorInvalidThreshold);
+  CHECK(f.plan({200, 100, 0.1f, 0.1f}, w) == prox::Status::kErrorInvalidShape);
+  CHECK(f.plan({0, 96, 0.1f, 0.1f}, w) == prox::Status::kErrorInvalidShape);
+  CHECK(f.plan({204, 96, 0.1f, 0.1f}, w) == prox::Status::kErrorInvalidShape);
+  auto w2 = w;
+  w2.proxy_scale_up = nullptr;
+  CHECK(f.plan({200, 96, 0.1f, 0.1f}, w2) == prox::Status::kErrorNullPointer);
+  w2 = w;
+  w2.w_down_t = w.w_down_t + 1;
+  CHECK(f.plan({200, 96, 0.1f, 0.1f}, w2) == prox::Status::kErrorMisalignedPointer);
+  CHECK(f.run(r.x.get(), r.y.get(), nullptr, 0, nullptr) == prox::Status::kErrorNotPlanned);  // failed plans leave it unplanned
+  REQUIRE(f.plan({200, 96, 0.1f, 0.1f}, w) == prox::Status::kSuccess);
+  DeviceBuffer<char> ws(f.workspace_bytes());
+  PROX_TEST_OK(prox::initialize_workspace(ws.get(), ws.bytes(), nullptr));
+  r.y.poison(0x5A);
+  CHECK(f.run(r.x.get(), r.y.get(), ws.get(), ws.bytes() - 1, nullptr) == prox::Status::kErrorWorkspaceTooSmall);
+  CHECK(f.run(r.x.get() + 1, r.y.get(), ws.get(), ws.bytes(), nullptr) == prox::Status::kErrorMisalignedPointer);
+  CHECK(f.run(r.x.get(), nullptr, ws.get(), ws.bytes(), nullptr) == prox::Status::kErrorNullPointer);
+  PROX_TEST_CUDA(cudaDeviceSynchronize());
+  for (__half v : r.y.download()) CHECK(bits16(v) == 0x5A5Au);
+}

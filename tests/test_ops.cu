@@ -1,0 +1,479 @@
+// SPDX-License-Identifier: Apache-2.0
+//! @file test_ops.cu  The four ops on the GPU against the float64 reference: threshold, Stage-1 proxy
+//! GEMV (INT4 and fp16/bf16 proxies), masked GLU GEMV, sparse down GEMV. Every compiled policy,
+//! both dtypes, both activations, boundary densities, odd shapes, poisoned outputs.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <limits>
+#include <vector>
+
+#include <prox/prox.cuh>
+
+#include "gpu_fixture.hpp"
+
+using namespace prox_test;
+using prox_ref::Act;
+
+namespace {
+
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+template <class A>
+constexpr Act ref_act() {
+  return std::is_same_v<A, prox::SiLU> ? Act::kSiLU : Act::kGeluTanh;
+}
+
+std::vector<std::uint32_t> flags_to_mask(const std::vector<std::uint8_t>& f) {
+  std::vector<std::uint32_t> m((f.size() + 31) / 32, 0u);
+  for (std::size_t j = 0; j < f.size(); ++j)
+    if (f[j]) m[j / 32] |= 1u << (j % 32);
+  return m;
+}
+
+std::vector<std::uint8_t> random_flags(int n, double density, std::uint64_t seed) {
+  FastNormal g(seed);
+  std::vector<std::uint8_t> f(n);
+  for (int j = 0; j < n; ++j) f[j] = (0.5 * (1.0 + std::erf(g() / std::sqrt(2.0)))) < density;
+  return f;
+}
+
+}  // namespace
+
+// ======================================================================== threshold
+TEMPLATE_TEST_CASE("threshold op: mask, compaction and sparse copy are exact", "[threshold][gpu]", __half,
+                   __nv_bfloat16) {
+  using T = TestType;
+  for (int n : {1, 31, 33, 1000, 4096, 5003}) {
+    auto x = normal_vector<T>(n, 1000 + n, 1.0);
+    // Specials: NaN is never kept, +-inf always (tau finite), zeros kept only at tau = 0.
+    if (n > 10) {
+      x[3] = prox::from_float<T>(std::numeric_limits<float>::quiet_NaN());
+      x[5] = prox::from_float<T>(kInf);
+      x[7] = prox::from_float<T>(-kInf);
+      x[9] = prox::from_float<T>(0.0f);
+    }
+    DeviceBuffer<T> dx(x);
+    const int words = (n + 31) / 32;
+    DeviceBuffer<std::uint32_t> dmask(words);
+    DeviceBuffer<int> didx(n), dcount(1);
+    DeviceBuffer<T> dsparse(n);
+    for (float tau : {0.0f, 0.5f, 1.2f, kInf}) {
+      std::vector<std::uint32_t> want_mask(words, 0u);
+      std::vector<int> want_idx;
+      for (int i = 0; i < n; ++i) {
+        if (prox::keep_magnitude(prox::to_float(x[i]), tau)) {
+          want_mask[i / 32] |= 1u << (i % 32);
+          want_idx.push_back(i);
+        }
+      }
+      prox::for_each_policy<prox::ThresholdPolicies>([&](auto p, int pi) {
+        CAPTURE(n, tau, pi);
+        dmask.poison();
+        didx.poison();
+        dcount.poison();
+        dsparse.poison();
+        prox::ThresholdArgs<T> a;
+        a.x = dx.get();
+        a.n = n;
+        a.tau = tau;
+        a.mask = dmask.get();
+        a.indices = didx.get();
+        a.count = dcount.get();
+        a.x_sparse = dsparse.get();
+        REQUIRE(prox::threshold::launch<decltype(p)>(a, nullptr, nullptr) == prox::Status::kSuccess);
+        PROX_TEST_CUDA(cudaDeviceSynchronize());
+        CHECK(dmask.download() == want_mask);
+        const auto cnt = dcount.download();
+        REQUIRE(cnt[0] == static_cast<int>(want_idx.size()));
+        const auto idx = didx.download();
+        CHECK(std::vector<int>(idx.begin(), idx.begin() + cnt[0]) == want_idx);
+        const auto xs = dsparse.download();
+        int bad = 0;
+        for (int i = 0; i < n; ++i) {
+          const bool kept = (want_mask[i / 32] >> (i % 32)) & 1u;
+          bad += bits16(xs[i]) != (kept ? bits16(x[i]) : std::uint16_t{0});
+        }
+        CHECK(bad == 0);
+      });
+    }
+  }
+}
+
+// ======================================================================== Stage 1
+namespace {
+
+template <class T, class Fmt, class A, class List>
+void proxy_case(const HostLayer<T>& L, const DeviceLayer<T>& D, const std::vector<T>& x, float tau_x, float tau_s,
+                const char* label) {
+  constexpr bool kInt4 = std::is_same_v<Fmt, prox::Int4Weights>;
+  const int K = L.K, N = L.N;
+  const auto dxv = prox_ref::to_double(x);
+  const auto ref = kInt4 ? prox_ref::stage1_int4(dxv, K, N, tau_x, tau_s, L.qg, L.sg, L.qu, L.su, ref_act<A>())
+                         : prox_ref::stage1_dense(dxv, K, N, tau_x, tau_s, L.dwg_t, L.dwu_t, ref_act<A>());
+  DeviceBuffer<T> dx(x);
+  DeviceBuffer<std::uint32_t> dmask(N / 32);
+  DeviceBuffer<float> ds(N);
+  DeviceBuffer<prox::SparsityCounters> dcnt(1);
+  prox::for_each_policy<List>([&](auto p, int pi) {
+    using P = decltype(p);
+    CAPTURE(label, K, N, tau_x, tau_s, pi, P::name(), Fmt::kName, A::kName, prox::DTypeTraits<T>::kName);
+    prox::ProxyGemvArgs<T> a;
+    a.x = dx.get();
+    a.d_model = K;
+    a.d_ff = N;
+    a.tau_x = tau_x;
+    a.tau_s = tau_s;
+    a.w_gate = kInt4 ? static_cast<const void*>(D.qg.get()) : static_cast<const void*>(D.wg_t.get());
+    a.w_up = kInt4 ? static_cast<const void*>(D.qu.get()) : static_cast<const void*>(D.wu_t.get());
+    a.scale_gate = kInt4 ? D.sg.get() : nullptr;
+    a.scale_up = kInt4 ? D.su.get() : nullptr;
+    a.channel_mask = dmask.get();
+    a.s_proxy = ds.get();
+    a.counters = dcnt.get();
+    DeviceBuffer<char> ws(prox::proxy_gemv::workspace_bytes<P>(a));
+    PROX_TEST_OK(prox::initialize_workspace(ws.get(), ws.bytes(), nullptr));
+    PROX_TEST_CUDA(cudaMemset(dcnt.get(), 0, sizeof(prox::SparsityCounters)));
+    dmask.poison();
+    ds.poison();
+    // Two launches: the second reuses the workspace the first left behind (counters reset).
+    for (int rep = 0; rep < 2; ++rep)
+      REQUIRE(prox::proxy_gemv::launch<P, Fmt, A>(a, ws.get(), ws.bytes(), nullptr) == prox::Status::kSuccess);
+    PROX_TEST_CUDA(cudaDeviceSynchronize());
+    const auto mask = dmask.download();
+    const auto s = ds.download();
+    const MaskCompare c = compare_mask(mask, ref);
+    int s_bad = 0;
+    double worst = 0.0;
+    for (int j = 0; j < N; ++j) {
+      const double d = std::fabs(static_cast<double>(s[j]) - ref.s[j].v);
+      if (!(d <= ref.s[j].err)) ++s_bad;
+      worst = std::max(worst, d / (ref.s[j].err + 1e-300));
+    }
+    std::printf(
+        "[stage1] %-6s %-5s %-4s %-9s K=%-5d N=%-5d %-26s kept=%-5zu sel_ref=%-5d sel_gpu=%-5d ambiguous=%d flipped=%d "
+        "mismatch=%d s_err/bound=%.3f\n",
+        label, prox::DTypeTraits<T>::kName, Fmt::kName, A::kName, K, N, P::name().c_str(), ref.kept.size(),
+        ref.num_selected, c.selected_gpu, c.ambiguous, c.ambiguous_flipped, c.mismatches, worst);
+    CHECK(c.mismatches == 0);
+    CHECK(s_bad == 0);
+    CHECK(c.ambiguous <= std::max(4, N / 20));  // the band is a worst-case rounding bound: a small share of N
+    const auto cnt = dcnt.download()[0];
+    CHECK(cnt.calls == 2u);
+    CHECK(cnt.kept_inputs == 2u * ref.kept.size());
+    CHECK(cnt.selected_channels == 2u * static_cast<unsigned long long>(c.selected_gpu));
+  });
+}
+
+template <class T, class Fmt, class A, class List>
+void proxy_suite(int K, int N, std::uint64_t seed, bool boundary) {
+  const auto L = make_host_layer<T>(K, N, seed);
+  const DeviceLayer<T> D(L);
+  const auto x = normal_vector<T>(K, seed + 77, 1.0);
+  const auto dxv = prox_ref::to_double(x);
+  const float tau_x = quantile_abs(dxv, 0.55);
+  // tau_s at 70 % channel sparsity of this token's own s~.
+  const auto probe = std::is_same_v<Fmt, prox::Int4Weights>
+                         ? prox_ref::stage1_int4(dxv, K, N, tau_x, 0.0f, L.qg, L.sg, L.qu, L.su, ref_act<A>())
+                         : prox_ref::stage1_dense(dxv, K, N, tau_x, 0.0f, L.dwg_t, L.dwu_t, ref_act<A>());
+  const float tau_s = quantile_abs(values_of(probe.s), 0.70);
+  proxy_case<T, Fmt, A, List>(L, D, x, tau_x, tau_s, "mid");
+  if (boundary) {
+    proxy_case<T, Fmt, A, List>(L, D, x, 0.0f, 0.0f, "all");       // every input, every channel
+    proxy_case<T, Fmt, A, List>(L, D, x, kInf, 0.0f, "noinput");   // no input kept: s~ = 0, |0| >= 0 keeps all
+    proxy_case<T, Fmt, A, List>(L, D, x, tau_x, kInf, "none");     // no channel selected
+  }
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("proxy GEMV (INT4): channel set and s~ match the reference", "[stage1][gpu]", __half,
+                   __nv_bfloat16) {
+  using T = TestType;
+  proxy_suite<T, prox::Int4Weights, prox::SiLU, prox::ProxyGemvPolicies>(200, 96, 1, true);
+  proxy_suite<T, prox::Int4Weights, prox::GeluTanh, prox::ProxyGemvPolicies>(136, 224, 2, true);
+  proxy_suite<T, prox::Int4Weights, prox::SiLU, prox::ProxyGemvPolicies>(1000, 2016, 3, false);
+  proxy_suite<T, prox::Int4Weights, prox::SiLU, prox::ProxyGemvPolicies>(2048, 6144, 4, true);    // Qwen3-1.7B
+  proxy_suite<T, prox::Int4Weights, prox::GeluTanh, prox::ProxyGemvPolicies>(4096, 12288, 5, false);  // Qwen3-8B
+}
+
+TEMPLATE_TEST_CASE("proxy GEMV (fp16/bf16 proxies, A1): channel set and s~ match the reference", "[stage1][gpu]",
+                   __half, __nv_bfloat16) {
+  using T = TestType;
+  proxy_suite<T, prox::DenseWeights<T>, prox::SiLU, prox::DenseProxyGemvPolicies>(200, 96, 11, true);
+  proxy_suite<T, prox::DenseWeights<T>, prox::GeluTanh, prox::DenseProxyGemvPolicies>(520, 1056, 12, false);
+  proxy_suite<T, prox::DenseWeights<T>, prox::SiLU, prox::DenseProxyGemvPolicies>(2048, 6144, 13, false);
+}
+
+TEST_CASE("proxy GEMV: NaN and Inf activations never cause out-of-bounds accesses", "[stage1][gpu]") {
+  const int K = 264, N = 128;
+  const auto L = make_host_layer<__half>(K, N, 21);
+  const DeviceLayer<__half> D(L);
+  auto x = normal_vector<__half>(K, 22, 1.0);
+  for (int k = 0; k < K; k += 7) x[k] = __float2half(std::numeric_limits<float>::quiet_NaN());
+  for (int k = 3; k < K; k += 11) x[k] = __float2half(k % 2 ? kInf : -kInf);
+  DeviceBuffer<__half> dx(x);
+  DeviceBuffer<std::uint32_t> dmask(N / 32);
+  DeviceBuffer<prox::SparsityCounters> dcnt(1);
+  PROX_TEST_CUDA(cudaMemset(dcnt.get(), 0, sizeof(prox::SparsityCounters)));
+  dmask.poison(0xAB);
+  prox::ProxyGemvArgs<__half> a;
+  a.x = dx.get();
+  a.d_model = K;
+  a.d_ff = N;
+  a.tau_x = 0.5f;
+  a.tau_s = 0.01f;
+  a.w_gate = D.qg.get();
+  a.w_up = D.qu.get();
+  a.scale_gate = D.sg.get();
+  a.scale_up = D.su.get();
+  a.channel_mask = dmask.get();
+  a.counters = dcnt.get();
+  using P = prox::PolicyAt<0, prox::ProxyGemvPolicies>;
+  DeviceBuffer<char> ws(prox::proxy_gemv::workspace_bytes<P>(a));
+  PROX_TEST_OK(prox::initialize_workspace(ws.get(), ws.bytes(), nullptr));
+  REQUIRE(prox::proxy_gemv::launch<P, prox::Int4Weights, prox::SiLU>(a, ws.get(), ws.bytes(), nullptr) ==
+          prox::Status::kSuccess);
+  PROX_TEST_CUDA(cudaDeviceSynchronize());
+  // Every mask word was written, and the kept count excludes NaN (never kept) but includes +-inf.
+  for (std::uint32_t w : dmask.download()) CHECK(w != 0xABABABABu);
+  const auto kept = prox_ref::kept_inputs(prox_ref::to_double(x), 0.5f);
+  CHECK(dcnt.download()[0].kept_inputs == kept.size());
+}
+
+// ======================================================================== Stage 2: GLU
+namespace {
+template <class T, class A>
+void glu_suite(int K, int N, std::uint64_t seed) {
+  const auto L = make_host_layer<T>(K, N, seed);
+  const DeviceLayer<T> D(L);
+  const auto x = normal_vector<T>(K, seed + 5, 1.0);
+  const auto dxv = prox_ref::to_double(x);
+  DeviceBuffer<T> dx(x);
+  DeviceBuffer<float> ds(N);
+  for (double density : {0.3, 0.0, 1.0}) {
+    const auto sel = random_flags(N, density, seed + 9);
+    const auto ref = prox_ref::stage2(dxv, L.dwg, L.dwu, L.dwdt, K, N, sel, ref_act<A>());
+    DeviceBuffer<std::uint32_t> dmask(flags_to_mask(sel));
+    prox::for_each_policy<prox::GluGemvPolicies>([&](auto p, int pi) {
+      using P = decltype(p);
+      CAPTURE(K, N, density, pi, P::name(), A::kName, prox::DTypeTraits<T>::kName);
+      ds.poison();
+      prox::GluGemvArgs<T> a;
+      a.x = dx.get();
+      a.d_model = K;
+      a.d_ff = N;
+      a.w_gate = D.wg.get();
+      a.w_up = D.wu.get();
+      a.channel_mask = dmask.get();
+      a.s = ds.get();
+      REQUIRE(prox::glu_gemv::launch<P, A>(a, nullptr, 0, nullptr) == prox::Status::kSuccess);
+      PROX_TEST_CUDA(cudaDeviceSynchronize());
+      const auto s = ds.download();
+      int bad = 0, untouched_bad = 0;
+      double worst = 0.0;
+      for (int j = 0; j < N; ++j) {
+        if (sel[j]) {
+          const double d = std::fabs(static_cast<double>(s[j]) - ref.s[j].v);
+          bad += !(d <= ref.s[j].err);
+          worst = std::max(worst, d / ref.s[j].err);
+        } else {
+          untouched_bad += bits32(s[j]) != 0xFFFFFFFFu;
+        }
+      }
+      std::printf("[glu]    %-5s %-9s K=%-5d N=%-5d %-18s density=%.1f err/bound=%.3f bad=%d\n",
+                  prox::DTypeTraits<T>::kName, A::kName, K, N, P::name().c_str(), density, worst, bad);
+      CHECK(bad == 0);
+      CHECK(untouched_bad == 0);
+    });
+  }
+}
+}  // namespace
+
+TEMPLATE_TEST_CASE("masked GLU GEMV: exact s on selected channels only", "[stage2][glu][gpu]", __half, __nv_bfloat16) {
+  using T = TestType;
+  glu_suite<T, prox::SiLU>(200, 96, 31);
+  glu_suite<T, prox::GeluTanh>(8, 32, 32);
+  glu_suite<T, prox::GeluTanh>(1000, 2016, 33);
+  glu_suite<T, prox::SiLU>(4096, 12288, 34);  // Qwen3-8B
+}
+
+// ======================================================================== Stage 2: down
+namespace {
+template <class T>
+void down_suite(int K, int N, std::uint64_t seed) {
+  const auto L = make_host_layer<T>(K, N, seed);
+  const DeviceLayer<T> D(L);
+  FastNormal g(seed + 3);
+  std::vector<float> s(N);
+  for (auto& v : s) v = static_cast<float>(g());
+  DeviceBuffer<float> dsv(s);
+  DeviceBuffer<T> dy(K);
+  for (double density : {0.23, 0.0, 1.0}) {
+    const auto sel = random_flags(N, density, seed + 4);
+    std::vector<prox_ref::Bounded> ref(K);
+    std::vector<double> abs_sum(K, 0.0);
+    std::size_t nsel = 0;
+    for (int j = 0; j < N; ++j) {
+      if (!sel[j]) continue;
+      ++nsel;
+      for (int k = 0; k < K; ++k) {
+        const double p = static_cast<double>(s[j]) * L.dwdt[static_cast<std::size_t>(j) * K + k];
+        ref[k].v += p;
+        abs_sum[k] += std::fabs(p);
+      }
+    }
+    for (int k = 0; k < K; ++k) ref[k].err = prox_ref::gamma(nsel) * abs_sum[k];
+    DeviceBuffer<std::uint32_t> dmask(flags_to_mask(sel));
+    prox::for_each_policy<prox::DownGemvPolicies>([&](auto p, int pi) {
+      using P = decltype(p);
+      CAPTURE(K, N, density, pi, P::name(), prox::DTypeTraits<T>::kName);
+      dy.poison();
+      prox::DownGemvArgs<T> a;
+      a.s = dsv.get();
+      a.channel_mask = dmask.get();
+      a.w_down_t = D.wdt.get();
+      a.d_model = K;
+      a.d_ff = N;
+      a.y = dy.get();
+      DeviceBuffer<char> ws(prox::down_gemv::workspace_bytes<P>(a));
+      PROX_TEST_OK(prox::initialize_workspace(ws.get(), ws.bytes(), nullptr));
+      for (int rep = 0; rep < 2; ++rep)
+        REQUIRE(prox::down_gemv::launch<P>(a, ws.get(), ws.bytes(), nullptr) == prox::Status::kSuccess);
+      PROX_TEST_CUDA(cudaDeviceSynchronize());
+      double worst = 0.0;
+      const int bad = count_out_of_bound(dy.download(), ref, &worst);
+      std::printf("[down]   %-5s K=%-5d N=%-5d %-22s density=%.2f err/bound=%.3f bad=%d\n",
+                  prox::DTypeTraits<T>::kName, K, N, P::name().c_str(), density, worst, bad);
+      CHECK(bad == 0);
+    });
+  }
+}
+}  // namespace
+
+TEMPLATE_TEST_CASE("sparse down GEMV: y from the selected rows only, every element written", "[stage2][down][gpu]",
+                   __half, __nv_bfloat16) {
+  using T = TestType;
+  down_suite<T>(200, 96, 41);
+  down_suite<T>(8, 32, 42);
+  down_suite<T>(1000, 2016, 43);
+  down_suite<T>(4096, 12288, 44);  // Qwen3-8B
+}
+
+// ======================================================================== bad input
+TEST_CASE("ops reject bad input with a Status before launching", "[status][gpu]") {
+  const int K = 64, N = 64;
+  DeviceBuffer<__half> x(K + 8), w(static_cast<std::size_t>(K) * N + 8), y(K + 8);
+  DeviceBuffer<std::uint32_t> q(prox::int4::packed_words(K, N) + 4), mask(N / 32);
+  DeviceBuffer<float> sc(N), s(N);
+  DeviceBuffer<char> ws(1 << 20);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  using PP = prox::PolicyAt<0, prox::ProxyGemvPolicies>;
+  using DP = prox::PolicyAt<0, prox::DownGemvPolicies>;
+  using GP = prox::PolicyAt<0, prox::GluGemvPolicies>;
+  using TP = prox::PolicyAt<0, prox::ThresholdPolicies>;
+  PROX_TEST_CUDA(cudaGetLastError());
+  mask.poison(0x5A);
+  y.poison(0x5A);
+
+  prox::ProxyGemvArgs<__half> pa;
+  pa.x = x.get();
+  pa.d_model = K;
+  pa.d_ff = N;
+  pa.tau_x = 0.1f;
+  pa.tau_s = 0.1f;
+  pa.w_gate = q.get();
+  pa.w_up = q.get();
+  pa.scale_gate = sc.get();
+  pa.scale_up = sc.get();
+  pa.channel_mask = mask.get();
+  const auto proxy = [&](prox::ProxyGemvArgs<__half> a, std::size_t wsb = 1 << 20) {
+    return prox::proxy_gemv::launch<PP, prox::Int4Weights, prox::SiLU>(a, ws.get(), wsb, nullptr);
+  };
+  auto a = pa;
+  a.x = nullptr;
+  CHECK(proxy(a) == prox::Status::kErrorNullPointer);
+  a = pa;
+  a.scale_up = nullptr;
+  CHECK(proxy(a) == prox::Status::kErrorNullPointer);
+  a = pa;
+  a.channel_mask = nullptr;
+  CHECK(proxy(a) == prox::Status::kErrorNullPointer);
+  a = pa;
+  a.w_gate = reinterpret_cast<const char*>(q.get()) + 4;
+  CHECK(proxy(a) == prox::Status::kErrorMisalignedPointer);
+  a = pa;
+  a.d_ff = 48;
+  CHECK(proxy(a) == prox::Status::kErrorInvalidShape);
+  a = pa;
+  a.d_ff = 0;
+  CHECK(proxy(a) == prox::Status::kErrorInvalidShape);
+  a = pa;
+  a.d_model = 0;
+  CHECK(proxy(a) == prox::Status::kErrorInvalidShape);
+  a = pa;
+  a.tau_x = nan;
+  CHECK(proxy(a) == prox::Status::kErrorInvalidThreshold);
+  a = pa;
+  a.tau_s = -1.0f;
+  CHECK(proxy(a) == prox::Status::kErrorInvalidThreshold);
+  CHECK(proxy(pa, prox::proxy_gemv::workspace_bytes<PP>(pa) - 1) == prox::Status::kErrorWorkspaceTooSmall);
+  CHECK(prox::proxy_gemv::launch<PP, prox::Int4Weights, prox::SiLU>(pa, nullptr, 1 << 20, nullptr) ==
+        prox::Status::kErrorNullPointer);
+  CHECK(prox::proxy_gemv::launch<PP, prox::Int4Weights, prox::SiLU>(pa, ws.get() + 4, 1 << 19, nullptr) ==
+        prox::Status::kErrorMisalignedPointer);
+
+  prox::GluGemvArgs<__half> ga;
+  ga.x = x.get();
+  ga.d_model = K;
+  ga.d_ff = N;
+  ga.w_gate = w.get();
+  ga.w_up = w.get();
+  ga.channel_mask = mask.get();
+  ga.s = s.get();
+  auto g2 = ga;
+  g2.x = x.get() + 1;
+  CHECK(prox::glu_gemv::launch<GP, prox::SiLU>(g2, nullptr, 0, nullptr) == prox::Status::kErrorMisalignedPointer);
+  g2 = ga;
+  g2.d_model = 12;
+  CHECK(prox::glu_gemv::launch<GP, prox::SiLU>(g2, nullptr, 0, nullptr) == prox::Status::kErrorInvalidShape);
+  g2 = ga;
+  g2.s = nullptr;
+  CHECK(prox::glu_gemv::launch<GP, prox::SiLU>(g2, nullptr, 0, nullptr) == prox::Status::kErrorNullPointer);
+
+  prox::DownGemvArgs<__half> da;
+  da.s = s.get();
+  da.channel_mask = mask.get();
+  da.w_down_t = w.get();
+  da.d_model = K;
+  da.d_ff = N;
+  da.y = y.get();
+  auto d2 = da;
+  d2.w_down_t = w.get() + 4;
+  CHECK(prox::down_gemv::launch<DP>(d2, ws.get(), 1 << 20, nullptr) == prox::Status::kErrorMisalignedPointer);
+  d2 = da;
+  d2.d_ff = 33;
+  CHECK(prox::down_gemv::launch<DP>(d2, ws.get(), 1 << 20, nullptr) == prox::Status::kErrorInvalidShape);
+  CHECK(prox::down_gemv::launch<DP>(da, ws.get(), 8, nullptr) == prox::Status::kErrorWorkspaceTooSmall);
+
+  prox::ThresholdArgs<__half> ta;
+  ta.x = x.get();
+  ta.n = K;
+  ta.tau = nan;
+  ta.mask = mask.get();
+  CHECK(prox::threshold::launch<TP>(ta, nullptr, nullptr) == prox::Status::kErrorInvalidThreshold);
+  ta.tau = 0.5f;
+  ta.n = 0;
+  CHECK(prox::threshold::launch<TP>(ta, nullptr, nullptr) == prox::Status::kErrorInvalidShape);
+  ta.n = K;
+  ta.indices = reinterpret_cast<int*>(s.get());
+  CHECK(prox::threshold::launch<TP>(ta, nullptr, nullptr) == prox::Status::kErrorNullPointer);  // count missing
+
+  // Nothing was launched: outputs keep their poison and no error is pending.
+  PROX_TEST_CUDA(cudaDeviceSynchronize());
+  CHECK(cudaGetLastError() == cudaSuccess);
+  for (std::uint32_t v : mask.download()) CHECK(v == 0x5A5A5A5Au);
+  for (__half v : y.download()) CHECK(bits16(v) == 0x5A5Au);
+}
