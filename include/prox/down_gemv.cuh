@@ -30,7 +30,7 @@ PROX_NAMESPACE_BEGIN
  */
 template <class T>
 struct DownGemvArgs {
-  const float* s = nullptr;                     //!< [d_ff] intermediate values; only selected entries are read
+  const float* s = nullptr;                     //!< [d_ff] intermediate values; every entry is read, unselected ones are ignored
   const std::uint32_t* channel_mask = nullptr;  //!< [d_ff/32] selected channels
   const T* w_down_t = nullptr;                  //!< [d_ff][d_model] row-major = W_down^T, 16-byte aligned
   int d_model = 0;                              //!< outputs, a multiple of 8, 8..2^20
@@ -43,25 +43,26 @@ struct DownGemvArgs {
  * @tparam Threads threads per block; @tparam TileD outputs per block (TileD/8 threads share a row,
  * at most 32); @tparam Chunk channels per block (split-K); @tparam Unroll rows in flight per thread.
  */
-template <int Threads, int TileD, int Chunk, int Unroll>
+template <int Threads, int TileD, int Chunk, int Unroll, int MinBlocks = 1>
 struct DownGemvPolicy {
   static constexpr int kThreads = Threads;
   static constexpr int kTileD = TileD;
   static constexpr int kChunk = Chunk;
   static constexpr int kUnroll = Unroll;
+  static constexpr int kMinBlocks = MinBlocks;  //!< __launch_bounds__ minimum resident blocks per SM
   static_assert(Chunk % 32 == 0 && TileD % 8 == 0 && TileD / 8 <= 32, "policy shape");
   static std::string name() {
     return "down_t" + std::to_string(Threads) + "_d" + std::to_string(TileD) + "_c" + std::to_string(Chunk) + "_u" +
-           std::to_string(Unroll);
+           std::to_string(Unroll) + "_m" + std::to_string(MinBlocks);
   }
 };
 
-using DownGemvPolicies =
-    PolicyList<DownGemvPolicy<256, 256, 256, 4>, DownGemvPolicy<256, 128, 512, 4>, DownGemvPolicy<512, 256, 512, 2>>;
+using DownGemvPolicies = PolicyList<DownGemvPolicy<256, 256, 512, 4, 3>, DownGemvPolicy<256, 128, 512, 4, 3>,
+                                    DownGemvPolicy<256, 256, 1024, 4, 3>>;
 
 // ---------------------------------------------------------------- L2: kernel
 template <class Policy, class T>
-PROX_KERNEL __launch_bounds__(Policy::kThreads) void down_gemv_kernel(const DownGemvArgs<T> a, float* partials,
+PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void down_gemv_kernel(const DownGemvArgs<T> a, float* partials,
                                                                       unsigned* tile_counters) {
   constexpr int kThreads = Policy::kThreads;
   constexpr int kTileD = Policy::kTileD;
@@ -84,18 +85,28 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads) void down_gemv_kernel(const Down
   pdl_wait();  // mask and s come from the previous kernels
   pdl_launch_dependents();
 
-  int count = 0;
-#pragma unroll 1
-  for (int base = 0; base < kChunk; base += kThreads) {
-    const int t = base + tid;
+  // Mask words and s values of the whole chunk are loaded together (one memory latency), then the
+  // selected channels are compacted in order.
+  constexpr int kPerThread = (kChunk + kThreads - 1) / kThreads;
+  bool sel[kPerThread];
+  float val[kPerThread];
+#pragma unroll
+  for (int i = 0; i < kPerThread; ++i) {
+    const int t = i * kThreads + tid;
     const int j = c0 + t;
-    bool sel = false;
-    if (t < kChunk && j < a.d_ff) sel = (a.channel_mask[j / kWarpSize] >> (j % kWarpSize)) & 1u;
+    const bool in = t < kChunk && j < a.d_ff;
+    const std::uint32_t word = in ? a.channel_mask[j / kWarpSize] : 0u;
+    val[i] = in ? a.s[j] : 0.0f;  // read for every channel of the chunk: unselected s may be stale, never used
+    sel[i] = (word >> (j % kWarpSize)) & 1u;
+  }
+  int count = 0;
+#pragma unroll
+  for (int i = 0; i < kPerThread; ++i) {
     int total = 0;
-    const int pos = block_compact_position<kThreads>(sel, s_warp, &total);
-    if (sel) {
-      s_rows[count + pos] = j;
-      s_val[count + pos] = a.s[j];
+    const int pos = block_compact_position<kThreads>(sel[i], s_warp, &total);
+    if (sel[i]) {
+      s_rows[count + pos] = c0 + i * kThreads + tid;
+      s_val[count + pos] = val[i];
     }
     count += total;
   }
@@ -111,27 +122,42 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads) void down_gemv_kernel(const Down
   float acc[1][8];
 #pragma unroll
   for (int c = 0; c < 8; ++c) acc[0][c] = 0.0f;
-#pragma unroll 1
-  for (int i = group; i < count; i += kGroups * kU) {
+
+  // Double-buffered steps of kU rows, branch-free (see proxy_gemv_kernel).
+  struct Step {
     uint4 v[kU];
     float sv[kU];
+  };
+  const int steps = (count + kGroups * kU - 1) / (kGroups * kU);
+  const auto load_step = [&](int it, Step& d) {
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
-      const int r = i + u * kGroups;
-      if (col_ok && r < count) {
-        v[u] = ld_stream_16(base_ptr + static_cast<std::size_t>(s_rows[r]) * ld);
-        sv[u] = s_val[r];
-      } else {
-        v[u] = make_uint4(0u, 0u, 0u, 0u);
-        sv[u] = 0.0f;
-      }
+      const int r = group + (it * kU + u) * kGroups;
+      const bool ok = col_ok && r < count;
+      const int rr = ok ? r : 0;
+      d.v[u] = ld_stream_16(base_ptr + static_cast<std::size_t>(s_rows[rr]) * ld, ok);
+      d.sv[u] = ok ? s_val[rr] : 0.0f;
     }
+  };
+  const auto compute_step = [&](const Step& d) {
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
       float w[8];
-      unpack8<T>(v[u], w);
+      unpack8<T>(d.v[u], w);
 #pragma unroll
-      for (int c = 0; c < 8; ++c) acc[0][c] = fmaf(sv[u], w[c], acc[0][c]);
+      for (int c = 0; c < 8; ++c) acc[0][c] = fmaf(d.sv[u], w[c], acc[0][c]);
+    }
+  };
+  if (count > 0) {
+    Step b0;
+    Step b1;
+    load_step(0, b0);
+#pragma unroll 1
+    for (int it = 0; it < steps; it += 2) {
+      load_step(it + 1, b1);
+      compute_step(b0);
+      load_step(it + 2, b0);
+      compute_step(b1);
     }
   }
 

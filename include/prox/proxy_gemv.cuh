@@ -40,20 +40,20 @@ PROX_NAMESPACE_BEGIN
  */
 struct Int4Weights {
   static constexpr const char* kName = "int4";
-  static constexpr int kChannelsPerVec = 32;
+  static constexpr int kVecBytes = 8;  //!< 8-byte pieces: 16 channels, 32 fp32 accumulators for gate+up
+  static constexpr int kChannelsPerVec = 16;
   static constexpr bool kNeedsScales = true;
   PROX_HOST_DEVICE static constexpr std::size_t row_bytes(int d_ff) noexcept { return static_cast<std::size_t>(d_ff) / 2; }
   PROX_HOST_DEVICE static constexpr std::size_t col_bytes(int n) noexcept { return static_cast<std::size_t>(n) / 2; }
+  //! Word whose every nibble decodes to 0 (fills predicated-off loads).
+  static constexpr uint32_t kFill = 0x88888888u;
 #if defined(__CUDACC__)
-  //! Piece whose every nibble decodes to 0 (used for predicated-off rows).
-  PROX_DEVICE static PROX_FORCEINLINE uint4 zero_vec() { return make_uint4(0x88888888u, 0x88888888u, 0x88888888u, 0x88888888u); }
-  //! acc[c] += x * q_c for the 32 channels of one piece.
-  PROX_DEVICE static PROX_FORCEINLINE void fma(float (&acc)[kChannelsPerVec], uint4 v, float x) {
-    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+  //! acc[c] += x * q_c for the channels of one piece.
+  PROX_DEVICE static PROX_FORCEINLINE void fma(float (&acc)[kChannelsPerVec], const Piece<kVecBytes>& v, float x) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
+    for (int i = 0; i < Piece<kVecBytes>::kWords; ++i) {
       float q[8];
-      int4::dequant_word(w[i], q);
+      int4::dequant_word(v.w[i], q);
 #pragma unroll
       for (int c = 0; c < 8; ++c) acc[8 * i + c] = fmaf(x, q[c], acc[8 * i + c]);
     }
@@ -69,15 +69,16 @@ struct Int4Weights {
 template <class W>
 struct DenseWeights {
   static constexpr const char* kName = DTypeTraits<W>::kName;
+  static constexpr int kVecBytes = 16;
   static constexpr int kChannelsPerVec = 8;
   static constexpr bool kNeedsScales = false;
   PROX_HOST_DEVICE static constexpr std::size_t row_bytes(int d_ff) noexcept { return static_cast<std::size_t>(d_ff) * sizeof(W); }
   PROX_HOST_DEVICE static constexpr std::size_t col_bytes(int n) noexcept { return static_cast<std::size_t>(n) * sizeof(W); }
+  static constexpr uint32_t kFill = 0u;
 #if defined(__CUDACC__)
-  PROX_DEVICE static PROX_FORCEINLINE uint4 zero_vec() { return make_uint4(0u, 0u, 0u, 0u); }
-  PROX_DEVICE static PROX_FORCEINLINE void fma(float (&acc)[kChannelsPerVec], uint4 v, float x) {
+  PROX_DEVICE static PROX_FORCEINLINE void fma(float (&acc)[kChannelsPerVec], const Piece<kVecBytes>& v, float x) {
     float w[8];
-    unpack8<W>(v, w);
+    unpack8<W>(make_uint4(v.w[0], v.w[1], v.w[2], v.w[3]), w);
 #pragma unroll
     for (int c = 0; c < 8; ++c) acc[c] = fmaf(x, w[c], acc[c]);
   }
@@ -112,27 +113,30 @@ struct ProxyGemvArgs {
  * @tparam ChunkK    input coordinates per block (split-K); thresholded in shared memory
  * @tparam Unroll    kept rows each thread has in flight (2 x 16-byte loads each)
  */
-template <int Threads, int TileN, int ChunkK, int Unroll>
+template <int Threads, int TileN, int ChunkK, int Unroll, int MinBlocks = 1>
 struct ProxyGemvPolicy {
   static constexpr int kThreads = Threads;
   static constexpr int kTileN = TileN;
   static constexpr int kChunkK = ChunkK;
   static constexpr int kUnroll = Unroll;
+  static constexpr int kMinBlocks = MinBlocks;  //!< __launch_bounds__ minimum resident blocks per SM
   static std::string name() {
     return "proxy_t" + std::to_string(Threads) + "_n" + std::to_string(TileN) + "_k" + std::to_string(ChunkK) + "_u" +
-           std::to_string(Unroll);
+           std::to_string(Unroll) + "_m" + std::to_string(MinBlocks);
   }
 };
 
-//! Candidates for INT4 weights (index 0 is the fallback/default).
-using ProxyGemvPolicies = PolicyList<ProxyGemvPolicy<256, 256, 512, 4>, ProxyGemvPolicy<256, 128, 256, 4>,
-                                     ProxyGemvPolicy<256, 256, 256, 2>>;
-//! Candidates for fp16/bf16 proxy weights (8 channels per piece, so tiles are narrower).
-using DenseProxyGemvPolicies = PolicyList<ProxyGemvPolicy<256, 256, 256, 4>, ProxyGemvPolicy<256, 128, 256, 4>>;
+//! Candidates for INT4 weights (index 0 is the fallback/default). 8-byte pieces: 16 threads cover a
+//! 256-channel tile, i.e. 128 contiguous bytes of each kept row per matrix.
+using ProxyGemvPolicies = PolicyList<ProxyGemvPolicy<256, 256, 512, 4, 3>, ProxyGemvPolicy<256, 256, 1024, 4, 3>,
+                                     ProxyGemvPolicy<256, 256, 256, 4, 3>>;
+//! Candidates for fp16/bf16 proxy weights (16-byte pieces of 8 channels).
+using DenseProxyGemvPolicies =
+    PolicyList<ProxyGemvPolicy<256, 256, 256, 4, 2>, ProxyGemvPolicy<256, 128, 256, 4, 2>>;
 
 // ---------------------------------------------------------------- L2: kernel
 template <class Policy, class T, class Fmt, class Act>
-PROX_KERNEL __launch_bounds__(Policy::kThreads) void proxy_gemv_kernel(const ProxyGemvArgs<T> a, float* partials,
+PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void proxy_gemv_kernel(const ProxyGemvArgs<T> a, float* partials,
                                                                        unsigned* tile_counters) {
   constexpr int kThreads = Policy::kThreads;
   constexpr int kTileN = Policy::kTileN;
@@ -158,23 +162,27 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads) void proxy_gemv_kernel(const Pro
   pdl_wait();  // x may come from the previous kernel
   pdl_launch_dependents();
 
-  // 1. Threshold this block's chunk of x and compact the kept coordinates, in order.
-  int count = 0;
-#pragma unroll 1
-  for (int base = 0; base < kChunkK; base += kThreads) {
-    const int kk = base + tid;
+  // 1. Threshold this block's chunk of x and compact the kept coordinates, in order. All loads of x
+  //    are issued before the first compaction step: one memory latency, not one per step.
+  constexpr int kXPerThread = (kChunkK + kThreads - 1) / kThreads;
+  float xv[kXPerThread];
+  bool keep[kXPerThread];
+#pragma unroll
+  for (int i = 0; i < kXPerThread; ++i) {
+    const int kk = i * kThreads + tid;
     const int k = k0 + kk;
-    float xv = 0.0f;
-    bool keep = false;
-    if (kk < kChunkK && k < a.d_model) {
-      xv = to_float(a.x[k]);
-      keep = keep_magnitude(xv, a.tau_x);
-    }
+    const bool in = kk < kChunkK && k < a.d_model;
+    xv[i] = in ? to_float(a.x[k]) : 0.0f;
+    keep[i] = in && keep_magnitude(xv[i], a.tau_x);
+  }
+  int count = 0;
+#pragma unroll
+  for (int i = 0; i < kXPerThread; ++i) {
     int total = 0;
-    const int pos = block_compact_position<kThreads>(keep, s_warp, &total);
-    if (keep) {
-      s_rows[count + pos] = k;
-      s_x[count + pos] = xv;
+    const int pos = block_compact_position<kThreads>(keep[i], s_warp, &total);
+    if (keep[i]) {
+      s_rows[count + pos] = k0 + i * kThreads + tid;
+      s_x[count + pos] = xv[i];
     }
     count += total;
   }
@@ -197,28 +205,44 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads) void proxy_gemv_kernel(const Pro
 #pragma unroll
   for (int c = 0; c < kCpv; ++c) acc[0][c] = acc[1][c] = 0.0f;
 
-#pragma unroll 1
-  for (int i = group; i < count; i += kGroups * kU) {
-    uint4 vg[kU];
-    uint4 vu[kU];
+  // Step it covers rows group + (it kU + u) kGroups, u < kU. Loads of step it + 1 are issued before
+  // the arithmetic of step it (register double buffering, branch-free so ptxas keeps the order).
+  using P = Piece<Fmt::kVecBytes>;
+  struct Step {
+    P vg[kU];
+    P vu[kU];
     float xs[kU];
+  };
+  const int steps = (count + kGroups * kU - 1) / (kGroups * kU);
+  const auto load_step = [&](int it, Step& d) {
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
-      const int r = i + u * kGroups;
-      if (col_ok && r < count) {
-        const std::size_t off = static_cast<std::size_t>(s_rows[r]) * row_stride;
-        vg[u] = ld_stream_16(pg + off);
-        vu[u] = ld_stream_16(pu + off);
-        xs[u] = s_x[r];
-      } else {
-        vg[u] = vu[u] = Fmt::zero_vec();
-        xs[u] = 0.0f;
-      }
+      const int r = group + (it * kU + u) * kGroups;
+      const bool ok = col_ok && r < count;
+      const int rr = ok ? r : 0;
+      const std::size_t off = static_cast<std::size_t>(s_rows[rr]) * row_stride;
+      d.vg[u] = ld_stream_piece<Fmt::kVecBytes>(pg + off, ok, Fmt::kFill);
+      d.vu[u] = ld_stream_piece<Fmt::kVecBytes>(pu + off, ok, Fmt::kFill);
+      d.xs[u] = ok ? s_x[rr] : 0.0f;
     }
+  };
+  const auto compute_step = [&](const Step& d) {
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
-      Fmt::fma(acc[0], vg[u], xs[u]);
-      Fmt::fma(acc[1], vu[u], xs[u]);
+      Fmt::fma(acc[0], d.vg[u], d.xs[u]);
+      Fmt::fma(acc[1], d.vu[u], d.xs[u]);
+    }
+  };
+  if (count > 0) {  // block-uniform; s_rows[0] is valid below
+    Step b0;
+    Step b1;
+    load_step(0, b0);
+#pragma unroll 1
+    for (int it = 0; it < steps; it += 2) {
+      load_step(it + 1, b1);  // past the end: every predicate is false, nothing is read
+      compute_step(b0);
+      load_step(it + 2, b0);
+      compute_step(b1);       // all-zero pieces past the end add exact zeros
     }
   }
 

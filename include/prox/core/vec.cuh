@@ -17,17 +17,62 @@ constexpr int kVecBytes = 16;
 /**
  * @brief 16-byte load of data read exactly once (weights): non-coherent path, no L1 allocation,
  * so the small re-used vectors (x, s, scales) keep the L1. Pointer must be 16-byte aligned.
+ *
+ * Predicated form: when `pred` is false nothing is read (the address may be anything) and the
+ * result is `fill` in every word. It is a single predicated instruction, not a branch, so the
+ * compiler keeps a whole unrolled batch of loads in flight ahead of the arithmetic (a branch per
+ * load made ptxas interleave loads with FMAs and serialize the memory latency).
  */
-PROX_DEVICE PROX_FORCEINLINE uint4 ld_stream_16(const void* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
+PROX_DEVICE PROX_FORCEINLINE uint4 ld_stream_16(const void* p, bool pred = true, uint32_t fill = 0u) {
+  uint4 v = make_uint4(fill, fill, fill, fill);
+  asm volatile("{\n\t.reg .pred q;\n\tsetp.ne.b32 q, %5, 0;\n\t"
+      "@q ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n\t}"
+      : "+r"(v.x), "+r"(v.y), "+r"(v.z), "+r"(v.w)
+      : "l"(p), "r"(static_cast<int>(pred)));
   return v;
 }
 
-//! 16-byte read-only load through L1 (small vectors that many warps re-read).
-PROX_DEVICE PROX_FORCEINLINE uint4 ld_cached_16(const void* p) { return __ldg(reinterpret_cast<const uint4*>(p)); }
+//! 16-byte read-only load through L1 (small vectors that many warps re-read); predicated like
+//! ld_stream_16.
+PROX_DEVICE PROX_FORCEINLINE uint4 ld_cached_16(const void* p, bool pred = true, uint32_t fill = 0u) {
+  uint4 v = make_uint4(fill, fill, fill, fill);
+  asm volatile("{\n\t.reg .pred q;\n\tsetp.ne.b32 q, %5, 0;\n\t"
+      "@q ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];\n\t}"
+      : "+r"(v.x), "+r"(v.y), "+r"(v.z), "+r"(v.w)
+      : "l"(p), "r"(static_cast<int>(pred)));
+  return v;
+}
+
+/**
+ * @brief A piece of kBytes (8 or 16) bytes of a weight row, as 32-bit words. The GEMVs read weights
+ * in pieces: 16 bytes is the widest load, 8 bytes halves the registers a thread needs per row.
+ */
+template <int kBytes>
+struct Piece {
+  static_assert(kBytes == 8 || kBytes == 16, "pieces are 8 or 16 bytes");
+  static constexpr int kWords = kBytes / 4;
+  uint32_t w[kWords];
+};
+
+//! Predicated streaming load of one piece (see ld_stream_16).
+template <int kBytes>
+PROX_DEVICE PROX_FORCEINLINE Piece<kBytes> ld_stream_piece(const void* p, bool pred, uint32_t fill = 0u) {
+  Piece<kBytes> v;
+  if constexpr (kBytes == 16) {
+    const uint4 u = ld_stream_16(p, pred, fill);
+    v.w[0] = u.x;
+    v.w[1] = u.y;
+    v.w[2] = u.z;
+    v.w[3] = u.w;
+  } else {
+    v.w[0] = v.w[1] = fill;
+    asm volatile("{\n\t.reg .pred q;\n\tsetp.ne.b32 q, %3, 0;\n\t"
+                 "@q ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];\n\t}"
+                 : "+r"(v.w[0]), "+r"(v.w[1])
+                 : "l"(p), "r"(static_cast<int>(pred)));
+  }
+  return v;
+}
 
 //! 16-byte store.
 PROX_DEVICE PROX_FORCEINLINE void st_16(void* p, uint4 v) { *reinterpret_cast<uint4*>(p) = v; }

@@ -31,18 +31,22 @@ struct TileReducer {
   static_assert(kThreads % kWarpSize == 0, "block size must be a multiple of 32");
   static constexpr int kWarps = kThreads / kWarpSize;
   static constexpr int kTile = kTn * kCpv;
+  //! One pad word per 32 floats: lanes write kCpv-strided columns, the sums read consecutive ones,
+  //! and both are free of bank conflicts.
+  static constexpr int kPadded = kTile + kTile / 32;
 
   struct Storage {
-    float red[kWarps][kMats][kCpv][kTn];  // [c][slot] order keeps the lanes' stores conflict-free
+    float red[kWarps][kMats][kPadded];
     int last;
   };
 
-  //! Full sum of matrix m, tile column ch, after reduce() (and split_k() when it returned true).
-  PROX_DEVICE static PROX_FORCEINLINE float& at(Storage& st, int m, int ch) {
-    return st.red[0][m][ch % kCpv][ch / kCpv];
-  }
+  PROX_DEVICE static PROX_FORCEINLINE int pad(int ch) { return ch + ch / 32; }
 
-  //! Reduce acc over the block's row groups into at(). Contains __syncthreads(); call from all threads.
+  //! Full sum of matrix m, tile column ch, after reduce() (and split_k() when it returned true).
+  PROX_DEVICE static PROX_FORCEINLINE float& at(Storage& st, int m, int ch) { return st.red[0][m][pad(ch)]; }
+
+  //! Reduce acc over the block's row groups into at(). Thread t holds columns (t % kTn) * kCpv + c.
+  //! Contains __syncthreads(); call from all threads.
   PROX_DEVICE static void reduce(Storage& st, float (&acc)[kMats][kCpv]) {
     const int lane = lane_id();
     const int warp = warp_id();
@@ -51,7 +55,7 @@ struct TileReducer {
 #pragma unroll
       for (int c = 0; c < kCpv; ++c) {
         if constexpr (kTn < kWarpSize) acc[m][c] = warp_sum_strided<kTn>(acc[m][c]);
-        if (lane < kTn) st.red[warp][m][c][lane] = acc[m][c];
+        if (lane < kTn) st.red[warp][m][pad(lane * kCpv + c)] = acc[m][c];
       }
     }
     __syncthreads();
@@ -60,8 +64,8 @@ struct TileReducer {
       const int ch = v % kTile;
       float sum = 0.0f;
 #pragma unroll
-      for (int w = 0; w < kWarps; ++w) sum += st.red[w][m][ch % kCpv][ch / kCpv];
-      st.red[0][m][ch % kCpv][ch / kCpv] = sum;  // only this thread touches (m, ch)
+      for (int w = 0; w < kWarps; ++w) sum += st.red[w][m][pad(ch)];
+      st.red[0][m][pad(ch)] = sum;  // only this thread touches (m, ch)
     }
     __syncthreads();
   }
@@ -73,6 +77,10 @@ struct TileReducer {
    * true; the others return false and must exit. The last block resets *counter to 0, so the
    * workspace is left ready for the next launch (it must be zero before the first one).
    * With num_splits == 1 it returns true at once and touches no memory.
+   *
+   * Ordering: one thread per block publishes with fence.acq_rel.gpu after the block barrier (the
+   * barrier orders the other threads' stores before it, the fence is cumulative), as CUTLASS's
+   * generic barrier does; a full __threadfence in every thread cost microseconds per block.
    */
   PROX_DEVICE static bool split_k(Storage& st, float* partials, unsigned* counter, int ld, int col0, int ncols,
                                   int split, int num_splits) {
@@ -82,12 +90,19 @@ struct TileReducer {
       const int ch = v % kTile;
       if (ch < ncols) partials[(static_cast<std::size_t>(split) * kMats + m) * ld + col0 + ch] = at(st, m, ch);
     }
-    __threadfence();
     __syncthreads();
-    if (threadIdx.x == 0) st.last = (atomicAdd(counter, 1u) == static_cast<unsigned>(num_splits - 1));
+    if (threadIdx.x == 0) {
+      unsigned prev;
+      asm volatile("fence.acq_rel.gpu;\n\tatom.relaxed.gpu.global.add.u32 %0, [%1], 1;"
+                   : "=r"(prev)
+                   : "l"(counter)
+                   : "memory");
+      const bool last = prev == static_cast<unsigned>(num_splits - 1);
+      if (last) asm volatile("fence.acq_rel.gpu;" ::: "memory");
+      st.last = last;
+    }
     __syncthreads();
     if (!st.last) return false;
-    __threadfence();
     for (int v = static_cast<int>(threadIdx.x); v < kMats * kTile; v += kThreads) {
       const int m = v / kTile;
       const int ch = v % kTile;

@@ -1,0 +1,1303 @@
+// SPDX-License-Identifier: Apache-2.0
+//! @file tune.cuh  The device-side tuner: times every candidate policy of an op for a shape and a
+//! density bucket, checks each against policy 0, records the winner in a tuning Cache; and
+//! choose<Ffn>(), which turns a SparseFfn configuration into a PolicyChoice by cache lookup.
+//!
+//! Measurement protocol (docs/tuning.md): synthetic random data at the bucket's density (its upper
+//! edge, so every density of the bucket is covered); weights rotated over enough buffers that more
+//! than 2 x L2 of touched weight bytes pass between two uses of one buffer (HBM-cold timings, as in
+//! decoding); per candidate `warmup` untimed launches, then a delay kernel so the timed launches
+//! queue up behind it, then >= 20 launches each bracketed by CUDA events; median, p20, p80.
+//! Candidates whose output differs from policy 0 beyond rounding, or that fail to launch, get an
+//! infinite time and are never chosen or persisted. Winner: the lowest index within 2% of the best.
+//!
+//! Tuning is never capturable: every entry point returns Status::kErrorCapturing when
+//! cudaStreamIsCapturing says the stream captures (or cannot tell). It allocates and frees device
+//! memory and synchronizes the stream; call it at start-up, before graph capture.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "../core/config.hpp"
+#include "../core/launch.cuh"
+#include "../core/math.hpp"
+#include "../core/policy.hpp"
+#include "../core/status.hpp"
+#include "../core/types.cuh"
+#include "../down_gemv.cuh"
+#include "../glu_gemv.cuh"
+#include "../int4_format.hpp"
+#include "../proxy_gemv.cuh"
+#include "../sparse_ffn.cuh"
+#include "../threshold.cuh"
+#include "cache.hpp"
+
+PROX_NAMESPACE_BEGIN
+
+namespace tuning {
+
+// ---------------------------------------------------------------- op names, keys, the policy table
+constexpr const char* kOpThreshold = "threshold";
+constexpr const char* kOpProxyGemv = "proxy_gemv";             //!< INT4 proxy weights
+constexpr const char* kOpProxyGemvDense = "proxy_gemv_dense";  //!< fp16/bf16 proxy weights
+constexpr const char* kOpGluGemv = "glu_gemv";
+constexpr const char* kOpDownGemv = "down_gemv";
+
+//! Minimum timed launches per candidate.
+constexpr int kMinReps = 20;
+
+/**
+ * @brief Per proxy-weight format: the op name of its candidate list and the weight tag of keys.
+ * @tparam Fmt Int4Weights or DenseWeights<W>.
+ */
+template <class Fmt>
+struct ProxyFormatTraits;
+
+template <>
+struct ProxyFormatTraits<Int4Weights> {
+  static constexpr const char* kOp = kOpProxyGemv;
+  static std::string weights() { return "int4v" + std::to_string(int4::kLayoutVersion); }
+};
+
+template <class W>
+struct ProxyFormatTraits<DenseWeights<W>> {
+  static constexpr const char* kOp = kOpProxyGemvDense;
+  static std::string weights() { return DTypeTraits<W>::kName; }
+};
+
+/**
+ * @brief The candidate names of every op in this build: the table a Cache maps names with and
+ * hashes into its file signature.
+ */
+inline PolicyTable policy_table() {
+  return {{kOpThreshold, policy_names<ThresholdPolicies>()},
+          {kOpProxyGemv, policy_names<ProxyGemvPolicies>()},
+          {kOpProxyGemvDense, policy_names<DenseProxyGemvPolicies>()},
+          {kOpGluGemv, policy_names<GluGemvPolicies>()},
+          {kOpDownGemv, policy_names<DownGemvPolicies>()}};
+}
+
+//! Key of the threshold op on a vector of n elements of T at input density `density`.
+template <class T>
+Key threshold_key(int n, double density) {
+  Key k;
+  k.op = kOpThreshold;
+  k.dtype = DTypeTraits<T>::kName;
+  k.weights = "-";
+  k.act = "-";
+  k.d_model = n;
+  k.d_ff = 0;
+  k.density16 = density_bucket(density);
+  return k;
+}
+
+//! Key of the Stage-1 proxy GEMV at input density `input_density` (fraction of x kept).
+template <class T, class Fmt, class Act>
+Key proxy_gemv_key(int d_model, int d_ff, double input_density) {
+  Key k;
+  k.op = ProxyFormatTraits<Fmt>::kOp;
+  k.dtype = DTypeTraits<T>::kName;
+  k.weights = ProxyFormatTraits<Fmt>::weights();
+  k.act = Act::kName;
+  k.d_model = d_model;
+  k.d_ff = d_ff;
+  k.density16 = density_bucket(input_density);
+  return k;
+}
+
+//! Key of the masked GLU GEMV at selected-channel density `channel_density`.
+template <class T, class Act>
+Key glu_gemv_key(int d_model, int d_ff, double channel_density) {
+  Key k;
+  k.op = kOpGluGemv;
+  k.dtype = DTypeTraits<T>::kName;
+  k.weights = DTypeTraits<T>::kName;
+  k.act = Act::kName;
+  k.d_model = d_model;
+  k.d_ff = d_ff;
+  k.density16 = density_bucket(channel_density);
+  return k;
+}
+
+//! Key of the sparse down GEMV at selected-channel density `channel_density`.
+template <class T>
+Key down_gemv_key(int d_model, int d_ff, double channel_density) {
+  Key k;
+  k.op = kOpDownGemv;
+  k.dtype = DTypeTraits<T>::kName;
+  k.weights = DTypeTraits<T>::kName;
+  k.act = "-";
+  k.d_model = d_model;
+  k.d_ff = d_ff;
+  k.density16 = density_bucket(channel_density);
+  return k;
+}
+
+// ---------------------------------------------------------------- caches for devices
+/**
+ * @brief Make a Cache for `device` (-1: the current one) with this build's policy table and load
+ * its file. The cache is returned even if the file was unreadable (status kErrorCacheIo); corrupt
+ * or foreign files are ignored with one warning and give kSuccess.
+ * @code
+ * std::unique_ptr<prox::tuning::Cache> cache;
+ * prox::tuning::open_cache(&cache);                       // PROX_AUTOTUNE*, PROX_CACHE_DIR, XDG, HOME
+ * @endcode
+ */
+inline Status open_cache(std::unique_ptr<Cache>* out, const CacheOptions& options = {}, int device = -1) noexcept {
+  if (out == nullptr) return Status::kErrorNullPointer;
+  try {
+    if (device < 0 && cudaGetDevice(&device) != cudaSuccess) return Status::kErrorNoDevice;
+    Signature sig;
+    PROX_RETURN_IF_ERROR(query_signature(device, &sig));
+    auto cache = std::make_unique<Cache>(sig, policy_table(), options);
+    const Status st = cache->load();
+    *out = std::move(cache);
+    return st;
+  } catch (...) {
+    return Status::kErrorCacheIo;
+  }
+}
+
+/**
+ * @brief The process-wide cache of the current device, configured from the environment and loaded
+ * on first use (one per device; never destroyed before exit; nullptr without a usable device).
+ */
+inline Cache* default_cache() noexcept {
+  try {
+    int device = 0;
+    if (cudaGetDevice(&device) != cudaSuccess) return nullptr;
+    static std::mutex mutex;
+    static std::map<int, std::unique_ptr<Cache>> caches;
+    std::lock_guard<std::mutex> lock(mutex);
+    const auto it = caches.find(device);
+    if (it != caches.end()) return it->second.get();
+    std::unique_ptr<Cache> cache;
+    const Status st = open_cache(&cache, CacheOptions{}, device);
+    if (cache == nullptr) {
+      (void)st;
+      return nullptr;
+    }
+    Cache* p = cache.get();
+    caches.emplace(device, std::move(cache));
+    return p;
+  } catch (...) {
+    return nullptr;
+  }
+}
+
+// ---------------------------------------------------------------- options and results
+//! How the tuner measures.
+struct TuneOptions {
+  int warmup = 3;               //!< untimed launches per candidate and round
+  int reps = 25;                //!< timed launches per candidate (at least kMinReps)
+  int rounds = 2;               //!< the reps are split into rounds that visit candidates in turn (drift)
+  double tie_tolerance = kTieTolerance;  //!< near-tie rule
+  std::size_t rotate_bytes = 0;          //!< touched weight bytes between two uses of a buffer; 0: 2 x L2
+  std::size_t max_rotate_bytes = std::size_t{4} << 30;  //!< cap on the rotation buffers (also <= half the free memory)
+  bool verify = true;                    //!< check every candidate's output against policy 0
+  std::uint64_t seed = 0x9e3779b97f4a7c15ull;  //!< synthetic data seed
+};
+
+//! One candidate's outcome.
+struct CandidateResult {
+  std::string policy;                  //!< policy name
+  Status status = Status::kSuccess;    //!< launch status (kSuccess if it launched)
+  bool verified = false;               //!< output matched policy 0 (or verification was off)
+  double median_us = HUGE_VAL;         //!< inf if it failed
+  double p20_us = HUGE_VAL;
+  double p80_us = HUGE_VAL;
+  int reps = 0;
+  std::string failure;                 //!< why it was rejected ("" if fine)
+};
+
+//! What one tuning of one key found.
+struct TuneResult {
+  Key key;
+  std::vector<CandidateResult> candidates;  //!< in list order
+  int chosen = -1;                 //!< index of the winner (-1: every candidate failed)
+  bool recorded = false;           //!< the cache took the entry (false if the key was already there)
+  int rotation_sets = 0;           //!< weight buffers rotated
+  std::size_t rotation_bytes = 0;  //!< device bytes of those buffers
+};
+
+// ---------------------------------------------------------------- internals
+namespace detail {
+
+PROX_HOST_DEVICE PROX_FORCEINLINE std::uint64_t splitmix64(std::uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+//! p[i] = uniform in [lo, hi) from a hash of (seed, i); T is float, __half or __nv_bfloat16.
+template <class T>
+PROX_KERNEL void tune_fill_kernel(T* __restrict__ p, std::size_t n, std::uint64_t seed, float lo, float hi) {
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    const float u = static_cast<float>(splitmix64(seed ^ (i * 0xd1b54a32d192ed03ull)) >> 40) * (1.0f / 16777216.0f);
+    const float v = lo + (hi - lo) * u;
+    if constexpr (std::is_same<T, float>::value) {
+      p[i] = v;
+    } else {
+      p[i] = from_float<T>(v);
+    }
+  }
+}
+
+//! Random 32-bit words (INT4 proxy weights: every nibble pattern is a valid weight for timing).
+//! (Kernels in this header are templates so that several translation units can include it.)
+template <int kUnused = 0>
+PROX_KERNEL void tune_fill_bits_kernel(std::uint32_t* __restrict__ p, std::size_t n, std::uint64_t seed) {
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+    p[i] = static_cast<std::uint32_t>(splitmix64(seed ^ (i * 0xd1b54a32d192ed03ull)) >> 32);
+}
+
+//! Busy-waits `ns` nanoseconds, so the timed launches queue up behind it (launch latency hidden).
+template <int kUnused = 0>
+PROX_KERNEL void tune_spin_kernel(unsigned long long ns) {
+  unsigned long long start = 0;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  for (;;) {
+    unsigned long long now = 0;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+    if (now - start >= ns) break;
+  }
+}
+
+//! Refuse while `stream` captures (or when capture state cannot be queried, e.g. the legacy stream
+//! during another stream's global-mode capture).
+inline Status check_not_capturing(cudaStream_t stream) noexcept {
+  cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+  const cudaError_t err = cudaStreamIsCapturing(stream, &cs);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    return Status::kErrorCapturing;
+  }
+  return cs == cudaStreamCaptureStatusNone ? Status::kSuccess : Status::kErrorCapturing;
+}
+
+inline Status cuda_ok(cudaError_t e) noexcept { return e == cudaSuccess ? Status::kSuccess : Status::kErrorCudaRuntime; }
+
+//! Owning device allocation (tuning only: allocation happens outside the hot path).
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceBuffer() { reset(); }
+  Status alloc(std::size_t bytes) noexcept {
+    reset();
+    if (bytes == 0) return Status::kSuccess;
+    if (cudaMalloc(&p_, bytes) != cudaSuccess) {
+      p_ = nullptr;
+      (void)cudaGetLastError();  // out of memory is not sticky; clear it
+      return Status::kErrorCudaRuntime;
+    }
+    bytes_ = bytes;
+    return Status::kSuccess;
+  }
+  void reset() noexcept {
+    if (p_ != nullptr) cudaFree(p_);
+    p_ = nullptr;
+    bytes_ = 0;
+  }
+  template <class U>
+  U* as() const noexcept {
+    return static_cast<U*>(p_);
+  }
+  char* bytes_ptr() const noexcept { return static_cast<char*>(p_); }
+  std::size_t bytes() const noexcept { return bytes_; }
+
+ private:
+  void* p_ = nullptr;
+  std::size_t bytes_ = 0;
+};
+
+class EventSet {
+ public:
+  EventSet() = default;
+  EventSet(const EventSet&) = delete;
+  EventSet& operator=(const EventSet&) = delete;
+  ~EventSet() {
+    for (cudaEvent_t e : ev_) cudaEventDestroy(e);
+  }
+  Status create(std::size_t n) noexcept {
+    while (ev_.size() < n) {
+      cudaEvent_t e = nullptr;
+      if (cudaEventCreate(&e) != cudaSuccess) return Status::kErrorCudaRuntime;
+      ev_.push_back(e);
+    }
+    return Status::kSuccess;
+  }
+  cudaEvent_t operator[](std::size_t i) const noexcept { return ev_[i]; }
+
+ private:
+  std::vector<cudaEvent_t> ev_;
+};
+
+template <class T>
+Status fill_uniform(T* p, std::size_t n, std::uint64_t seed, float lo, float hi, cudaStream_t stream) noexcept {
+  if (n == 0) return Status::kSuccess;
+  const unsigned blocks = static_cast<unsigned>(std::min<std::size_t>(ceil_div<std::size_t>(n, 256), 4096));
+  return prox::detail::launch_kernel(tune_fill_kernel<T>, dim3(blocks), dim3(256), 0, stream, LaunchOptions{}, p, n,
+                                     seed, lo, hi);
+}
+
+inline Status fill_bits(std::uint32_t* p, std::size_t n, std::uint64_t seed, cudaStream_t stream) noexcept {
+  if (n == 0) return Status::kSuccess;
+  const unsigned blocks = static_cast<unsigned>(std::min<std::size_t>(ceil_div<std::size_t>(n, 256), 4096));
+  return prox::detail::launch_kernel(tune_fill_bits_kernel<>, dim3(blocks), dim3(256), 0, stream, LaunchOptions{}, p, n,
+                                     seed);
+}
+
+//! Fill proxy weights of format Fmt (bytes of them) with random data.
+template <class Fmt>
+struct ProxyFill;
+template <>
+struct ProxyFill<Int4Weights> {
+  static Status fill(void* p, std::size_t bytes, std::uint64_t seed, cudaStream_t s) noexcept {
+    return fill_bits(static_cast<std::uint32_t*>(p), bytes / 4, seed, s);
+  }
+};
+template <class W>
+struct ProxyFill<DenseWeights<W>> {
+  static Status fill(void* p, std::size_t bytes, std::uint64_t seed, cudaStream_t s) noexcept {
+    return fill_uniform(static_cast<W*>(p), bytes / sizeof(W), seed, -1.0f, 1.0f, s);
+  }
+};
+
+template <class T>
+Status upload(T* dst, const std::vector<T>& src, cudaStream_t stream) noexcept {
+  if (src.empty()) return Status::kSuccess;
+  PROX_RETURN_IF_ERROR(cuda_ok(cudaMemcpyAsync(dst, src.data(), src.size() * sizeof(T), cudaMemcpyHostToDevice, stream)));
+  return cuda_ok(cudaStreamSynchronize(stream));
+}
+
+template <class T>
+Status download(std::vector<T>* dst, const T* src, std::size_t n, cudaStream_t stream) noexcept {
+  dst->resize(n);
+  if (n == 0) return Status::kSuccess;
+  PROX_RETURN_IF_ERROR(cuda_ok(cudaMemcpyAsync(dst->data(), src, n * sizeof(T), cudaMemcpyDeviceToHost, stream)));
+  return cuda_ok(cudaStreamSynchronize(stream));
+}
+
+//! Exactly round(density * n) of n positions, chosen at random (sorted ascending).
+inline std::vector<int> pick_positions(int n, double density, std::mt19937_64& rng) {
+  const int k = static_cast<int>(std::llround(std::min(1.0, std::max(0.0, density)) * n));
+  std::vector<int> all(static_cast<std::size_t>(n));
+  for (int i = 0; i < n; ++i) all[static_cast<std::size_t>(i)] = i;
+  std::shuffle(all.begin(), all.end(), rng);
+  all.resize(static_cast<std::size_t>(k));
+  std::sort(all.begin(), all.end());
+  return all;
+}
+
+//! Threshold between the dropped (|x| < 0.5) and the kept (|x| >= 1) magnitudes of make_input().
+constexpr float kInputTau = 0.75f;
+
+//! x with exactly round(density * n) coordinates of magnitude in [1, 2) (kept at kInputTau) and the
+//! rest in [0, 0.5) (dropped), random signs.
+template <class T>
+std::vector<T> make_input(int n, double density, std::mt19937_64& rng) {
+  std::vector<T> x(static_cast<std::size_t>(n));
+  std::uniform_real_distribution<float> u(0.0f, 1.0f);
+  std::vector<char> keep(static_cast<std::size_t>(n), 0);
+  for (int i : pick_positions(n, density, rng)) keep[static_cast<std::size_t>(i)] = 1;
+  for (int i = 0; i < n; ++i) {
+    const float mag = keep[static_cast<std::size_t>(i)] ? 1.0f + u(rng) : 0.49f * u(rng);
+    x[static_cast<std::size_t>(i)] = from_float<T>(u(rng) < 0.5f ? -mag : mag);
+  }
+  return x;
+}
+
+//! Channel bitmask [ceil(n/32)] with exactly round(density * n) bits set at random.
+inline std::vector<std::uint32_t> make_mask(int n, double density, std::mt19937_64& rng) {
+  std::vector<std::uint32_t> m(static_cast<std::size_t>((n + 31) / 32), 0u);
+  for (int j : pick_positions(n, density, rng)) m[static_cast<std::size_t>(j / 32)] |= 1u << (j % 32);
+  return m;
+}
+
+inline bool mask_bit(const std::vector<std::uint32_t>& m, int j) { return (m[static_cast<std::size_t>(j / 32)] >> (j % 32)) & 1u; }
+
+inline std::uint32_t float_bits(float v) {
+  std::uint32_t u;
+  std::memcpy(&u, &v, 4);
+  return u;
+}
+
+//! Buffers to rotate so that >= target touched bytes pass between two uses of one buffer.
+inline int rotation_sets(std::size_t set_bytes, std::size_t touched_bytes, const TuneOptions& o, cudaStream_t) {
+  constexpr int kMaxSets = 64;
+  std::size_t target = o.rotate_bytes;
+  if (target == 0) {
+    int dev = 0;
+    int l2 = 0;
+    if (cudaGetDevice(&dev) == cudaSuccess && cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev) == cudaSuccess)
+      target = 2 * static_cast<std::size_t>(l2);
+    else
+      target = std::size_t{100} << 20;
+  }
+  touched_bytes = std::max<std::size_t>(touched_bytes, 4096);
+  std::size_t n = touched_bytes >= target ? 1 : ceil_div(target, touched_bytes) + 1;
+  std::size_t budget = o.max_rotate_bytes;
+  std::size_t free_b = 0;
+  std::size_t total_b = 0;
+  if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) budget = std::min(budget, free_b / 2);
+  else (void)cudaGetLastError();
+  const std::size_t fit = set_bytes == 0 ? kMaxSets : std::max<std::size_t>(1, budget / set_bytes);
+  n = std::min<std::size_t>({n, fit, static_cast<std::size_t>(kMaxSets)});
+  return static_cast<int>(std::max<std::size_t>(n, 1));
+}
+
+//! Nearest-rank percentile of sorted values.
+inline double percentile(const std::vector<double>& sorted, double q) {
+  if (sorted.empty()) return HUGE_VAL;
+  const std::size_t i = static_cast<std::size_t>(std::floor(q * static_cast<double>(sorted.size() - 1) + 0.5));
+  return sorted[std::min(i, sorted.size() - 1)];
+}
+
+/**
+ * @brief Time every verified candidate: per round and candidate, `warmup` launches, a delay
+ * kernel, then the timed launches bracketed by events. `launch(c, set)` launches candidate c on
+ * rotation buffer `set`. Fills median/p20/p80/reps of res; a launch failure marks the candidate.
+ */
+template <class LaunchFn>
+Status time_candidates(std::vector<CandidateResult>& res, int nsets, const TuneOptions& o, cudaStream_t stream,
+                       LaunchFn&& launch) {
+  const int total = std::max(o.reps, kMinReps);
+  const int rounds = std::max(1, std::min(o.rounds, total));
+  const int per = ceil_div(total, rounds);
+  EventSet ev;
+  PROX_RETURN_IF_ERROR(ev.create(2 * static_cast<std::size_t>(per)));
+  std::vector<std::vector<double>> times(res.size());
+  int set = 0;
+  for (int r = 0; r < rounds; ++r) {
+    for (std::size_t c = 0; c < res.size(); ++c) {
+      if (!res[c].verified || res[c].status != Status::kSuccess) continue;
+      Status st = Status::kSuccess;
+      for (int w = 0; w < o.warmup && st == Status::kSuccess; ++w) st = launch(static_cast<int>(c), set++ % nsets);
+      // ~5 us of host work per timed launch: the delay covers the enqueueing of all of them.
+      const unsigned long long delay_ns = 200000ull + 20000ull * static_cast<unsigned long long>(per);
+      if (st == Status::kSuccess)
+        st = prox::detail::launch_kernel(tune_spin_kernel<>, dim3(1), dim3(1), 0, stream, LaunchOptions{}, delay_ns);
+      for (int i = 0; i < per && st == Status::kSuccess; ++i) {
+        if (cudaEventRecord(ev[2 * static_cast<std::size_t>(i)], stream) != cudaSuccess) return Status::kErrorCudaRuntime;
+        st = launch(static_cast<int>(c), set++ % nsets);
+        if (cudaEventRecord(ev[2 * static_cast<std::size_t>(i) + 1], stream) != cudaSuccess)
+          return Status::kErrorCudaRuntime;
+      }
+      if (cudaStreamSynchronize(stream) != cudaSuccess) return Status::kErrorCudaRuntime;  // a kernel faulted
+      if (st != Status::kSuccess) {
+        res[c].status = st;
+        res[c].failure = std::string("launch failed during timing: ") + to_string(st);
+        continue;
+      }
+      for (int i = 0; i < per; ++i) {
+        float ms = 0.0f;
+        if (cudaEventElapsedTime(&ms, ev[2 * static_cast<std::size_t>(i)], ev[2 * static_cast<std::size_t>(i) + 1]) !=
+            cudaSuccess)
+          return Status::kErrorCudaRuntime;
+        times[c].push_back(1000.0 * static_cast<double>(ms));
+      }
+    }
+  }
+  for (std::size_t c = 0; c < res.size(); ++c) {
+    if (!res[c].verified || res[c].status != Status::kSuccess || times[c].empty()) {
+      res[c].median_us = res[c].p20_us = res[c].p80_us = HUGE_VAL;
+      res[c].reps = 0;
+      continue;
+    }
+    std::sort(times[c].begin(), times[c].end());
+    res[c].median_us = percentile(times[c], 0.5);
+    res[c].p20_us = percentile(times[c], 0.2);
+    res[c].p80_us = percentile(times[c], 0.8);
+    res[c].reps = static_cast<int>(times[c].size());
+  }
+  return Status::kSuccess;
+}
+
+//! Pick the winner, record it, fill the TuneResult. Error if candidate 0 (the reference) failed.
+inline Status finish(Cache& cache, const Key& key, std::vector<CandidateResult>& res, const TuneOptions& o,
+                     TuneResult* out) {
+  std::vector<double> medians;
+  for (const auto& r : res) medians.push_back(r.median_us);
+  const int chosen = choose_index(medians, o.tie_tolerance);
+  bool recorded = false;
+  if (chosen >= 0) {
+    const CandidateResult& w = res[static_cast<std::size_t>(chosen)];
+    PROX_RETURN_IF_ERROR(cache.record(key, Entry{w.policy, w.median_us, w.p20_us, w.p80_us, w.reps}, &recorded));
+  }
+  if (out != nullptr) {
+    out->key = key;
+    out->candidates = res;
+    out->chosen = chosen;
+    out->recorded = recorded;
+  }
+  if (chosen < 0) return res.empty() || res[0].status == Status::kSuccess ? Status::kErrorCudaRuntime : res[0].status;
+  return Status::kSuccess;
+}
+
+template <class List>
+std::vector<CandidateResult> fresh_results() {
+  std::vector<CandidateResult> res;
+  for (const std::string& n : policy_names<List>()) {
+    CandidateResult r;
+    r.policy = n;
+    res.push_back(std::move(r));
+  }
+  return res;
+}
+
+inline std::string fmt_mismatch(const char* what, int j, double got, double want, double tol) {
+  return std::string(what) + "[" + std::to_string(j) + "] = " + std::to_string(got) + ", policy 0 gives " +
+         std::to_string(want) + " (tolerance " + std::to_string(tol) + ")";
+}
+
+// ---------------------------------------------------------------- per-op benches
+//! Threshold op: no weights (nothing to rotate); outputs mask + indices + count are compared exactly.
+template <class T>
+class ThresholdBench {
+ public:
+  using List = ThresholdPolicies;
+
+  Status init(int n, const TuneOptions& o, cudaStream_t stream) noexcept {
+    if (n < 1 || n > (1 << 24)) return Status::kErrorInvalidShape;
+    n_ = n;
+    o_ = o;
+    stream_ = stream;
+    PROX_RETURN_IF_ERROR(x_.alloc(sizeof(T) * static_cast<std::size_t>(n)));
+    PROX_RETURN_IF_ERROR(mask_.alloc(sizeof(std::uint32_t) * static_cast<std::size_t>((n + 31) / 32)));
+    PROX_RETURN_IF_ERROR(idx_.alloc(sizeof(int) * static_cast<std::size_t>(n)));
+    return count_.alloc(sizeof(int));
+  }
+
+  Status measure(Cache& cache, double density, TuneResult* out) {
+    const Key key = threshold_key<T>(n_, density);
+    std::mt19937_64 rng(o_.seed ^ static_cast<std::uint64_t>(key.density16) * 0x100000001b3ull);
+    PROX_RETURN_IF_ERROR(upload(x_.as<T>(), make_input<T>(n_, bucket_density(key.density16), rng), stream_));
+    ThresholdArgs<T> a;
+    a.x = x_.as<T>();
+    a.n = n_;
+    a.tau = kInputTau;
+    a.mask = mask_.as<std::uint32_t>();
+    a.indices = idx_.as<int>();
+    a.count = count_.as<int>();
+    const auto launch = [&](int c, int) {
+      return dispatch_policy<List>(c, [&](auto p) { return threshold::launch<decltype(p)>(a, nullptr, stream_); });
+    };
+    std::vector<CandidateResult> res = fresh_results<List>();
+    std::vector<std::uint32_t> ref_mask, mask;
+    std::vector<int> ref_idx, idx, ref_count, count;
+    const std::size_t words = static_cast<std::size_t>((n_ + 31) / 32);
+    for (std::size_t c = 0; c < res.size(); ++c) {
+      PROX_RETURN_IF_ERROR(cuda_ok(cudaMemsetAsync(mask_.bytes_ptr(), 0xFF, mask_.bytes(), stream_)));
+      PROX_RETURN_IF_ERROR(cuda_ok(cudaMemsetAsync(count_.bytes_ptr(), 0xFF, count_.bytes(), stream_)));
+      res[c].status = launch(static_cast<int>(c), 0);
+      if (res[c].status != Status::kSuccess) {
+        res[c].failure = std::string("launch failed: ") + to_string(res[c].status);
+        if (c == 0) return finish(cache, key, res, o_, out);  // no reference: nothing can be verified
+        continue;
+      }
+      PROX_RETURN_IF_ERROR(download(&mask, mask_.as<std::uint32_t>(), words, stream_));
+      PROX_RETURN_IF_ERROR(download(&count, count_.as<int>(), 1, stream_));
+      const int kept = count[0];
+      if (kept < 0 || kept > n_) {
+        res[c].failure = "count " + std::to_string(kept) + " out of range";
+        if (c == 0) return finish(cache, key, res, o_, out);
+        continue;
+      }
+      PROX_RETURN_IF_ERROR(download(&idx, idx_.as<int>(), static_cast<std::size_t>(kept), stream_));
+      if (c == 0) {
+        ref_mask = mask;
+        ref_idx = idx;
+        ref_count = count;
+        res[c].verified = true;
+        continue;
+      }
+      if (!o_.verify) {
+        res[c].verified = true;
+      } else if (count != ref_count) {
+        res[c].failure = "count " + std::to_string(kept) + ", policy 0 gives " + std::to_string(ref_count[0]);
+      } else if (mask != ref_mask) {
+        res[c].failure = "mask differs from policy 0";
+      } else if (idx != ref_idx) {
+        res[c].failure = "indices differ from policy 0";
+      } else {
+        res[c].verified = true;
+      }
+    }
+    PROX_RETURN_IF_ERROR(time_candidates(res, 1, o_, stream_, launch));
+    if (out != nullptr) {
+      out->rotation_sets = 1;
+      out->rotation_bytes = 0;
+    }
+    return finish(cache, key, res, o_, out);
+  }
+
+ private:
+  int n_ = 0;
+  TuneOptions o_{};
+  cudaStream_t stream_ = nullptr;
+  DeviceBuffer x_, mask_, idx_, count_;
+};
+
+//! Stage-1 proxy GEMV: rotated gate/up proxy weights (+ scales); verifies s~ and the channel mask.
+template <class T, class Fmt, class Act>
+class ProxyBench {
+ public:
+  using List = typename ProxyPolicyListFor<Fmt>::type;
+
+  Status init(int d_model, int d_ff, const TuneOptions& o, cudaStream_t stream) noexcept {
+    if (d_model < 1 || d_model > (1 << 20) || d_ff < 32 || d_ff > (1 << 20) || d_ff % 32 != 0)
+      return Status::kErrorInvalidShape;
+    K_ = d_model;
+    N_ = d_ff;
+    o_ = o;
+    stream_ = stream;
+    mat_bytes_ = round_up<std::size_t>(static_cast<std::size_t>(K_) * Fmt::row_bytes(N_), 256);
+    scale_stride_ = round_up<std::size_t>(sizeof(float) * static_cast<std::size_t>(N_), 256);
+    PROX_RETURN_IF_ERROR(x_.alloc(sizeof(T) * static_cast<std::size_t>(K_)));
+    PROX_RETURN_IF_ERROR(mask_.alloc(sizeof(std::uint32_t) * static_cast<std::size_t>(N_ / 32)));
+    PROX_RETURN_IF_ERROR(s_.alloc(sizeof(float) * static_cast<std::size_t>(N_)));
+    ProxyGemvArgs<T> a;
+    a.d_model = K_;
+    a.d_ff = N_;
+    ws_bytes_ = 0;
+    for_each_policy<List>([&](auto p, int) {
+      ws_bytes_ = std::max(ws_bytes_, proxy_gemv::workspace_bytes<decltype(p)>(a));
+    });
+    PROX_RETURN_IF_ERROR(ws_.alloc(ws_bytes_));
+    // Split-K tile counters start at zero; the kernels leave them zero.
+    return cuda_ok(cudaMemsetAsync(ws_.bytes_ptr(), 0, ws_bytes_, stream_));
+  }
+
+  Status measure(Cache& cache, double input_density, TuneResult* out) {
+    const Key key = proxy_gemv_key<T, Fmt, Act>(K_, N_, input_density);
+    const double density = bucket_density(key.density16);
+    std::mt19937_64 rng(o_.seed ^ static_cast<std::uint64_t>(key.density16) * 0x100000001b3ull);
+    PROX_RETURN_IF_ERROR(upload(x_.as<T>(), make_input<T>(K_, density, rng), stream_));
+    const std::size_t set_bytes = 2 * mat_bytes_ + (Fmt::kNeedsScales ? 2 * scale_stride_ : 0);
+    const std::size_t touched = static_cast<std::size_t>(density * 2.0 * static_cast<double>(mat_bytes_)) +
+                                (Fmt::kNeedsScales ? 2 * scale_stride_ : 0);
+    const int nsets = rotation_sets(set_bytes, touched, o_, stream_);
+    PROX_RETURN_IF_ERROR(ensure_sets(nsets));
+
+    ProxyGemvArgs<T> a;
+    a.x = x_.as<T>();
+    a.d_model = K_;
+    a.d_ff = N_;
+    a.tau_x = kInputTau;
+    a.tau_s = 0.0f;
+    a.channel_mask = mask_.as<std::uint32_t>();
+    a.s_proxy = nullptr;
+    const auto with_set = [&](ProxyGemvArgs<T> b, int set) {
+      b.w_gate = w_.bytes_ptr() + (2 * static_cast<std::size_t>(set)) * mat_bytes_;
+      b.w_up = w_.bytes_ptr() + (2 * static_cast<std::size_t>(set) + 1) * mat_bytes_;
+      if (Fmt::kNeedsScales) {
+        b.scale_gate = reinterpret_cast<const float*>(sc_.bytes_ptr() + (2 * static_cast<std::size_t>(set)) * scale_stride_);
+        b.scale_up = reinterpret_cast<const float*>(sc_.bytes_ptr() + (2 * static_cast<std::size_t>(set) + 1) * scale_stride_);
+      }
+      return b;
+    };
+    const auto run = [&](const ProxyGemvArgs<T>& b, int c) {
+      return dispatch_policy<List>(c, [&](auto p) {
+        return proxy_gemv::launch<decltype(p), Fmt, Act>(b, ws_.bytes_ptr(), ws_bytes_, stream_);
+      });
+    };
+    std::vector<CandidateResult> res = fresh_results<List>();
+
+    // Reference s~ of policy 0, then tau_s = median |s~| so the mask check sees both outcomes.
+    {
+      ProxyGemvArgs<T> b = with_set(a, 0);
+      b.s_proxy = s_.as<float>();
+      res[0].status = run(b, 0);
+      if (res[0].status != Status::kSuccess) {
+        res[0].failure = std::string("launch failed: ") + to_string(res[0].status);
+        return finish(cache, key, res, o_, out);
+      }
+      std::vector<float> s0;
+      PROX_RETURN_IF_ERROR(download(&s0, s_.as<float>(), static_cast<std::size_t>(N_), stream_));
+      for (float& v : s0) v = std::fabs(v);
+      std::nth_element(s0.begin(), s0.begin() + s0.size() / 2, s0.end());
+      const float med = s0[s0.size() / 2];
+      a.tau_s = std::isfinite(med) ? med : 0.0f;
+    }
+    std::vector<float> ref_s, s;
+    std::vector<std::uint32_t> ref_mask, mask;
+    for (std::size_t c = 0; c < res.size(); ++c) {
+      ProxyGemvArgs<T> b = with_set(a, 0);
+      b.s_proxy = s_.as<float>();
+      PROX_RETURN_IF_ERROR(cuda_ok(cudaMemsetAsync(s_.bytes_ptr(), 0xFF, s_.bytes(), stream_)));  // NaN: unwritten
+      res[c].status = run(b, static_cast<int>(c));
+      if (res[c].status != Status::kSuccess) {
+        res[c].failure = std::string("launch failed: ") + to_string(res[c].status);
+        if (c == 0) return finish(cache, key, res, o_, out);  // no reference: nothing can be verified
+        continue;
+      }
+      PROX_RETURN_IF_ERROR(download(&s, s_.as<float>(), static_cast<std::size_t>(N_), stream_));
+      PROX_RETURN_IF_ERROR(download(&mask, mask_.as<std::uint32_t>(), static_cast<std::size_t>(N_ / 32), stream_));
+      if (c == 0) {
+        ref_s = s;
+        ref_mask = mask;
+        res[c].verified = true;
+        continue;
+      }
+      res[c].verified = !o_.verify || compare(ref_s, ref_mask, s, mask, a.tau_s, &res[c].failure);
+    }
+    const auto launch = [&](int c, int set) { return run(with_set(a, set), c); };
+    PROX_RETURN_IF_ERROR(time_candidates(res, nsets, o_, stream_, launch));
+    if (out != nullptr) {
+      out->rotation_sets = nsets;
+      out->rotation_bytes = static_cast<std::size_t>(nsets) * set_bytes;
+    }
+    return finish(cache, key, res, o_, out);
+  }
+
+ private:
+  //! s~ within rounding of policy 0 (split-K changes the fp32 summation order); mask bits may
+  //! differ only where |s~| is within that rounding of tau_s.
+  bool compare(const std::vector<float>& ref_s, const std::vector<std::uint32_t>& ref_mask, const std::vector<float>& s,
+               const std::vector<std::uint32_t>& mask, float tau_s, std::string* why) const {
+    double max_abs = 0.0;
+    for (float v : ref_s) max_abs = std::max(max_abs, static_cast<double>(std::fabs(v)));
+    for (int j = 0; j < N_; ++j) {
+      const double r = ref_s[static_cast<std::size_t>(j)];
+      const double v = s[static_cast<std::size_t>(j)];
+      const double tol = 1e-3 * std::fabs(r) + 1e-4 * max_abs + 1e-30;
+      if (!(std::fabs(v - r) <= tol)) {
+        *why = fmt_mismatch("s~", j, v, r, tol);
+        return false;
+      }
+      if (mask_bit(mask, j) != mask_bit(ref_mask, j) && std::fabs(std::fabs(r) - tau_s) > tol) {
+        *why = "channel " + std::to_string(j) + " selected differently from policy 0 away from the threshold (|s~| = " +
+               std::to_string(std::fabs(r)) + ", tau_s = " + std::to_string(tau_s) + ")";
+        return false;
+      }
+    }
+    return true;
+  }
+
+  Status ensure_sets(int n) {
+    if (n <= sets_) return Status::kSuccess;
+    w_.reset();
+    sc_.reset();
+    sets_ = 0;
+    PROX_RETURN_IF_ERROR(w_.alloc(static_cast<std::size_t>(n) * 2 * mat_bytes_));
+    PROX_RETURN_IF_ERROR(ProxyFill<Fmt>::fill(w_.bytes_ptr(), w_.bytes(), o_.seed + 1, stream_));
+    if (Fmt::kNeedsScales) {
+      PROX_RETURN_IF_ERROR(sc_.alloc(static_cast<std::size_t>(n) * 2 * scale_stride_));
+      // Per-channel scales of INT4 weights of magnitude ~0.02 (amax / 7).
+      PROX_RETURN_IF_ERROR(fill_uniform(sc_.as<float>(), sc_.bytes() / sizeof(float), o_.seed + 2, 0.001f, 0.004f, stream_));
+    }
+    sets_ = n;
+    return cuda_ok(cudaStreamSynchronize(stream_));
+  }
+
+  int K_ = 0, N_ = 0;
+  TuneOptions o_{};
+  cudaStream_t stream_ = nullptr;
+  std::size_t mat_bytes_ = 0, scale_stride_ = 0, ws_bytes_ = 0;
+  int sets_ = 0;
+  DeviceBuffer x_, mask_, s_, ws_, w_, sc_;
+};
+
+//! Masked GLU GEMV: rotated gate/up weights; verifies s of the selected channels within rounding and
+//! the unselected entries bit for bit against policy 0.
+template <class T, class Act>
+class GluBench {
+ public:
+  using List = GluGemvPolicies;
+
+  Status init(int d_model, int d_ff, const TuneOptions& o, cudaStream_t stream) noexcept {
+    if (d_model < 8 || d_model > (1 << 20) || d_model % 8 != 0 || d_ff < 32 || d_ff > (1 << 20) || d_ff % 32 != 0)
+      return Status::kErrorInvalidShape;
+    K_ = d_model;
+    N_ = d_ff;
+    o_ = o;
+    stream_ = stream;
+    mat_bytes_ = round_up<std::size_t>(sizeof(T) * static_cast<std::size_t>(K_) * static_cast<std::size_t>(N_), 256);
+    PROX_RETURN_IF_ERROR(x_.alloc(sizeof(T) * static_cast<std::size_t>(K_)));
+    PROX_RETURN_IF_ERROR(mask_.alloc(sizeof(std::uint32_t) * static_cast<std::size_t>(N_ / 32)));
+    PROX_RETURN_IF_ERROR(s_.alloc(sizeof(float) * static_cast<std::size_t>(N_)));
+    PROX_RETURN_IF_ERROR(fill_uniform(x_.as<T>(), static_cast<std::size_t>(K_), o_.seed + 3, -1.0f, 1.0f, stream_));
+    return cuda_ok(cudaStreamSynchronize(stream_));
+  }
+
+  Status measure(Cache& cache, double channel_density, TuneResult* out) {
+    const Key key = glu_gemv_key<T, Act>(K_, N_, channel_density);
+    const double density = bucket_density(key.density16);
+    std::mt19937_64 rng(o_.seed ^ static_cast<std::uint64_t>(key.density16) * 0x100000001b3ull);
+    const std::vector<std::uint32_t> hmask = make_mask(N_, density, rng);
+    PROX_RETURN_IF_ERROR(upload(mask_.as<std::uint32_t>(), hmask, stream_));
+    const std::size_t set_bytes = 2 * mat_bytes_;
+    const int nsets = rotation_sets(set_bytes, static_cast<std::size_t>(density * static_cast<double>(set_bytes)), o_,
+                                    stream_);
+    PROX_RETURN_IF_ERROR(ensure_sets(nsets));
+    GluGemvArgs<T> a;
+    a.x = x_.as<T>();
+    a.d_model = K_;
+    a.d_ff = N_;
+    a.channel_mask = mask_.as<std::uint32_t>();
+    a.s = s_.as<float>();
+    const auto run = [&](int c, int set) {
+      GluGemvArgs<T> b = a;
+      b.w_gate = reinterpret_cast<const T*>(w_.bytes_ptr() + (2 * static_cast<std::size_t>(set)) * mat_bytes_);
+      b.w_up = reinterpret_cast<const T*>(w_.bytes_ptr() + (2 * static_cast<std::size_t>(set) + 1) * mat_bytes_);
+      return dispatch_policy<List>(c, [&](auto p) {
+        return glu_gemv::launch<decltype(p), Act>(b, nullptr, 0, stream_);
+      });
+    };
+    std::vector<CandidateResult> res = fresh_results<List>();
+    std::vector<float> ref_s, s;
+    for (std::size_t c = 0; c < res.size(); ++c) {
+      PROX_RETURN_IF_ERROR(cuda_ok(cudaMemsetAsync(s_.bytes_ptr(), 0xFF, s_.bytes(), stream_)));
+      res[c].status = run(static_cast<int>(c), 0);
+      if (res[c].status != Status::kSuccess) {
+        res[c].failure = std::string("launch failed: ") + to_string(res[c].status);
+        if (c == 0) return finish(cache, key, res, o_, out);  // no reference: nothing can be verified
+        continue;
+      }
+      PROX_RETURN_IF_ERROR(download(&s, s_.as<float>(), static_cast<std::size_t>(N_), stream_));
+      if (c == 0) {
+        ref_s = s;
+        res[c].verified = true;
+        // Policy 0 itself must write every selected channel.
+        for (int j = 0; j < N_ && res[c].failure.empty(); ++j) {
+          if (mask_bit(hmask, j) && float_bits(s[static_cast<std::size_t>(j)]) == 0xFFFFFFFFu) {
+            res[c].verified = false;
+            res[c].failure = "policy 0 did not write selected channel " + std::to_string(j);
+          }
+        }
+        if (!res[c].verified) return finish(cache, key, res, o_, out);
+        continue;
+      }
+      res[c].verified = !o_.verify || compare(ref_s, s, hmask, &res[c].failure);
+    }
+    PROX_RETURN_IF_ERROR(time_candidates(res, nsets, o_, stream_, run));
+    if (out != nullptr) {
+      out->rotation_sets = nsets;
+      out->rotation_bytes = static_cast<std::size_t>(nsets) * set_bytes;
+    }
+    return finish(cache, key, res, o_, out);
+  }
+
+ private:
+  bool compare(const std::vector<float>& ref, const std::vector<float>& s, const std::vector<std::uint32_t>& m,
+               std::string* why) const {
+    double max_abs = 0.0;
+    for (int j = 0; j < N_; ++j)
+      if (mask_bit(m, j)) max_abs = std::max(max_abs, static_cast<double>(std::fabs(ref[static_cast<std::size_t>(j)])));
+    for (int j = 0; j < N_; ++j) {
+      const float v = s[static_cast<std::size_t>(j)];
+      if (!mask_bit(m, j)) {
+        // Unselected entries: exactly what policy 0 leaves there (+0 under the "every entry
+        // written" contract of GluGemvArgs::s).
+        if (float_bits(v) != float_bits(ref[static_cast<std::size_t>(j)])) {
+          *why = "s[" + std::to_string(j) + "] of an unselected channel is " + std::to_string(v) + ", policy 0 leaves " +
+                 std::to_string(ref[static_cast<std::size_t>(j)]);
+          return false;
+        }
+        continue;
+      }
+      const double r = ref[static_cast<std::size_t>(j)];
+      const double tol = 1e-3 * std::fabs(r) + 1e-4 * max_abs + 1e-30;
+      if (!(std::fabs(static_cast<double>(v) - r) <= tol)) {
+        *why = fmt_mismatch("s", j, v, r, tol);
+        return false;
+      }
+    }
+    return true;
+  }
+
+  Status ensure_sets(int n) {
+    if (n <= sets_) return Status::kSuccess;
+    w_.reset();
+    sets_ = 0;
+    PROX_RETURN_IF_ERROR(w_.alloc(static_cast<std::size_t>(n) * 2 * mat_bytes_));
+    PROX_RETURN_IF_ERROR(fill_uniform(w_.as<T>(), w_.bytes() / sizeof(T), o_.seed + 4, -0.05f, 0.05f, stream_));
+    sets_ = n;
+    return cuda_ok(cudaStreamSynchronize(stream_));
+  }
+
+  int K_ = 0, N_ = 0;
+  TuneOptions o_{};
+  cudaStream_t stream_ = nullptr;
+  std::size_t mat_bytes_ = 0;
+  int sets_ = 0;
+  DeviceBuffer x_, mask_, s_, w_;
+};
+
+//! Sparse down GEMV: rotated W_down^T; verifies y within the output type's rounding.
+template <class T>
+class DownBench {
+ public:
+  using List = DownGemvPolicies;
+
+  Status init(int d_model, int d_ff, const TuneOptions& o, cudaStream_t stream) noexcept {
+    if (d_model < 8 || d_model > (1 << 20) || d_model % 8 != 0 || d_ff < 32 || d_ff > (1 << 20) || d_ff % 32 != 0)
+      return Status::kErrorInvalidShape;
+    K_ = d_model;
+    N_ = d_ff;
+    o_ = o;
+    stream_ = stream;
+    mat_bytes_ = round_up<std::size_t>(sizeof(T) * static_cast<std::size_t>(K_) * static_cast<std::size_t>(N_), 256);
+    PROX_RETURN_IF_ERROR(s_.alloc(sizeof(float) * static_cast<std::size_t>(N_)));
+    PROX_RETURN_IF_ERROR(mask_.alloc(sizeof(std::uint32_t) * static_cast<std::size_t>(N_ / 32)));
+    PROX_RETURN_IF_ERROR(y_.alloc(sizeof(T) * static_cast<std::size_t>(K_)));
+    PROX_RETURN_IF_ERROR(fill_uniform(s_.as<float>(), static_cast<std::size_t>(N_), o_.seed + 5, -1.0f, 1.0f, stream_));
+    DownGemvArgs<T> a;
+    a.d_model = K_;
+    a.d_ff = N_;
+    ws_bytes_ = 0;
+    for_each_policy<List>([&](auto p, int) {
+      ws_bytes_ = std::max(ws_bytes_, down_gemv::workspace_bytes<decltype(p)>(a));
+    });
+    PROX_RETURN_IF_ERROR(ws_.alloc(ws_bytes_));
+    PROX_RETURN_IF_ERROR(cuda_ok(cudaMemsetAsync(ws_.bytes_ptr(), 0, ws_bytes_, stream_)));
+    return cuda_ok(cudaStreamSynchronize(stream_));
+  }
+
+  Status measure(Cache& cache, double channel_density, TuneResult* out) {
+    const Key key = down_gemv_key<T>(K_, N_, channel_density);
+    const double density = bucket_density(key.density16);
+    std::mt19937_64 rng(o_.seed ^ static_cast<std::uint64_t>(key.density16) * 0x100000001b3ull);
+    PROX_RETURN_IF_ERROR(upload(mask_.as<std::uint32_t>(), make_mask(N_, density, rng), stream_));
+    const std::size_t set_bytes = mat_bytes_;
+    const int nsets = rotation_sets(set_bytes, static_cast<std::size_t>(density * static_cast<double>(set_bytes)), o_,
+                                    stream_);
+    PROX_RETURN_IF_ERROR(ensure_sets(nsets));
+    DownGemvArgs<T> a;
+    a.s = s_.as<float>();
+    a.channel_mask = mask_.as<std::uint32_t>();
+    a.d_model = K_;
+    a.d_ff = N_;
+    a.y = y_.as<T>();
+    const auto run = [&](int c, int set) {
+      DownGemvArgs<T> b = a;
+      b.w_down_t = reinterpret_cast<const T*>(w_.bytes_ptr() + static_cast<std::size_t>(set) * mat_bytes_);
+      return dispatch_policy<List>(c, [&](auto p) {
+        return down_gemv::launch<decltype(p)>(b, ws_.bytes_ptr(), ws_bytes_, stream_);
+      });
+    };
+    std::vector<CandidateResult> res = fresh_results<List>();
+    std::vector<T> ref_y, y;
+    for (std::size_t c = 0; c < res.size(); ++c) {
+      PROX_RETURN_IF_ERROR(cuda_ok(cudaMemsetAsync(y_.bytes_ptr(), 0xFF, y_.bytes(), stream_)));  // NaN: unwritten
+      res[c].status = run(static_cast<int>(c), 0);
+      if (res[c].status != Status::kSuccess) {
+        res[c].failure = std::string("launch failed: ") + to_string(res[c].status);
+        if (c == 0) return finish(cache, key, res, o_, out);  // no reference: nothing can be verified
+        continue;
+      }
+      PROX_RETURN_IF_ERROR(download(&y, y_.as<T>(), static_cast<std::size_t>(K_), stream_));
+      if (c == 0) {
+        ref_y = y;
+        res[c].verified = true;
+        continue;
+      }
+      res[c].verified = !o_.verify || compare(ref_y, y, &res[c].failure);
+    }
+    PROX_RETURN_IF_ERROR(time_candidates(res, nsets, o_, stream_, run));
+    if (out != nullptr) {
+      out->rotation_sets = nsets;
+      out->rotation_bytes = static_cast<std::size_t>(nsets) * set_bytes;
+    }
+    return finish(cache, key, res, o_, out);
+  }
+
+ private:
+  //! y is rounded to T once from fp32 sums taken in policy-dependent order: allow a few ulps.
+  bool compare(const std::vector<T>& ref, const std::vector<T>& y, std::string* why) const {
+    const double rtol = std::is_same<T, __half>::value ? 4e-3 : 2e-2;
+    double max_abs = 0.0;
+    for (const T& v : ref) max_abs = std::max(max_abs, static_cast<double>(std::fabs(to_float(v))));
+    for (int d = 0; d < K_; ++d) {
+      const double r = to_float(ref[static_cast<std::size_t>(d)]);
+      const double v = to_float(y[static_cast<std::size_t>(d)]);
+      const double tol = rtol * std::fabs(r) + 1e-3 * max_abs + 1e-30;
+      if (!(std::fabs(v - r) <= tol)) {
+        *why = fmt_mismatch("y", d, v, r, tol);
+        return false;
+      }
+    }
+    return true;
+  }
+
+  Status ensure_sets(int n) {
+    if (n <= sets_) return Status::kSuccess;
+    w_.reset();
+    sets_ = 0;
+    PROX_RETURN_IF_ERROR(w_.alloc(static_cast<std::size_t>(n) * mat_bytes_));
+    PROX_RETURN_IF_ERROR(fill_uniform(w_.as<T>(), w_.bytes() / sizeof(T), o_.seed + 6, -0.05f, 0.05f, stream_));
+    sets_ = n;
+    return cuda_ok(cudaStreamSynchronize(stream_));
+  }
+
+  int K_ = 0, N_ = 0;
+  TuneOptions o_{};
+  cudaStream_t stream_ = nullptr;
+  std::size_t mat_bytes_ = 0, ws_bytes_ = 0;
+  int sets_ = 0;
+  DeviceBuffer s_, mask_, y_, ws_, w_;
+};
+
+//! Run a bench over densities (deduplicated by bucket). The caller holds cache.tuning_mutex().
+template <class Bench, class... InitArgs>
+Status run_bench_locked(Cache& cache, const std::vector<double>& densities, cudaStream_t stream, const TuneOptions& o,
+                        std::vector<TuneResult>* results, InitArgs... init_args) noexcept {
+  try {
+    PROX_RETURN_IF_ERROR(check_not_capturing(stream));
+    Bench bench;
+    PROX_RETURN_IF_ERROR(bench.init(init_args..., o, stream));
+    std::vector<int> done;
+    for (double d : densities) {
+      const int b = density_bucket(d);
+      if (std::find(done.begin(), done.end(), b) != done.end()) continue;
+      done.push_back(b);
+      TuneResult r;
+      const Status st = bench.measure(cache, bucket_density(b), &r);
+      if (results != nullptr && !r.key.op.empty()) results->push_back(std::move(r));
+      PROX_RETURN_IF_ERROR(st);
+    }
+    return Status::kSuccess;
+  } catch (...) {
+    (void)cudaGetLastError();
+    return Status::kErrorCudaRuntime;  // host allocation failure
+  }
+}
+
+//! run_bench_locked under the cache's tuning mutex (refuses during capture before locking).
+template <class Bench, class... InitArgs>
+Status run_bench(Cache& cache, const std::vector<double>& densities, cudaStream_t stream, const TuneOptions& o,
+                 std::vector<TuneResult>* results, InitArgs... init_args) noexcept {
+  PROX_RETURN_IF_ERROR(check_not_capturing(stream));
+  try {
+    std::lock_guard<std::mutex> lock(cache.tuning_mutex());
+    return run_bench_locked<Bench>(cache, densities, stream, o, results, init_args...);
+  } catch (...) {
+    return Status::kErrorCudaRuntime;  // std::system_error from the mutex
+  }
+}
+
+template <class Ffn>
+struct FfnTraits;
+template <class T, class Act, class Fmt>
+struct FfnTraits<SparseFfn<T, Act, Fmt>> {
+  using Type = T;
+  using Activation = Act;
+  using ProxyFormat = Fmt;
+};
+
+//! Index of a cached entry's policy in List (by name), -1 on a miss or an unknown name.
+template <class List>
+int cached_index(const Cache& cache, const Key& key) {
+  const std::optional<Entry> e = cache.find(key);
+  if (!e) return -1;
+  const std::vector<std::string> names = policy_names<List>();
+  for (std::size_t i = 0; i < names.size(); ++i)
+    if (names[i] == e->policy) return static_cast<int>(i);
+  return -1;
+}
+
+}  // namespace detail
+
+// ---------------------------------------------------------------- public tuning entry points
+/**
+ * @brief Tune the threshold op for vectors of n elements of T at input density `density`; record
+ * the winner in `cache` (memory; call cache.save() to persist).
+ * @param result optional: every candidate's timing and the choice
+ * @return kErrorCapturing if `stream` captures; kErrorInvalidShape for a bad n; kErrorCudaRuntime
+ *         if allocation or a launch of policy 0 fails.
+ */
+template <class T>
+Status tune_threshold(Cache& cache, int n, double density, cudaStream_t stream, const TuneOptions& options = {},
+                      TuneResult* result = nullptr) noexcept {
+  std::vector<TuneResult> r;
+  const Status st = detail::run_bench<detail::ThresholdBench<T>>(cache, {density}, stream, options, &r, n);
+  if (result != nullptr && !r.empty()) *result = r.front();
+  return st;
+}
+
+/**
+ * @brief Tune the Stage-1 proxy GEMV (`Fmt` = Int4Weights or DenseWeights<W>, activation Act) for
+ * shape (d_model, d_ff) at input density `input_density`; record the winner in `cache`.
+ * @code
+ * prox::tuning::TuneResult r;
+ * auto st = prox::tuning::tune_proxy_gemv<__half, prox::Int4Weights, prox::SiLU>(*cache, 4096, 12288, 0.5,
+ *                                                                               stream, {}, &r);
+ * @endcode
+ */
+template <class T, class Fmt, class Act>
+Status tune_proxy_gemv(Cache& cache, int d_model, int d_ff, double input_density, cudaStream_t stream,
+                       const TuneOptions& options = {}, TuneResult* result = nullptr) noexcept {
+  std::vector<TuneResult> r;
+  const Status st =
+      detail::run_bench<detail::ProxyBench<T, Fmt, Act>>(cache, {input_density}, stream, options, &r, d_model, d_ff);
+  if (result != nullptr && !r.empty()) *result = r.front();
+  return st;
+}
+
+//! Tune the masked GLU GEMV for (d_model, d_ff) at selected-channel density `channel_density`.
+template <class T, class Act>
+Status tune_glu_gemv(Cache& cache, int d_model, int d_ff, double channel_density, cudaStream_t stream,
+                     const TuneOptions& options = {}, TuneResult* result = nullptr) noexcept {
+  std::vector<TuneResult> r;
+  const Status st =
+      detail::run_bench<detail::GluBench<T, Act>>(cache, {channel_density}, stream, options, &r, d_model, d_ff);
+  if (result != nullptr && !r.empty()) *result = r.front();
+  return st;
+}
+
+//! Tune the sparse down GEMV for (d_model, d_ff) at selected-channel density `channel_density`.
+template <class T>
+Status tune_down_gemv(Cache& cache, int d_model, int d_ff, double channel_density, cudaStream_t stream,
+                      const TuneOptions& options = {}, TuneResult* result = nullptr) noexcept {
+  std::vector<TuneResult> r;
+  const Status st = detail::run_bench<detail::DownBench<T>>(cache, {channel_density}, stream, options, &r, d_model, d_ff);
+  if (result != nullptr && !r.empty()) *result = r.front();
+  return st;
+}
+
+/**
+ * @brief Multi-density forms: tune one op at several densities (deduplicated by bucket), with its
+ * weight buffers allocated once; one TuneResult per bucket is appended to *results (optional).
+ * @code
+ * std::vector<prox::tuning::TuneResult> rs;
+ * prox::tuning::tune_glu_gemv<__half, prox::SiLU>(cache, 4096, 12288, std::vector<double>{0.25, 0.3}, stream, {}, &rs);
+ * @endcode
+ */
+template <class T>
+Status tune_threshold(Cache& cache, int n, const std::vector<double>& densities, cudaStream_t stream,
+                      const TuneOptions& options = {}, std::vector<TuneResult>* results = nullptr) noexcept {
+  return detail::run_bench<detail::ThresholdBench<T>>(cache, densities, stream, options, results, n);
+}
+template <class T, class Fmt, class Act>
+Status tune_proxy_gemv(Cache& cache, int d_model, int d_ff, const std::vector<double>& input_densities,
+                       cudaStream_t stream, const TuneOptions& options = {},
+                       std::vector<TuneResult>* results = nullptr) noexcept {
+  return detail::run_bench<detail::ProxyBench<T, Fmt, Act>>(cache, input_densities, stream, options, results, d_model,
+                                                            d_ff);
+}
+template <class T, class Act>
+Status tune_glu_gemv(Cache& cache, int d_model, int d_ff, const std::vector<double>& channel_densities,
+                     cudaStream_t stream, const TuneOptions& options = {},
+                     std::vector<TuneResult>* results = nullptr) noexcept {
+  return detail::run_bench<detail::GluBench<T, Act>>(cache, channel_densities, stream, options, results, d_model, d_ff);
+}
+template <class T>
+Status tune_down_gemv(Cache& cache, int d_model, int d_ff, const std::vector<double>& channel_densities,
+                      cudaStream_t stream, const TuneOptions& options = {},
+                      std::vector<TuneResult>* results = nullptr) noexcept {
+  return detail::run_bench<detail::DownBench<T>>(cache, channel_densities, stream, options, results, d_model, d_ff);
+}
+
+/**
+ * @brief Tune the three ops of a SparseFfn<T, Act, ProxyFmt> layer shape: the proxy GEMV at every
+ * input density, the GLU and down GEMVs at every channel density (each deduplicated by bucket).
+ * Weight buffers are allocated once per op and reused across densities. Appends one TuneResult per
+ * key to *results (optional). Records into `cache`; call cache.save() to persist.
+ */
+template <class Ffn>
+Status tune_ffn(Cache& cache, int d_model, int d_ff, const std::vector<double>& input_densities,
+                const std::vector<double>& channel_densities, cudaStream_t stream, const TuneOptions& options = {},
+                std::vector<TuneResult>* results = nullptr) noexcept {
+  using Tr = detail::FfnTraits<Ffn>;
+  using T = typename Tr::Type;
+  using Act = typename Tr::Activation;
+  using Fmt = typename Tr::ProxyFormat;
+  PROX_RETURN_IF_ERROR((detail::run_bench<detail::ProxyBench<T, Fmt, Act>>(cache, input_densities, stream, options,
+                                                                           results, d_model, d_ff)));
+  PROX_RETURN_IF_ERROR((detail::run_bench<detail::GluBench<T, Act>>(cache, channel_densities, stream, options, results,
+                                                                    d_model, d_ff)));
+  return detail::run_bench<detail::DownBench<T>>(cache, channel_densities, stream, options, results, d_model, d_ff);
+}
+
+/**
+ * @brief The policies for a SparseFfn layer from the tuning cache, for SparseFfn::plan().
+ *
+ * Mode kOff: every field -1 (plan() uses its defaults). kReadOnly: cached choices, -1 for a miss.
+ * kTuneOnMiss: a miss is tuned now (serialized by the cache's tuning mutex, then saved if the
+ * cache has a file) unless `stream` captures, in which case it stays -1 and
+ * cache.capture_misses() is incremented. Keys: the proxy GEMV at `input_density`, GLU and down at
+ * `channel_density`, each rounded up to its 1/16 bucket. Cached names are mapped to indices of the
+ * compiled candidate lists, so an entry naming a policy this build lacks is a miss.
+ *
+ * @tparam Ffn SparseFfn<T, Act, ProxyFmt>
+ * @param input_density   expected fraction of x kept by tau_x (1 - s1)
+ * @param channel_density expected fraction of channels selected by tau_s (1 - s2)
+ * @return kSuccess, or (mode 2 only) the tuner's error; *out is valid (-1s on failure) either way.
+ *
+ * @code
+ * using Ffn = prox::SparseFfn<__half>;
+ * Ffn::PlanOptions opts;
+ * prox::tuning::choose<Ffn>(*prox::tuning::default_cache(), cfg, 0.30, 0.25, &opts.choice, stream);
+ * ffn.plan(cfg, weights, opts);
+ * @endcode
+ */
+template <class Ffn>
+Status choose(Cache& cache, const typename Ffn::Config& cfg, double input_density, double channel_density,
+              PolicyChoice* out, cudaStream_t stream = nullptr, const TuneOptions& options = {}) noexcept {
+  if (out == nullptr) return Status::kErrorNullPointer;
+  *out = PolicyChoice{};
+  if (cache.mode() == Mode::kOff) return Status::kSuccess;
+  using Tr = detail::FfnTraits<Ffn>;
+  using T = typename Tr::Type;
+  using Act = typename Tr::Activation;
+  using Fmt = typename Tr::ProxyFormat;
+  try {
+    const Key kp = proxy_gemv_key<T, Fmt, Act>(cfg.d_model, cfg.d_ff, input_density);
+    const Key kg = glu_gemv_key<T, Act>(cfg.d_model, cfg.d_ff, channel_density);
+    const Key kd = down_gemv_key<T>(cfg.d_model, cfg.d_ff, channel_density);
+    const auto look = [&] {
+      out->proxy = detail::cached_index<typename Ffn::ProxyPolicies>(cache, kp);
+      out->glu = detail::cached_index<typename Ffn::GluPolicies>(cache, kg);
+      out->down = detail::cached_index<typename Ffn::DownPolicies>(cache, kd);
+    };
+    look();
+    const bool miss = out->proxy < 0 || out->glu < 0 || out->down < 0;
+    if (!miss || cache.mode() != Mode::kTuneOnMiss) return Status::kSuccess;
+    if (detail::check_not_capturing(stream) != Status::kSuccess) {
+      cache.count_capture_miss();
+      return Status::kSuccess;
+    }
+    // Under the tuning mutex, look again (another thread may have tuned meanwhile) and tune what
+    // is still missing: concurrent choose() calls tune a key once.
+    std::lock_guard<std::mutex> lock(cache.tuning_mutex());
+    look();
+    const std::size_t before = cache.size();
+    if (out->proxy < 0)
+      PROX_RETURN_IF_ERROR((detail::run_bench_locked<detail::ProxyBench<T, Fmt, Act>>(
+          cache, {input_density}, stream, options, nullptr, cfg.d_model, cfg.d_ff)));
+    if (out->glu < 0)
+      PROX_RETURN_IF_ERROR((detail::run_bench_locked<detail::GluBench<T, Act>>(cache, {channel_density}, stream, options,
+                                                                               nullptr, cfg.d_model, cfg.d_ff)));
+    if (out->down < 0)
+      PROX_RETURN_IF_ERROR((detail::run_bench_locked<detail::DownBench<T>>(cache, {channel_density}, stream, options,
+                                                                           nullptr, cfg.d_model, cfg.d_ff)));
+    look();
+    if (cache.size() != before && !cache.path().empty()) (void)cache.save();  // failures warn once
+    return Status::kSuccess;
+  } catch (...) {
+    *out = PolicyChoice{};
+    return Status::kErrorCudaRuntime;
+  }
+}
+
+}  // namespace tuning
+
+PROX_NAMESPACE_END
