@@ -292,7 +292,7 @@ void glu_suite(int K, int N, std::uint64_t seed) {
 }
 }  // namespace
 
-TEMPLATE_TEST_CASE("masked GLU GEMV: exact s on selected channels, zero elsewhere", "[stage2][glu][gpu]", __half, __nv_bfloat16) {
+TEMPLATE_TEST_CASE("masked GLU GEMV: exact s on selected channels, +0 elsewhere", "[stage2][glu][gpu]", __half, __nv_bfloat16) {
   using T = TestType;
   glu_suite<T, prox::SiLU>(200, 96, 31);
   glu_suite<T, prox::GeluTanh>(8, 32, 32);

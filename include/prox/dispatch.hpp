@@ -41,24 +41,27 @@ inline Status query_device(DeviceInfo* out) noexcept {
 }
 
 /**
- * @brief Default policy of a list for a shape: the first candidate whose grid has at least
- * two blocks per SM (enough bytes in flight for a memory-bound GEMV); if none has, the one with
- * the largest grid (ties to the lower index). `blocks(policy)` returns the grid size of a policy.
+ * @brief Default policy of a list for a shape: the candidate whose grid needs the fewest waves
+ * (a wave = SMs x P::kMinBlocks resident blocks); among those, the one with the most blocks (more
+ * bytes in flight); ties go to the lower index. `blocks(policy)` returns the grid size of a policy.
+ * Measured reason (H100, Qwen3-8B Stage 1): a grid of 1.45 waves ran as slowly as 2 full waves.
  */
 template <class List, class BlocksFn>
 int default_policy(int sm_count, BlocksFn&& blocks) {
-  int chosen = -1;
-  long best = -1;
   int best_index = 0;
+  long best_waves = -1;
+  long best_blocks = -1;
   for_each_policy<List>([&](auto p, int i) {
     const long b = blocks(p);
-    if (chosen < 0 && b >= 2L * sm_count) chosen = i;
-    if (b > best) {
-      best = b;
+    const long slots = static_cast<long>(sm_count) * decltype(p)::kMinBlocks;
+    const long waves = slots > 0 ? (b + slots - 1) / slots : b;
+    if (best_waves < 0 || waves < best_waves || (waves == best_waves && b > best_blocks)) {
       best_index = i;
+      best_waves = waves;
+      best_blocks = b;
     }
   });
-  return chosen >= 0 ? chosen : best_index;
+  return best_index;
 }
 
 PROX_NAMESPACE_END

@@ -3,10 +3,10 @@
 //! bitmask, compute g_j = <x, W_gate[j,:]> and u_j = <x, W_up[j,:]> exactly from the original
 //! fp16/bf16 weights (fp32 accumulation) and write s_j = u_j * act(g_j). Unselected rows are never read.
 //!
-//! Grid: one block per range of kChannels channels; the block compacts its selected channels from
-//! the mask in shared memory. Two schemes, chosen by the policy type: GluSlicedPolicy (the block
-//! shares each batch of rows: even work split, default) and GluGemvPolicy (one warp per row). Rows
-//! are read in 16-byte pieces (nn.Linear layout: row j contiguous over d_model).
+//! Grid: the selected channels are split evenly over the blocks by rank (detail/rank_range.cuh), so
+//! every block gets the same number of rows whatever the mask looks like. A block shares each batch
+//! of its rows among all its threads (each thread owns 16-byte pieces of every row of the batch),
+//! with the loads of the next step in flight while the current one is reduced.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -23,6 +23,7 @@
 #include "core/types.cuh"
 #include "core/vec.cuh"
 #include "core/warp.cuh"
+#include "detail/rank_range.cuh"
 
 PROX_NAMESPACE_BEGIN
 
@@ -38,40 +39,24 @@ struct GluGemvArgs {
   const T* w_gate = nullptr;  //!< [d_ff][d_model] row-major (nn.Linear), 16-byte aligned
   const T* w_up = nullptr;    //!< [d_ff][d_model] row-major, 16-byte aligned
   const std::uint32_t* channel_mask = nullptr;  //!< [d_ff/32] selected channels (Stage 1's output)
-  float* s = nullptr;         //!< out [d_ff]: s_j for selected j, +0 for unselected j (every entry written)
+  float* s = nullptr;         //!< out [d_ff]: s_j for selected j, +0 for unselected j (every entry written,
+                              //!< so the down GEMV can read s without waiting for the mask)
+  int grid_blocks = 0;        //!< blocks to launch; 0 = ceil(d_ff / Policy::kChannels). The planner uses
+                              //!< SMs x resident blocks, so the balanced split fills the GPU in one wave
 };
 
 /**
- * @brief GLU policy, warp-per-channel scheme: each warp takes whole selected rows, one at a time.
+ * @brief GLU policy: the whole block works on a batch of kBatch selected rows at once, each thread
+ * on its own 16-byte pieces of every row of the batch (no warp idles while another finishes a row).
  * @tparam Threads   threads per block
- * @tparam Channels  channel range per block (a multiple of 32)
- * @tparam Unroll    16-byte pieces of each row in flight per lane
- */
-template <int Threads, int Channels, int Unroll>
-struct GluGemvPolicy {
-  static constexpr bool kSliced = false;
-  static constexpr int kThreads = Threads;
-  static constexpr int kChannels = Channels;
-  static constexpr int kUnroll = Unroll;
-  static_assert(Channels % 32 == 0 && Threads % 32 == 0, "policy shape");
-  static std::string name() {
-    return "glu_t" + std::to_string(Threads) + "_c" + std::to_string(Channels) + "_u" + std::to_string(Unroll);
-  }
-};
-
-/**
- * @brief GLU policy, block-sliced scheme: the whole block works on a batch of kBatch selected rows at
- * once, each thread on its own 16-byte pieces of every row of the batch, so the work of a block is
- * split evenly whatever the number of selected channels (no warp idles while another finishes a row).
- * @tparam Threads   threads per block
- * @tparam Channels  channel range per block (a multiple of 32)
+ * @tparam Channels  rows a block holds at a time (more are processed in rounds)
  * @tparam Batch     selected rows processed together (2 * Batch a power of two <= 32)
  * @tparam Pieces    16-byte pieces per row and thread in flight
  */
-template <int Threads, int Channels, int Batch, int Pieces>
+template <int Threads, int Channels, int Batch, int Pieces, int MinBlocks = 3>
 struct GluSlicedPolicy {
-  static constexpr bool kSliced = true;
   static constexpr int kThreads = Threads;
+  static constexpr int kMinBlocks = MinBlocks;  //!< __launch_bounds__ minimum resident blocks per SM
   static constexpr int kChannels = Channels;
   static constexpr int kBatch = Batch;
   static constexpr int kPieces = Pieces;
@@ -79,98 +64,16 @@ struct GluSlicedPolicy {
   static_assert(is_pow2(2 * Batch) && 2 * Batch <= 32, "2 * Batch must be a power of two <= 32");
   static std::string name() {
     return "glus_t" + std::to_string(Threads) + "_c" + std::to_string(Channels) + "_b" + std::to_string(Batch) +
-           "_p" + std::to_string(Pieces);
+           "_p" + std::to_string(Pieces) + "_m" + std::to_string(MinBlocks);
   }
 };
 
-using GluGemvPolicies = PolicyList<GluSlicedPolicy<128, 32, 4, 1>, GluSlicedPolicy<256, 64, 4, 1>,
-                                   GluSlicedPolicy<128, 32, 2, 2>, GluGemvPolicy<128, 32, 4>>;
-
-// ---------------------------------------------------------------- L1: row dot products
-/**
- * @brief Warp-cooperative dot products of x with two rows (gate, up) of length k (a multiple of 8).
- * Lane l handles elements [8 l + 256 i, +8). Result is in every lane; order of additions fixed.
- */
-template <int kUnroll, class T>
-PROX_DEVICE PROX_FORCEINLINE float2 warp_dot2(const T* __restrict__ x, const T* __restrict__ r0,
-                                              const T* __restrict__ r1, int k) {
-  constexpr int kStep = kWarpSize * 8;
-  const int lane = lane_id();
-  float a0 = 0.0f;
-  float a1 = 0.0f;
-#pragma unroll 1
-  for (int e0 = lane * 8; e0 < k; e0 += kStep * kUnroll) {
-    uint4 v0[kUnroll];
-    uint4 v1[kUnroll];
-    uint4 vx[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int e = e0 + u * kStep;
-      const bool ok = e < k;
-      v0[u] = ld_stream_16(r0 + e, ok);
-      v1[u] = ld_stream_16(r1 + e, ok);
-      vx[u] = ld_cached_16(x + e, ok);
-    }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      float fx[8];
-      float f0[8];
-      float f1[8];
-      unpack8<T>(vx[u], fx);
-      unpack8<T>(v0[u], f0);
-      unpack8<T>(v1[u], f1);
-#pragma unroll
-      for (int c = 0; c < 8; ++c) {
-        a0 = fmaf(fx[c], f0[c], a0);
-        a1 = fmaf(fx[c], f1[c], a1);
-      }
-    }
-  }
-  return make_float2(warp_sum(a0), warp_sum(a1));
-}
+using GluGemvPolicies =
+    PolicyList<GluSlicedPolicy<128, 32, 4, 1, 3>, GluSlicedPolicy<256, 64, 4, 1, 2>, GluSlicedPolicy<128, 32, 2, 2, 3>>;
 
 // ---------------------------------------------------------------- L2: kernel
 template <class Policy, class T, class Act>
-PROX_KERNEL __launch_bounds__(Policy::kThreads, 1) void glu_gemv_kernel(const GluGemvArgs<T> a) {
-  constexpr int kThreads = Policy::kThreads;
-  constexpr int kChannels = Policy::kChannels;
-  constexpr int kWarps = kThreads / kWarpSize;
-  __shared__ int s_ch[kChannels];
-  __shared__ int s_warp[kWarps];
-
-  const int tid = static_cast<int>(threadIdx.x);
-  const int c0 = static_cast<int>(blockIdx.x) * kChannels;
-  pdl_wait();  // the mask comes from Stage 1
-  pdl_launch_dependents();
-
-  int count = 0;
-#pragma unroll 1
-  for (int base = 0; base < kChannels; base += kThreads) {
-    const int t = base + tid;
-    const int j = c0 + t;
-    bool sel = false;
-    if (t < kChannels && j < a.d_ff) sel = (a.channel_mask[j / kWarpSize] >> (j % kWarpSize)) & 1u;
-    int total = 0;
-    const int pos = block_compact_position<kThreads>(sel, s_warp, &total);
-    if (sel) s_ch[count + pos] = j;
-    // Unselected channels get s = 0, so s is fully defined and the down GEMV may read any entry.
-    if (!sel && t < kChannels && j < a.d_ff) a.s[j] = 0.0f;
-    count += total;
-  }
-  __syncthreads();
-
-  const Act act{};
-  const std::size_t ld = static_cast<std::size_t>(a.d_model);
-#pragma unroll 1
-  for (int i = warp_id(); i < count; i += kWarps) {
-    const int j = s_ch[i];
-    const float2 gu = warp_dot2<Policy::kUnroll>(a.x, a.w_gate + j * ld, a.w_up + j * ld, a.d_model);
-    if (lane_id() == 0) a.s[j] = gu.y * act(gu.x);
-  }
-}
-
-template <class Policy, class T, class Act>
-PROX_KERNEL __launch_bounds__(Policy::kThreads, 1) void glu_gemv_sliced_kernel(const GluGemvArgs<T> a) {
+PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void glu_gemv_kernel(const GluGemvArgs<T> a) {
   constexpr int kThreads = Policy::kThreads;
   constexpr int kChannels = Policy::kChannels;
   constexpr int kWarps = kThreads / kWarpSize;
@@ -184,24 +87,33 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, 1) void glu_gemv_sliced_kernel(c
   const int tid = static_cast<int>(threadIdx.x);
   const int lane = lane_id();
   const int warp = warp_id();
-  const int c0 = static_cast<int>(blockIdx.x) * kChannels;
   pdl_wait();  // the mask comes from Stage 1
   pdl_launch_dependents();
 
-  int count = 0;
-#pragma unroll 1
-  for (int base = 0; base < kChannels; base += kThreads) {
-    const int t = base + tid;
-    const int j = c0 + t;
-    bool sel = false;
-    if (t < kChannels && j < a.d_ff) sel = (a.channel_mask[j / kWarpSize] >> (j % kWarpSize)) & 1u;
-    int total = 0;
-    const int pos = block_compact_position<kThreads>(sel, s_warp, &total);
-    if (sel) s_ch[count + pos] = j;
-    // Unselected channels get s = 0, so s is fully defined and the down GEMV may read any entry.
-    if (!sel && t < kChannels && j < a.d_ff) a.s[j] = 0.0f;
-    count += total;
+  const int n_words = a.d_ff / kWarpSize;
+  int total = 0;
+  const int offset = detail::mask_rank_offset<kThreads>(a.channel_mask, n_words, s_warp, &total);
+  int lo = 0;
+  int hi = 0;
+  detail::rank_range(total, static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x), &lo, &hi);
+  // Unselected channels get s = +0: mask word w is zero-filled by block w % gridDim.x.
+  {
+    const int wpt = (n_words + kThreads - 1) / kThreads;
+    for (int w = tid * wpt; w < (tid + 1) * wpt && w < n_words; ++w) {
+      if (w % static_cast<int>(gridDim.x) != static_cast<int>(blockIdx.x)) continue;
+      std::uint32_t off = ~a.channel_mask[w];
+      while (off != 0u) {
+        const int b = __ffs(static_cast<int>(off)) - 1;
+        off &= off - 1u;
+        a.s[w * kWarpSize + b] = 0.0f;
+      }
+    }
   }
+  const Act act{};
+#pragma unroll 1
+  for (int sub = lo; sub < hi; sub += kChannels) {  // block-uniform rounds of at most kChannels rows
+  const int count = min(kChannels, hi - sub);
+  detail::gather_rank_range<kThreads>(a.channel_mask, n_words, offset, sub, sub + count, s_ch);
   __syncthreads();
 
   // Work is a flat sequence of steps; step st covers rows [b0, b0 + kB) of the batch st / kSteps
@@ -226,7 +138,7 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, 1) void glu_gemv_sliced_kernel(c
 #pragma unroll
     for (int c = 0; c < kB; ++c) {
       const bool have = live && b0 + c < count;
-      const std::size_t row = static_cast<std::size_t>(s_ch[have ? b0 + c : b0]) * ld;
+      const std::size_t row = static_cast<std::size_t>(s_ch[have ? b0 + c : 0]) * ld;
 #pragma unroll
       for (int p = 0; p < kP; ++p) {
         const int q = q0 + p * kThreads;
@@ -287,7 +199,6 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, 1) void glu_gemv_sliced_kernel(c
     if (st + 1 < total_steps) compute_step(st + 1, buf1);
   }
   __syncthreads();
-  const Act act{};
   for (int i = tid; i < count; i += kThreads) {
     float g = 0.0f;
     float u = 0.0f;
@@ -297,6 +208,8 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, 1) void glu_gemv_sliced_kernel(c
       u += s_red[w][1][i];
     }
     a.s[s_ch[i]] = u * act(g);
+  }
+  __syncthreads();  // s_ch and s_red are reused by the next round
   }
 }
 
@@ -336,13 +249,10 @@ template <class Policy, class Act, class T>
 Status launch(const GluGemvArgs<T>& a, void* /*workspace*/, std::size_t /*workspace_size*/, cudaStream_t stream,
               const LaunchOptions& opts = {}) noexcept {
   PROX_RETURN_IF_ERROR(can_implement(a));
-  const dim3 grid(static_cast<unsigned>(ceil_div(a.d_ff, Policy::kChannels)));
-  if constexpr (Policy::kSliced) {
-    return detail::launch_kernel(glu_gemv_sliced_kernel<Policy, T, Act>, grid, dim3(Policy::kThreads), 0, stream,
-                                 opts, a);
-  } else {
-    return detail::launch_kernel(glu_gemv_kernel<Policy, T, Act>, grid, dim3(Policy::kThreads), 0, stream, opts, a);
-  }
+  if (a.grid_blocks < 0) return Status::kErrorInvalidArgument;
+  const int blocks = a.grid_blocks > 0 ? a.grid_blocks : ceil_div(a.d_ff, Policy::kChannels);
+  return detail::launch_kernel(glu_gemv_kernel<Policy, T, Act>, dim3(static_cast<unsigned>(blocks)),
+                               dim3(Policy::kThreads), 0, stream, opts, a);
 }
 
 }  // namespace glu_gemv

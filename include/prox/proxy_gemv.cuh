@@ -162,6 +162,19 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void proxy_g
   pdl_wait();  // x may come from the previous kernel
   pdl_launch_dependents();
 
+  // Scales of the channels this thread finishes in the epilogue, loaded now so that only the last
+  // block of a tile uses them but none waits for them (kScalesPerThread channels per thread).
+  constexpr int kScalesPerThread = (kTileN + kThreads - 1) / kThreads;
+  float sc_g[kScalesPerThread];
+  float sc_u[kScalesPerThread];
+#pragma unroll
+  for (int i = 0; i < kScalesPerThread; ++i) {
+    const int j = n0 + i * kThreads + tid;
+    const bool in = i * kThreads + tid < kTileN && j < a.d_ff;
+    sc_g[i] = in && a.scale_gate != nullptr ? a.scale_gate[j] : 1.0f;
+    sc_u[i] = in && a.scale_up != nullptr ? a.scale_up[j] : 1.0f;
+  }
+
   // 1. Threshold this block's chunk of x and compact the kept coordinates, in order. All loads of x
   //    are issued before the first compaction step: one memory latency, not one per step.
   constexpr int kXPerThread = (kChunkK + kThreads - 1) / kThreads;
@@ -257,17 +270,15 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void proxy_g
   // 4. Epilogue in registers: rescale, s~ = u~ * act(g~), threshold, bitmask.
   const Act act{};
   const int lane = lane_id();
-#pragma unroll 1
-  for (int base = 0; base < kTileN; base += kThreads) {
-    const int ch = base + tid;
+#pragma unroll
+  for (int i = 0; i < kScalesPerThread; ++i) {
+    const int ch = i * kThreads + tid;
     const int j = n0 + ch;
     const bool in = ch < kTileN && j < a.d_ff;
     bool sel = false;
     if (in) {
-      float g = Reducer::at(s_red, 0, ch);
-      float u = Reducer::at(s_red, 1, ch);
-      if (a.scale_gate != nullptr) g *= a.scale_gate[j];
-      if (a.scale_up != nullptr) u *= a.scale_up[j];
+      const float g = Reducer::at(s_red, 0, ch) * sc_g[i];
+      const float u = Reducer::at(s_red, 1, ch) * sc_u[i];
       const float s = u * act(g);
       sel = keep_magnitude(s, a.tau_s);
       if (a.s_proxy != nullptr) a.s_proxy[j] = s;

@@ -117,13 +117,9 @@ class SparseFfn {
                                                                      proxy_gemv::num_chunks<P>(K);
                                                             }),
                               &choice_.proxy));
-    PROX_RETURN_IF_ERROR(pick(opts.choice.glu, GluPolicies::kSize,
-                              default_policy<GluPolicies>(info.sm_count,
-                                                          [&](auto p) {
-                                                            using P = decltype(p);
-                                                            return long(ceil_div(N, P::kChannels));
-                                                          }),
-                              &choice_.glu));
+    // The GLU GEMV splits the selected rows evenly by rank, so its grid is sized to fill the GPU in
+    // one wave (SMs x resident blocks) and its policy 0 is the default.
+    PROX_RETURN_IF_ERROR(pick(opts.choice.glu, GluPolicies::kSize, 0, &choice_.glu));
     PROX_RETURN_IF_ERROR(pick(opts.choice.down, DownPolicies::kSize,
                               default_policy<DownPolicies>(info.sm_count,
                                                            [&](auto p) {
@@ -132,6 +128,11 @@ class SparseFfn {
                                                                     down_gemv::num_chunks<P>(N);
                                                            }),
                               &choice_.down));
+    dispatch_policy<GluPolicies>(choice_.glu, [&](auto p) {
+      glu_blocks_ = info.sm_count * decltype(p)::kMinBlocks;
+      return Status::kSuccess;
+    });
+
     layout_workspace();
     planned_ = true;
     return Status::kSuccess;
@@ -142,6 +143,8 @@ class SparseFfn {
   std::size_t workspace_bytes() const noexcept { return ws_total_; }
   //! The policies plan() chose.
   PolicyChoice choice() const noexcept { return choice_; }
+  //! Grid of the GLU GEMV that plan() chose (benches, tests).
+  int glu_blocks() const noexcept { return glu_blocks_; }
   const Config& config() const noexcept { return cfg_; }
   bool uses_pdl() const noexcept { return pdl_; }
 
@@ -171,6 +174,7 @@ class SparseFfn {
     a2.w_up = w_.w_up;
     a2.channel_mask = mask;
     a2.s = s;
+    a2.grid_blocks = glu_blocks_;
     PROX_RETURN_IF_ERROR(dispatch_policy<GluPolicies>(choice_.glu, [&](auto p) {
       return glu_gemv::launch<decltype(p), Act>(a2, nullptr, 0, stream, chained);
     }));
@@ -277,6 +281,7 @@ class SparseFfn {
   PolicyChoice choice_{};
   bool pdl_ = false;
   bool planned_ = false;
+  int glu_blocks_ = 0;  // GLU grid: SMs x resident blocks of the chosen policy
   std::size_t ws_proxy_ = 0, ws_down_ = 0;
   std::size_t off_proxy_ = 0, off_mask_ = 0, off_s_ = 0, off_down_ = 0, ws_total_ = 0;
 };

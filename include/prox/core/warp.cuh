@@ -90,6 +90,37 @@ PROX_DEVICE PROX_FORCEINLINE int block_compact_position(bool flag, int* warp_cou
   return before + __popc(ballot & ((1u << lane) - 1u));
 }
 
+/**
+ * @brief Block-wide exclusive prefix sum of one int per thread (fixed order: deterministic).
+ * Returns the sum over threads below this one; `*total` gets the block total.
+ * @param warp_scratch shared scratch of kThreads/32 ints. Contains __syncthreads(); all threads call.
+ */
+template <int kThreads>
+PROX_DEVICE PROX_FORCEINLINE int block_exclusive_sum(int v, int* warp_scratch, int* total) {
+  constexpr int kWarps = kThreads / kWarpSize;
+  const int lane = lane_id();
+  const int warp = warp_id();
+  int incl = v;
+#pragma unroll
+  for (int off = 1; off < kWarpSize; off <<= 1) {
+    const int n = __shfl_up_sync(0xffffffffu, incl, off);
+    if (lane >= off) incl += n;
+  }
+  if (lane == kWarpSize - 1) warp_scratch[warp] = incl;
+  __syncthreads();
+  int before = 0;
+  int sum = 0;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) {
+    const int c = warp_scratch[w];
+    before += (w < warp) ? c : 0;
+    sum += c;
+  }
+  __syncthreads();
+  *total = sum;
+  return before + incl - v;
+}
+
 //! Programmatic dependent launch: wait until the preceding kernel's memory is visible (sm_90+;
 //! a no-op elsewhere or when the kernel was launched without the PDL attribute).
 PROX_DEVICE PROX_FORCEINLINE void pdl_wait() {

@@ -1,0 +1,524 @@
+// SPDX-License-Identifier: Apache-2.0
+//! @file alpha_ratio.cu  prox_alpha: the measured proxy-cost ratio
+//!   alpha = time(INT4 proxy GEMV) / time(fp16 input-sparse GEMV)
+//! with one kernel family (proxy_gemv<Int4Weights> vs proxy_gemv<DenseWeights<__half>>), the same
+//! tokens, the same tau_x and hence the same kept inputs, at input sparsity 0, 10, 55, 70 % on the
+//! Qwen3-4B/8B/14B/32B FFN shapes. Prints a table laid out like the paper's "Measured proxy-cost
+//! ratio" table (rows = models, columns = input sparsity) and writes CSV and JSON.
+//!
+//! Both formats are timed under CUDA graphs over rotated weight copies (bench_common.cuh), every
+//! policy of each format's candidate list; alpha pairs the best policy of each list (the ratio of
+//! what each format can do), and the table of alpha with the plan-time default policies is printed
+//! too. Stage 1's mask mode is used (channel bitmask out, tau_s = 0): the epilogue costs the same
+//! for any tau_s.
+
+#include <fmt/core.h>
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <ctime>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "bench_common.cuh"
+
+namespace {
+
+using prox_bench::DeviceBuffer;
+using prox_bench::FfnShape;
+using prox_bench::GraphReplay;
+using prox_bench::Timing;
+using Half = __half;
+using Int4Fmt = prox::Int4Weights;
+using Fp16Fmt = prox::DenseWeights<Half>;
+
+constexpr double kTargetAlpha = 0.28;  // docs/performance-targets.md
+
+struct Options {
+  std::string shapes = "4B,8B,14B,32B";
+  std::string sparsities = "0,10,55,70";
+  std::string csv = "alpha.csv";
+  std::string json = "alpha.json";
+  int iterations = 30;
+  int warmup = 3;
+  int tokens = 8;
+  int min_launches = 32;
+  double rotate_gb = 2.0;
+  double max_device_gb = 40.0;
+  bool quick = false;
+  std::string commit;
+};
+
+// ---------------------------------------------------------------- rotated proxy weights of one format
+/**
+ * @brief `copies` identical copies of one format's gate and up proxies (+ scales for INT4).
+ * INT4: packed [d_model][d_ff/8] uint32 + float scales [d_ff] (int4::pack_device);
+ * fp16: input-major [d_model][d_ff] (transpose_device of nn.Linear [d_ff][d_model]).
+ */
+struct ProxySet {
+  std::size_t mat = 0, sc = 0, stride = 0;
+  int copies = 0;
+  DeviceBuffer arena;
+  const void* gate(int c) const { return arena.as<const char>(stride * c); }
+  const void* up(int c) const { return arena.as<const char>(stride * c + mat); }
+  const float* sc_gate(int c) const { return sc ? arena.as<const float>(stride * c + 2 * mat) : nullptr; }
+  const float* sc_up(int c) const { return sc ? arena.as<const float>(stride * c + 2 * mat + sc) : nullptr; }
+};
+
+struct Row {
+  std::string model;
+  int d_model = 0, d_ff = 0;
+  int s1_pct = 0;
+  double s1_measured = 0.0;
+  double kept_rows = 0.0;  // mean per token
+  Timing int4_best, fp16_best, int4_default, fp16_default;
+  std::string int4_best_name, fp16_best_name, int4_default_name, fp16_default_name;
+  double int4_bytes = 0.0, fp16_bytes = 0.0;
+  double alpha() const { return int4_best.median_s / fp16_best.median_s; }
+  double alpha_default() const { return int4_default.median_s / fp16_default.median_s; }
+};
+
+struct PolicyTime {
+  std::string model;
+  int s1_pct;
+  std::string format;
+  int index;
+  std::string policy;
+  Timing t;
+};
+
+class AlphaTool {
+ public:
+  AlphaTool(const Options& o, const prox_bench::DeviceFacts& dev, cudaStream_t s) : opt_(o), dev_(dev), stream_(s) {}
+
+  void run_shape(const FfnShape& shape, const std::vector<int>& s1_list) {
+    const int K = shape.d_model;
+    const int N = shape.d_ff;
+    const std::size_t kn = static_cast<std::size_t>(K) * N;
+    const std::size_t budget = prox_bench::memory_budget(static_cast<std::size_t>(opt_.max_device_gb * 1e9));
+    const std::size_t src_bytes = 2 * prox_bench::align_up(sizeof(Half) * kn);
+    if (src_bytes >= budget) throw std::runtime_error(std::string(shape.name) + ": source weights exceed the memory budget");
+    const std::size_t per_format = (budget - src_bytes) / 2;
+    const std::size_t rotate = static_cast<std::size_t>(opt_.rotate_gb * 1e9);
+
+    // nn.Linear sources W_gate, W_up [d_ff][d_model] ~ N(0, 1/d_model); freed once both formats exist.
+    ProxySet q4, q16;
+    {
+      DeviceBuffer src(src_bytes, "source weights");
+      Half* wg = src.as<Half>();
+      Half* wu = src.as<Half>(prox_bench::align_up(sizeof(Half) * kn));
+      const std::uint64_t seed = 0xa1fa0000ull + static_cast<std::uint64_t>(K) * 131 + N;
+      prox_bench::fill_normal(wg, kn, seed + 1, 1.0f / std::sqrt(float(K)), stream_);
+      prox_bench::fill_normal(wu, kn, seed + 2, 1.0f / std::sqrt(float(K)), stream_);
+
+      q4.mat = prox_bench::align_up(sizeof(std::uint32_t) * prox::int4::packed_words(K, N));
+      q4.sc = prox_bench::align_up(sizeof(float) * N);
+      q4.stride = 2 * q4.mat + 2 * q4.sc;
+      q4.copies = prox_bench::rotation_copies(q4.stride, rotate, per_format);
+      q4.arena = DeviceBuffer(q4.stride * q4.copies, "INT4 proxy copies");
+      char* b4 = q4.arena.as<char>();
+      PROX_BENCH_PROX(prox::int4::pack_device(wg, K, N, reinterpret_cast<std::uint32_t*>(b4),
+                                              reinterpret_cast<float*>(b4 + 2 * q4.mat), stream_));
+      PROX_BENCH_PROX(prox::int4::pack_device(wu, K, N, reinterpret_cast<std::uint32_t*>(b4 + q4.mat),
+                                              reinterpret_cast<float*>(b4 + 2 * q4.mat + q4.sc), stream_));
+      for (int c = 1; c < q4.copies; ++c)
+        PROX_BENCH_CUDA(cudaMemcpyAsync(b4 + q4.stride * c, b4, q4.stride, cudaMemcpyDeviceToDevice, stream_));
+
+      q16.mat = prox_bench::align_up(sizeof(Half) * kn);
+      q16.sc = 0;
+      q16.stride = 2 * q16.mat;
+      q16.copies = prox_bench::rotation_copies(q16.stride, rotate, per_format);
+      q16.arena = DeviceBuffer(q16.stride * q16.copies, "fp16 proxy copies");
+      char* b16 = q16.arena.as<char>();
+      // [d_ff][d_model] (rows = d_ff) -> input-major [d_model][d_ff].
+      PROX_BENCH_PROX(prox::transpose_device(wg, N, K, reinterpret_cast<Half*>(b16), stream_));
+      PROX_BENCH_PROX(prox::transpose_device(wu, N, K, reinterpret_cast<Half*>(b16 + q16.mat), stream_));
+      for (int c = 1; c < q16.copies; ++c)
+        PROX_BENCH_CUDA(cudaMemcpyAsync(b16 + q16.stride * c, b16, q16.stride, cudaMemcpyDeviceToDevice, stream_));
+      PROX_BENCH_CUDA(cudaStreamSynchronize(stream_));
+    }
+
+    // Tokens x ~ N(0, 1), each 256-byte aligned.
+    const std::size_t xstride = prox_bench::align_up(sizeof(Half) * K);
+    DeviceBuffer xbuf(xstride * opt_.tokens, "tokens");
+    std::vector<float> abs_x;
+    for (int t = 0; t < opt_.tokens; ++t) {
+      Half* x = xbuf.as<Half>(xstride * t);
+      prox_bench::fill_normal(x, static_cast<std::size_t>(K), 0x70c0ull + 977ull * K + t, 1.0f, stream_);
+      for (const Half& v : prox_bench::to_host(x, static_cast<std::size_t>(K), stream_))
+        abs_x.push_back(std::fabs(prox::to_float(v)));
+    }
+    const auto token = [&](int t) { return xbuf.as<const Half>(xstride * t); };
+    DeviceBuffer mask(sizeof(std::uint32_t) * (N / 32), "channel mask");
+    DeviceBuffer counters(sizeof(prox::SparsityCounters), "counters");
+
+    const int l4 = prox_bench::launches_per_graph(q4.copies, opt_.tokens, opt_.min_launches);
+    const int l16 = prox_bench::launches_per_graph(q16.copies, opt_.tokens, opt_.min_launches);
+    fmt::print(stderr, "[prox_alpha] {}: INT4 {} copies x {:.1f} MB, fp16 {} copies x {:.1f} MB; {} / {} launches per graph\n",
+               shape.name, q4.copies, q4.stride / 1e6, q16.copies, q16.stride / 1e6, l4, l16);
+
+    for (int s1_pct : s1_list) {
+      Row row;
+      row.model = shape.name;
+      row.d_model = K;
+      row.d_ff = N;
+      row.s1_pct = s1_pct;
+      const float tau_x = prox_bench::magnitude_threshold(abs_x, s1_pct / 100.0);
+
+      // Same kept inputs in both formats, checked on the device counters.
+      const unsigned long long kept4 = count_kept<Int4Fmt, prox::ProxyGemvPolicies>(q4, K, N, tau_x, token, mask, counters);
+      const unsigned long long kept16 =
+          count_kept<Fp16Fmt, prox::DenseProxyGemvPolicies>(q16, K, N, tau_x, token, mask, counters);
+      if (kept4 != kept16)
+        throw std::runtime_error(fmt::format("{} s1={}%: INT4 kept {} inputs, fp16 kept {}", shape.name, s1_pct, kept4, kept16));
+      row.kept_rows = static_cast<double>(kept4) / opt_.tokens;
+      row.s1_measured = 1.0 - row.kept_rows / K;
+      row.int4_bytes = prox_bench::stage1_int4_bytes(row.kept_rows, K, N, sizeof(Half));
+      row.fp16_bytes = prox_bench::stage1_dense_bytes(row.kept_rows, K, N, sizeof(Half), sizeof(Half));
+
+      time_all<Int4Fmt, prox::ProxyGemvPolicies>("int4", q4, shape, s1_pct, tau_x, token, mask, l4, &row.int4_best,
+                                                 &row.int4_best_name, &row.int4_default, &row.int4_default_name);
+      time_all<Fp16Fmt, prox::DenseProxyGemvPolicies>("fp16", q16, shape, s1_pct, tau_x, token, mask, l16,
+                                                       &row.fp16_best, &row.fp16_best_name, &row.fp16_default,
+                                                       &row.fp16_default_name);
+      fmt::print(stderr,
+                 "[prox_alpha] {} s1={:>2}% (measured {:.4f}): INT4 {:.2f} us ({}), fp16 {:.2f} us ({}), alpha {:.3f} "
+                 "(default policies {:.3f})\n",
+                 shape.name, s1_pct, row.s1_measured, row.int4_best.median_s * 1e6, row.int4_best_name,
+                 row.fp16_best.median_s * 1e6, row.fp16_best_name, row.alpha(), row.alpha_default());
+      rows_.push_back(row);
+    }
+  }
+
+  const std::vector<Row>& rows() const { return rows_; }
+  const std::vector<PolicyTime>& per_policy() const { return per_policy_; }
+
+ private:
+  template <class Fmt>
+  prox::ProxyGemvArgs<Half> args(const ProxySet& set, int c, int K, int N, float tau_x, const Half* x,
+                                 std::uint32_t* mask) const {
+    prox::ProxyGemvArgs<Half> a;
+    a.x = x;
+    a.d_model = K;
+    a.d_ff = N;
+    a.tau_x = tau_x;
+    a.tau_s = 0.0f;
+    a.w_gate = set.gate(c);
+    a.w_up = set.up(c);
+    a.scale_gate = set.sc_gate(c);  // nullptr for fp16 proxies: scale 1
+    a.scale_up = set.sc_up(c);
+    a.channel_mask = mask;
+    return a;
+  }
+
+  //! Kept inputs summed over all tokens, from SparsityCounters of one eager launch per token.
+  template <class Fmt, class List, class TokenFn>
+  unsigned long long count_kept(const ProxySet& set, int K, int N, float tau_x, const TokenFn& token,
+                                const DeviceBuffer& mask, const DeviceBuffer& counters) {
+    using P = prox::PolicyAt<0, List>;
+    prox::ProxyGemvArgs<Half> probe = args<Fmt>(set, 0, K, N, tau_x, token(0), mask.as<std::uint32_t>());
+    DeviceBuffer ws(prox::proxy_gemv::workspace_bytes<P>(probe), "proxy workspace");
+    PROX_BENCH_PROX(prox::initialize_workspace(ws.get(), ws.bytes(), stream_));
+    auto* cnt = counters.as<prox::SparsityCounters>();
+    PROX_BENCH_PROX(prox::reset_counters(cnt, stream_));
+    for (int t = 0; t < opt_.tokens; ++t) {
+      prox::ProxyGemvArgs<Half> a = args<Fmt>(set, 0, K, N, tau_x, token(t), mask.as<std::uint32_t>());
+      a.counters = cnt;
+      PROX_BENCH_PROX((prox::proxy_gemv::launch<P, Fmt, prox::SiLU>(a, ws.get(), ws.bytes(), stream_)));
+    }
+    prox::SparsityCounters h{};
+    PROX_BENCH_CUDA(cudaMemcpyAsync(&h, cnt, sizeof(h), cudaMemcpyDeviceToHost, stream_));
+    PROX_BENCH_CUDA(cudaStreamSynchronize(stream_));
+    if (h.calls != static_cast<unsigned long long>(opt_.tokens))
+      throw std::runtime_error(fmt::format("SparsityCounters counted {} calls, expected {}", h.calls, opt_.tokens));
+    return h.kept_inputs;
+  }
+
+  //! Time every policy of List; report the best and the plan-time default (dispatch.hpp's rule).
+  template <class Fmt, class List, class TokenFn>
+  void time_all(const char* fmt_name, const ProxySet& set, const FfnShape& shape, int s1_pct, float tau_x,
+                const TokenFn& token, const DeviceBuffer& mask, int launches, Timing* best, std::string* best_name,
+                Timing* dflt, std::string* dflt_name) {
+    const int K = shape.d_model;
+    const int N = shape.d_ff;
+    const int default_index = prox::default_policy<List>(dev_.sm_count, [&](auto p) {
+      using P = decltype(p);
+      return long(prox::proxy_gemv::num_tiles<P>(N)) * prox::proxy_gemv::num_chunks<P>(K);
+    });
+    best->median_s = std::numeric_limits<double>::infinity();
+    prox::for_each_policy<List>([&](auto p, int index) {
+      using P = decltype(p);
+      prox::ProxyGemvArgs<Half> probe = args<Fmt>(set, 0, K, N, tau_x, token(0), mask.as<std::uint32_t>());
+      DeviceBuffer ws(prox::proxy_gemv::workspace_bytes<P>(probe), "proxy workspace");
+      PROX_BENCH_PROX(prox::initialize_workspace(ws.get(), ws.bytes(), stream_));
+      GraphReplay graph(stream_, launches, [&](int i, cudaStream_t s) {
+        const prox::ProxyGemvArgs<Half> a =
+            args<Fmt>(set, i % set.copies, K, N, tau_x, token(i % opt_.tokens), mask.as<std::uint32_t>());
+        PROX_BENCH_PROX((prox::proxy_gemv::launch<P, Fmt, prox::SiLU>(a, ws.get(), ws.bytes(), s)));
+      });
+      const Timing t = graph.measure(opt_.warmup, opt_.iterations);
+      per_policy_.push_back({shape.name, s1_pct, fmt_name, index, P::name(), t});
+      if (t.median_s < best->median_s) {
+        *best = t;
+        *best_name = P::name();
+      }
+      if (index == default_index) {
+        *dflt = t;
+        *dflt_name = P::name();
+      }
+    });
+  }
+
+  Options opt_;
+  prox_bench::DeviceFacts dev_;
+  cudaStream_t stream_;
+  std::vector<Row> rows_;
+  std::vector<PolicyTime> per_policy_;
+};
+
+// ---------------------------------------------------------------- output
+void print_table(const std::vector<Row>& rows, const std::vector<int>& s1_list, bool use_default, const std::string& title) {
+  fmt::print("\n{}\n", title);
+  fmt::print("{:<12}", "Model");
+  for (int s : s1_list) fmt::print(" {:>7}", fmt::format("{}%", s));
+  fmt::print("\n");
+  std::vector<std::string> models;
+  for (const Row& r : rows)
+    if (std::find(models.begin(), models.end(), r.model) == models.end()) models.push_back(r.model);
+  for (const std::string& m : models) {
+    fmt::print("{:<12}", m);
+    for (int s : s1_list) {
+      const Row* hit = nullptr;
+      for (const Row& r : rows)
+        if (r.model == m && r.s1_pct == s) hit = &r;
+      fmt::print(" {:>7}", hit ? fmt::format("{:.3f}", use_default ? hit->alpha_default() : hit->alpha()) : "-");
+    }
+    fmt::print("\n");
+  }
+}
+
+std::string utc_now() {
+  const std::time_t now = std::time(nullptr);
+  char buf[32];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  return buf;
+}
+
+void write_csv(const std::string& path, const std::vector<Row>& rows, double copy_gbps) {
+  std::ofstream f(path);
+  if (!f) throw std::runtime_error("cannot write " + path);
+  f << "model,d_model,d_ff,s1_target,s1_measured,kept_rows,t_int4_us,policy_int4,t_fp16_us,policy_fp16,alpha,"
+       "t_int4_default_us,policy_int4_default,t_fp16_default_us,policy_fp16_default,alpha_default,"
+       "bytes_int4,bytes_fp16,byte_ratio,int4_GBps,fp16_GBps,int4_frac_copy,fp16_frac_copy\n";
+  for (const Row& r : rows) {
+    const double g4 = r.int4_bytes / r.int4_best.median_s / 1e9;
+    const double g16 = r.fp16_bytes / r.fp16_best.median_s / 1e9;
+    f << fmt::format("{},{},{},{:.2f},{:.5f},{:.1f},{:.3f},{},{:.3f},{},{:.4f},{:.3f},{},{:.3f},{},{:.4f},{:.0f},{:.0f},{:.4f},"
+                     "{:.1f},{:.1f},{:.4f},{:.4f}\n",
+                     r.model, r.d_model, r.d_ff, r.s1_pct / 100.0, r.s1_measured, r.kept_rows, r.int4_best.median_s * 1e6,
+                     r.int4_best_name, r.fp16_best.median_s * 1e6, r.fp16_best_name, r.alpha(),
+                     r.int4_default.median_s * 1e6, r.int4_default_name, r.fp16_default.median_s * 1e6,
+                     r.fp16_default_name, r.alpha_default(), r.int4_bytes, r.fp16_bytes, r.int4_bytes / r.fp16_bytes, g4,
+                     g16, g4 / copy_gbps, g16 / copy_gbps);
+  }
+  if (!f) throw std::runtime_error("error writing " + path);
+}
+
+void write_json(const std::string& path, const AlphaTool& tool, const prox_bench::DeviceFacts& dev, double copy_gbps,
+                const std::string& commit, const std::string& command, const Options& o) {
+  using prox_bench::json_escape;
+  std::ofstream f(path);
+  if (!f) throw std::runtime_error("cannot write " + path);
+  f << "{\n  \"tool\": \"prox_alpha\",\n  \"context\": {\n";
+  f << fmt::format("    \"date\": \"{}\",\n", utc_now());
+  f << fmt::format("    \"gpu\": \"{}\",\n", json_escape(dev.name));
+  f << fmt::format("    \"gpu_arch\": \"{}\",\n", dev.sm());
+  f << fmt::format("    \"gpu_sms\": {},\n", dev.sm_count);
+  f << fmt::format("    \"gpu_l2_MB\": {:.1f},\n", dev.l2_bytes / 1e6);
+  f << fmt::format("    \"cuda_runtime\": {},\n", dev.runtime_version);
+  f << fmt::format("    \"cuda_driver\": {},\n", dev.driver_version);
+  f << fmt::format("    \"copy_GBps\": {:.2f},\n", copy_gbps);
+  f << fmt::format("    \"prox_version\": \"{}\",\n", PROX_VERSION_STRING);
+  f << fmt::format("    \"prox_commit\": \"{}\",\n", json_escape(commit));
+  f << fmt::format("    \"prox_command\": \"{}\",\n", json_escape(command));
+  f << fmt::format("    \"prox_cuda_archs\": \"{}\",\n", json_escape(PROX_BENCH_CUDA_ARCHS));
+  f << fmt::format("    \"options\": \"iterations={} warmup={} tokens={} min_launches={} rotate_gb={:.2f}{}\"\n",
+                   o.iterations, o.warmup, o.tokens, o.min_launches, o.rotate_gb, o.quick ? " quick" : "");
+  f << "  },\n";
+  f << fmt::format("  \"target_alpha_max\": {},\n", kTargetAlpha);
+  f << "  \"alpha_definition\": \"median per-launch time of proxy_gemv<Int4Weights> / proxy_gemv<DenseWeights<half>>, "
+       "best policy of each candidate list; alpha_default uses the plan-time default policies\",\n";
+  f << "  \"rows\": [\n";
+  const auto& rows = tool.rows();
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const Row& r = rows[i];
+    f << fmt::format(
+        "    {{\"model\": \"{}\", \"d_model\": {}, \"d_ff\": {}, \"s1_target\": {:.2f}, \"s1_measured\": {:.5f}, "
+        "\"kept_rows\": {:.1f}, \"t_int4_us\": {:.4f}, \"policy_int4\": \"{}\", \"t_fp16_us\": {:.4f}, "
+        "\"policy_fp16\": \"{}\", \"alpha\": {:.5f}, \"t_int4_default_us\": {:.4f}, \"policy_int4_default\": \"{}\", "
+        "\"t_fp16_default_us\": {:.4f}, \"policy_fp16_default\": \"{}\", \"alpha_default\": {:.5f}, "
+        "\"bytes_int4\": {:.0f}, \"bytes_fp16\": {:.0f}, \"byte_ratio\": {:.5f}, \"int4_GBps\": {:.2f}, "
+        "\"fp16_GBps\": {:.2f}}}{}\n",
+        r.model, r.d_model, r.d_ff, r.s1_pct / 100.0, r.s1_measured, r.kept_rows, r.int4_best.median_s * 1e6,
+        r.int4_best_name, r.fp16_best.median_s * 1e6, r.fp16_best_name, r.alpha(), r.int4_default.median_s * 1e6,
+        r.int4_default_name, r.fp16_default.median_s * 1e6, r.fp16_default_name, r.alpha_default(), r.int4_bytes,
+        r.fp16_bytes, r.int4_bytes / r.fp16_bytes, r.int4_bytes / r.int4_best.median_s / 1e9,
+        r.fp16_bytes / r.fp16_best.median_s / 1e9, i + 1 < rows.size() ? "," : "");
+  }
+  f << "  ],\n  \"per_policy\": [\n";
+  const auto& pp = tool.per_policy();
+  for (std::size_t i = 0; i < pp.size(); ++i) {
+    const PolicyTime& p = pp[i];
+    f << fmt::format(
+        "    {{\"model\": \"{}\", \"s1_target\": {:.2f}, \"format\": \"{}\", \"index\": {}, \"policy\": \"{}\", "
+        "\"t_us\": {:.4f}, \"t_min_us\": {:.4f}, \"launches\": {}, \"replays\": {}}}{}\n",
+        p.model, p.s1_pct / 100.0, p.format, p.index, p.policy, p.t.median_s * 1e6, p.t.min_s * 1e6, p.t.launches,
+        p.t.replays, i + 1 < pp.size() ? "," : "");
+  }
+  f << "  ]\n}\n";
+  if (!f) throw std::runtime_error("error writing " + path);
+}
+
+// ---------------------------------------------------------------- flags
+void usage(const Options& o) {
+  fmt::print(
+      "prox_alpha: measured proxy-cost ratio alpha = t(INT4 proxy GEMV) / t(fp16 input-sparse GEMV)\n"
+      "  --shapes=LIST        4B,8B,14B,32B (also 1.7B)             [{}]\n"
+      "  --sparsities=LIST    input sparsity s1, percent             [{}]\n"
+      "  --csv=PATH           CSV output                             [{}]\n"
+      "  --json=PATH          JSON output                            [{}]\n"
+      "  --quick              10 replays, 1 GB rotation, 16 launches per graph (a fast look)\n"
+      "  --iterations=N       timed graph replays per policy         [{}]\n"
+      "  --warmup=N           untimed replays first                  [{}]\n"
+      "  --tokens=N           distinct tokens cycled                 [{}]\n"
+      "  --min-launches=N     launches per graph, at least           [{}]\n"
+      "  --rotate-gb=G        bytes rotated per format, at least     [{:.1f}]\n"
+      "  --max-device-gb=G    device memory cap                      [{:.1f}]\n"
+      "  --commit=SHA         commit to record (else $PROX_COMMIT, else configure-time)\n",
+      o.shapes, o.sparsities, o.csv, o.json, o.iterations, o.warmup, o.tokens, o.min_launches, o.rotate_gb,
+      o.max_device_gb);
+}
+
+Options parse_flags(int argc, char** argv, bool* help) {
+  Options o;
+  bool set_iter = false, set_rot = false, set_launch = false, set_warm = false;
+  *help = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    const auto val = [&](const char* name, std::string* v) {
+      const std::string p = std::string("--") + name + "=";
+      if (a.rfind(p, 0) != 0) return false;
+      *v = a.substr(p.size());
+      return true;
+    };
+    std::string v;
+    if (a == "--help" || a == "-h") {
+      *help = true;
+    } else if (a == "--quick") {
+      o.quick = true;
+    } else if (val("shapes", &v)) {
+      o.shapes = v;
+    } else if (val("sparsities", &v)) {
+      o.sparsities = v;
+    } else if (val("csv", &v)) {
+      o.csv = v;
+    } else if (val("json", &v)) {
+      o.json = v;
+    } else if (val("iterations", &v)) {
+      o.iterations = std::stoi(v);
+      set_iter = true;
+    } else if (val("warmup", &v)) {
+      o.warmup = std::stoi(v);
+      set_warm = true;
+    } else if (val("tokens", &v)) {
+      o.tokens = std::stoi(v);
+    } else if (val("min-launches", &v)) {
+      o.min_launches = std::stoi(v);
+      set_launch = true;
+    } else if (val("rotate-gb", &v)) {
+      o.rotate_gb = std::stod(v);
+      set_rot = true;
+    } else if (val("max-device-gb", &v)) {
+      o.max_device_gb = std::stod(v);
+    } else if (val("commit", &v)) {
+      o.commit = v;
+    } else {
+      throw std::invalid_argument("unknown argument " + a + " (--help lists the flags)");
+    }
+  }
+  if (o.quick) {
+    if (!set_iter) o.iterations = 10;
+    if (!set_warm) o.warmup = 2;
+    if (!set_rot) o.rotate_gb = 1.0;
+    if (!set_launch) o.min_launches = 16;
+  }
+  if (o.iterations < 1 || o.warmup < 0 || o.tokens < 1 || o.min_launches < 1 || !(o.rotate_gb > 0) ||
+      !(o.max_device_gb > 0))
+    throw std::invalid_argument("flag values out of range (iterations, tokens, min-launches >= 1; warmup >= 0)");
+  return o;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string command = prox_bench::join_argv(argc, argv);
+  cudaStream_t stream = nullptr;
+  try {
+    bool help = false;
+    const Options opt = parse_flags(argc, argv, &help);
+    if (help) {
+      usage(opt);
+      return 0;
+    }
+    const std::vector<FfnShape> shapes = prox_bench::select_shapes(opt.shapes, prox_bench::qwen3_shapes());
+    std::vector<int> s1_list;
+    for (const std::string& s : prox_bench::split_list(opt.sparsities)) {
+      const int v = std::stoi(s);
+      if (v < 0 || v >= 100) throw std::invalid_argument("--sparsities: " + s + " is not in [0, 100)");
+      s1_list.push_back(v);
+    }
+    if (shapes.empty() || s1_list.empty()) throw std::invalid_argument("nothing to measure");
+
+    const prox_bench::DeviceFacts dev = prox_bench::query_device_facts();
+    fmt::print(stderr, "[prox_alpha] device: {}\n", prox_bench::describe(dev));
+    PROX_BENCH_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    const prox_bench::CopyBandwidth copy = prox_bench::measure_copy_bandwidth(stream);
+    const std::string commit = prox_bench::resolve_commit(opt.commit);
+    fmt::print(stderr, "[prox_alpha] copy bandwidth (D2D 1 GiB, read + write): {:.1f} GB/s; commit {}\n", copy.GBps,
+               commit);
+
+    AlphaTool tool(opt, dev, stream);
+    for (const FfnShape& s : shapes) tool.run_shape(s, s1_list);
+
+    fmt::print("\nGPU: {} ({}, {} SMs), copy bandwidth {:.0f} GB/s, CUDA runtime {}, commit {}\n", dev.name, dev.sm(),
+               dev.sm_count, copy.GBps, dev.runtime_version, commit);
+    fmt::print("command: {}\n", command);
+    print_table(tool.rows(), s1_list, false,
+                "Measured proxy-cost ratio alpha = t(INT4 proxy GEMV) / t(FP16 input-sparse GEMV), same kernel "
+                "family, same kept inputs (best policy of each list)");
+    print_table(tool.rows(), s1_list, true, "Same, with the plan-time default policy of each list");
+    double lo = 1e9, hi = 0.0;
+    int pass = 0;
+    for (const Row& r : tool.rows()) {
+      lo = std::min(lo, r.alpha());
+      hi = std::max(hi, r.alpha());
+      pass += r.alpha() <= kTargetAlpha;
+    }
+    fmt::print("\nalpha range {:.3f} - {:.3f}; target alpha <= {:.2f}: {} of {} cells meet it\n", lo, hi, kTargetAlpha,
+               pass, tool.rows().size());
+    fmt::print("paper (A6000, RTX 3090, A100): 0.234 - 0.351, pooled mean 0.285; the byte ratio is 0.25 plus scales\n");
+
+    write_csv(opt.csv, tool.rows(), copy.GBps);
+    write_json(opt.json, tool, dev, copy.GBps, commit, command, opt);
+    fmt::print("wrote {} and {}\n", opt.csv, opt.json);
+    cudaStreamDestroy(stream);
+    return 0;
+  } catch (const std::exception& e) {
+    std::fflush(stdout);
+    fmt::print(stderr, "prox_alpha: error: {}\n", e.what());
+    if (stream != nullptr) cudaStreamDestroy(stream);
+    return 1;
+  }
+}

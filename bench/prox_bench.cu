@@ -1,0 +1,728 @@
+// SPDX-License-Identifier: Apache-2.0
+//! @file prox_bench.cu  Google Benchmark suite: the full Prox FFN and each of its ops at the Qwen3
+//! FFN shapes, fp16 and bf16, targets e = 40..70 %, against cuBLAS dense (GEMV and SwiGLU FFN)
+//! measured in the same process, with a copy-bandwidth ceiling measured at startup.
+//!
+//! Benchmark names: <bench>/<model>/<dtype>[/e<target %>], e.g. prox_ffn/Qwen3-8B/f16/e70
+//!   dense_ffn        cuBLAS SwiGLU FFN (3 GEMVs + act-mul kernel)     bytes: 3 d_model d_ff 2
+//!   dense_gemv_up    cuBLAS GEMV, W_up   [d_ff][d_model]              bytes: d_model d_ff 2
+//!   dense_gemv_down  cuBLAS GEMV, W_down [d_model][d_ff]              bytes: d_model d_ff 2
+//!   prox_ffn         prox::SparseFfn<T, SiLU> (Int4 proxies), 3 kernels  bytes: Stage 1 + GLU + down
+//!   prox_stage2      glu_gemv + down_gemv on Stage 1's precomputed masks (the FFN minus Stage 1)
+//!   threshold        threshold op on x (mask + compacted indices)      bytes: d_model 2
+//!   proxy_int4       proxy_gemv<Int4Weights> (Stage 1 alone)           bytes: kept rows d_ff/2 2 + 8 d_ff + x
+//!   glu              glu_gemv on Stage 1's masks                        bytes: selected d_model 2 2
+//!   down             down_gemv on Stage 1's masks and s                 bytes: selected d_model 2
+//! Every bench reports per-launch time from CUDA-graph replays (UseManualTime) and the counters
+//! t_us, bytes_needed, GBps, copy_GBps, frac_copy; sparse benches add s1, s2, e_hat (measured with
+//! SparsityCounters on the real masks); FFN benches add speedup_vs_dense. docs/benchmarks.md explains.
+//!
+//! Own flags (before or after Google Benchmark's): --prox_shapes=8B,14B --prox_dtypes=f16,bf16
+//! --prox_targets=40,50,60,70 --prox_iterations=N --prox_warmup=N --prox_tokens=N
+//! --prox_min_launches=N --prox_rotate_gb=G --prox_max_device_gb=G --prox_policy=P,G,D
+//! --prox_commit=SHA. Use --benchmark_filter=REGEX for subsets.
+
+#include <benchmark/benchmark.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bench_common.cuh"
+#include "dense_baseline.cuh"
+
+namespace {
+
+using prox_bench::DeviceBuffer;
+using prox_bench::FfnShape;
+using prox_bench::GraphReplay;
+using prox_bench::Timing;
+
+// ---------------------------------------------------------------- options and process-wide state
+struct Options {
+  std::string shapes = "1.7B,4B,8B,14B,32B";
+  std::string dtypes = "f16,bf16";
+  std::string targets = "40,50,60,70";
+  int iterations = 30;     //!< timed graph replays per benchmark
+  int warmup = 3;          //!< untimed replays first
+  int tokens = 8;          //!< distinct input tokens cycled through the launches
+  int min_launches = 32;   //!< launches per graph (at least; a multiple of tokens)
+  //! Weight bytes rotated over (at least). 4 GB gives every bench, even Stage 1 alone at e = 70 %
+  //! on the 1.7B shape (3.8 MB a launch, 46 copies), > 3x the H100's 50 MB L2 between reuses.
+  double rotate_gb = 4.0;
+  double max_device_gb = 40.0;
+  prox::PolicyChoice policy{};  //!< -1 = SparseFfn's default for the shape
+  std::string commit;
+};
+Options g_opt;
+
+struct Globals {
+  prox_bench::DeviceFacts dev;
+  prox_bench::CopyBandwidth copy;
+  cudaStream_t stream = nullptr;
+  cublasHandle_t cublas = nullptr;
+};
+Globals g;
+
+//! Dense FFN seconds per launch, measured in this process: "Qwen3-8B/f16" -> s.
+std::map<std::string, double> g_dense_ffn_s;
+
+// ---------------------------------------------------------------- per-layer context (one alive at a time)
+struct ContextBase {
+  virtual ~ContextBase() = default;
+};
+
+template <class T>
+struct SparseSetup {
+  int e_pct = 0;
+  prox::StageSparsity target{};
+  float tau_x = 0.0f;
+  float tau_s = 0.0f;
+  std::vector<prox::SparseFfn<T, prox::SiLU>> ffns;  //!< one plan per weight copy (plans hold pointers)
+  prox::PolicyChoice choice{};
+  bool pdl = false;
+  std::size_t ws_bytes = 0;
+  DeviceBuffer ws;        //!< the timed FFN's workspace
+  DeviceBuffer ws_tok;    //!< one FFN workspace per token: its mask and s feed the Stage-2 benches
+  DeviceBuffer counters;  //!< prox::SparsityCounters
+  DeviceBuffer mask_scratch, s_scratch, y_scratch;
+  DeviceBuffer proxy_ws, down_ws;
+  std::size_t proxy_ws_bytes = 0, down_ws_bytes = 0;
+  DeviceBuffer thr_mask, thr_idx, thr_count;
+  prox::SparsityReport report{};
+  double kept_mean = 0.0;  //!< mean kept inputs per token (measured)
+  double sel_mean = 0.0;   //!< mean selected channels per token (measured)
+  std::string label;
+
+  const std::uint32_t* token_mask(int t) const {
+    return ws_tok.as<const std::uint32_t>(ws_bytes * static_cast<std::size_t>(t) + ffns[0].mask_offset());
+  }
+  const float* token_s(int t) const {
+    return ws_tok.as<const float>(ws_bytes * static_cast<std::size_t>(t) + ffns[0].s_offset());
+  }
+};
+
+template <class T>
+struct Context : ContextBase {
+  Context(const FfnShape& s, int copies)
+      : shape(s),
+        layer(s, copies, g_opt.tokens, /*seed=*/0x5eed0000ull + static_cast<std::uint64_t>(s.d_model) * 131 + s.d_ff,
+              g.stream),
+        dense(g.cublas, s.d_model, s.d_ff),
+        y(sizeof(T) * s.d_model, "y"),
+        gemv_out(sizeof(T) * s.d_ff, "gemv output"),
+        down_in(sizeof(T) * s.d_ff, "gemv input") {
+    launches = prox_bench::launches_per_graph(layer.copies(), layer.tokens(), g_opt.min_launches);
+    prox_bench::fill_normal(down_in.as<T>(), static_cast<std::size_t>(s.d_ff), 0xd0ull, 1.0f, g.stream);
+    PROX_BENCH_CUDA(cudaStreamSynchronize(g.stream));
+  }
+  FfnShape shape;
+  prox_bench::SyntheticLayer<T> layer;
+  prox_bench::DenseFfn<T, prox::SiLU> dense;
+  DeviceBuffer y, gemv_out, down_in;
+  int launches = 0;
+  std::map<int, std::unique_ptr<SparseSetup<T>>> sparse;
+};
+
+std::string g_ctx_key;
+std::unique_ptr<ContextBase> g_ctx;
+
+template <class T>
+std::string key_of(const FfnShape& s) {
+  return std::string(s.name) + "/" + prox_bench::dtype_name<T>();
+}
+
+//! The layer of (shape, T): made on first use; the previous layer is freed first, so the
+//! benchmarks (registered shape-major) hold one layer's copies at a time.
+template <class T>
+Context<T>& context_for(const FfnShape& shape) {
+  const std::string key = key_of<T>(shape);
+  if (g_ctx && g_ctx_key == key) return static_cast<Context<T>&>(*g_ctx);
+  PROX_BENCH_CUDA(cudaStreamSynchronize(g.stream));
+  g_ctx.reset();
+  g_ctx_key.clear();
+  const std::size_t copy_bytes = prox_bench::SyntheticLayer<T>::bytes_per_copy(shape);
+  const std::size_t budget = prox_bench::memory_budget(static_cast<std::size_t>(g_opt.max_device_gb * 1e9));
+  // Leave room for everything else a context holds (tokens, workspaces, cuBLAS, graphs): ~5 %.
+  const int copies = prox_bench::rotation_copies(copy_bytes, static_cast<std::size_t>(g_opt.rotate_gb * 1e9),
+                                                 budget - budget / 20);
+  auto ctx = std::make_unique<Context<T>>(shape, copies);
+  std::fprintf(stderr, "[prox_bench] %s: %d weight copies x %.1f MB = %.2f GB rotated, %d launches per graph\n",
+               key.c_str(), copies, copy_bytes / 1e6, copies * copy_bytes / 1e9, ctx->launches);
+  Context<T>& ref = *ctx;
+  g_ctx = std::move(ctx);
+  g_ctx_key = key;
+  return ref;
+}
+
+//! Calibrate, plan and measure the densities of target e (cached per context).
+template <class T>
+SparseSetup<T>& sparse_setup(Context<T>& ctx, int e_pct) {
+  auto it = ctx.sparse.find(e_pct);
+  if (it != ctx.sparse.end()) return *it->second;
+  auto sp = std::make_unique<SparseSetup<T>>();
+  const FfnShape& sh = ctx.shape;
+  const int K = sh.d_model;
+  const int N = sh.d_ff;
+  const cudaStream_t s = g.stream;
+  sp->e_pct = e_pct;
+  PROX_BENCH_PROX(prox::allocate_sparsity(e_pct / 100.0, &sp->target));
+
+  // tau_x: exact |x| quantile over the bench tokens; tau_s: exact |s~| quantile of Stage 1's values.
+  sp->tau_x = prox_bench::magnitude_threshold(ctx.layer.host_abs_tokens(s), sp->target.s1);
+  std::vector<const T*> toks;
+  for (int t = 0; t < ctx.layer.tokens(); ++t) toks.push_back(ctx.layer.token(t));
+  const auto weights_of = [&](int c) {
+    const prox_bench::LayerCopy<T> l = ctx.layer.copy(c);
+    typename prox::SparseFfn<T, prox::SiLU>::Weights w;
+    w.w_gate = l.w_gate;
+    w.w_up = l.w_up;
+    w.w_down_t = l.w_down_t;
+    w.proxy_gate = l.q_gate;
+    w.proxy_up = l.q_up;
+    w.proxy_scale_gate = l.sc_gate;
+    w.proxy_scale_up = l.sc_up;
+    return w;
+  };
+  // Plan copy 0 first to learn the policies, then calibrate on exactly those kernels.
+  {
+    prox::SparseFfn<T, prox::SiLU> probe;
+    typename prox::SparseFfn<T, prox::SiLU>::PlanOptions po;
+    po.choice = g_opt.policy;
+    PROX_BENCH_PROX(probe.plan({K, N, sp->tau_x, 0.0f}, weights_of(0), po));
+    sp->choice = probe.choice();
+  }
+  sp->tau_s = prox_bench::calibrate_tau_s<T, prox::SiLU, prox::Int4Weights>(weights_of(0), sh, sp->tau_x,
+                                                                            sp->target.s2, toks, sp->choice, s);
+  sp->ffns.resize(static_cast<std::size_t>(ctx.layer.copies()));
+  for (int c = 0; c < ctx.layer.copies(); ++c) {
+    typename prox::SparseFfn<T, prox::SiLU>::PlanOptions po;
+    po.choice = sp->choice;
+    PROX_BENCH_PROX(sp->ffns[c].plan({K, N, sp->tau_x, sp->tau_s}, weights_of(c), po));
+  }
+  sp->pdl = sp->ffns[0].uses_pdl();
+  sp->ws_bytes = sp->ffns[0].workspace_bytes();
+
+  const int ntok = ctx.layer.tokens();
+  sp->ws = DeviceBuffer(sp->ws_bytes, "FFN workspace");
+  sp->ws_tok = DeviceBuffer(sp->ws_bytes * ntok, "per-token FFN workspaces");
+  sp->counters = DeviceBuffer(sizeof(prox::SparsityCounters), "sparsity counters");
+  sp->mask_scratch = DeviceBuffer(sizeof(std::uint32_t) * (N / 32), "mask scratch");
+  sp->s_scratch = DeviceBuffer(sizeof(float) * N, "s scratch");
+  sp->y_scratch = DeviceBuffer(sizeof(T) * K, "y scratch");
+  PROX_BENCH_PROX(prox::initialize_workspace(sp->ws.get(), sp->ws.bytes(), s));
+  PROX_BENCH_PROX(prox::initialize_workspace(sp->ws_tok.get(), sp->ws_tok.bytes(), s));
+
+  // Stand-alone Stage-1 and down launches need their own split-K workspaces (zeroed once).
+  prox::ProxyGemvArgs<T> a1;
+  a1.d_model = K;
+  a1.d_ff = N;
+  PROX_BENCH_PROX(prox::dispatch_policy<prox::ProxyGemvPolicies>(sp->choice.proxy, [&](auto p) {
+    sp->proxy_ws_bytes = prox::proxy_gemv::workspace_bytes<decltype(p)>(a1);
+    return prox::Status::kSuccess;
+  }));
+  prox::DownGemvArgs<T> a3;
+  a3.d_model = K;
+  a3.d_ff = N;
+  PROX_BENCH_PROX(prox::dispatch_policy<prox::DownGemvPolicies>(sp->choice.down, [&](auto p) {
+    sp->down_ws_bytes = prox::down_gemv::workspace_bytes<decltype(p)>(a3);
+    return prox::Status::kSuccess;
+  }));
+  sp->proxy_ws = DeviceBuffer(std::max<std::size_t>(sp->proxy_ws_bytes, 256), "proxy workspace");
+  sp->down_ws = DeviceBuffer(std::max<std::size_t>(sp->down_ws_bytes, 256), "down workspace");
+  PROX_BENCH_PROX(prox::initialize_workspace(sp->proxy_ws.get(), sp->proxy_ws.bytes(), s));
+  PROX_BENCH_PROX(prox::initialize_workspace(sp->down_ws.get(), sp->down_ws.bytes(), s));
+  sp->thr_mask = DeviceBuffer(sizeof(std::uint32_t) * ((K + 31) / 32), "threshold mask");
+  sp->thr_idx = DeviceBuffer(sizeof(int) * K, "threshold indices");
+  sp->thr_count = DeviceBuffer(sizeof(int), "threshold count");
+
+  // Real masks: one FFN per token with SparsityCounters on; they stay in ws_tok for Stage-2 benches.
+  auto* counters = sp->counters.template as<prox::SparsityCounters>();
+  PROX_BENCH_PROX(prox::reset_counters(counters, s));
+  for (int t = 0; t < ntok; ++t) {
+    PROX_BENCH_PROX(sp->ffns[0].run(ctx.layer.token(t), sp->y_scratch.template as<T>(),
+                                    sp->ws_tok.as(sp->ws_bytes * static_cast<std::size_t>(t)), sp->ws_bytes, s, counters));
+  }
+  PROX_BENCH_PROX(prox::read_report(counters, K, N, s, &sp->report));
+  if (sp->report.calls != static_cast<unsigned long long>(ntok))
+    throw std::runtime_error("SparsityCounters counted " + std::to_string(sp->report.calls) + " calls, expected " +
+                             std::to_string(ntok));
+  sp->kept_mean = (1.0 - sp->report.s1) * K;
+  sp->sel_mean = (1.0 - sp->report.s2) * N;
+  {
+    std::string names;
+    prox::for_each_policy<prox::ProxyGemvPolicies>([&](auto p, int i) {
+      if (i == sp->choice.proxy) names += decltype(p)::name();
+    });
+    prox::for_each_policy<prox::GluGemvPolicies>([&](auto p, int i) {
+      if (i == sp->choice.glu) names += " " + decltype(p)::name();
+    });
+    prox::for_each_policy<prox::DownGemvPolicies>([&](auto p, int i) {
+      if (i == sp->choice.down) names += " " + decltype(p)::name();
+    });
+    sp->label = names + (sp->pdl ? " pdl" : "");
+  }
+  std::fprintf(stderr,
+               "[prox_bench] %s e=%d%%: target (s1, s2) = (%.3f, %.3f), tau_x = %.6g, tau_s = %.6g, "
+               "measured (s1, s2, e^) = (%.4f, %.4f, %.4f); %s\n",
+               key_of<T>(sh).c_str(), e_pct, sp->target.s1, sp->target.s2, sp->tau_x, sp->tau_s, sp->report.s1,
+               sp->report.s2, sp->report.effective, sp->label.c_str());
+  SparseSetup<T>& ref = *sp;
+  ctx.sparse[e_pct] = std::move(sp);
+  return ref;
+}
+
+// ---------------------------------------------------------------- the timed loop and counters
+//! Replays `graph` once per benchmark iteration (the manual time is the per-launch time) and
+//! returns the summary over those iterations.
+Timing run_loop(benchmark::State& st, GraphReplay& graph) {
+  for (int i = 0; i < g_opt.warmup; ++i) graph.replay();
+  std::vector<double> per_launch;
+  per_launch.reserve(static_cast<std::size_t>(g_opt.iterations));
+  for (auto _ : st) {
+    const double t = graph.replay_timed();
+    st.SetIterationTime(t);
+    per_launch.push_back(t);
+  }
+  return prox_bench::summarize(std::move(per_launch), graph.launches());
+}
+
+template <class T>
+void set_counters(benchmark::State& st, const std::string& name, const Context<T>& ctx, const Timing& t, double bytes,
+                  bool rotates = true) {
+  const double gbps = bytes / t.median_s / 1e9;
+  st.counters["t_us"] = t.median_s * 1e6;
+  st.counters["t_min_us"] = t.min_s * 1e6;
+  st.counters["bytes_needed"] = bytes;
+  st.counters["GBps"] = gbps;
+  st.counters["copy_GBps"] = g.copy.GBps;
+  st.counters["frac_copy"] = gbps / g.copy.GBps;
+  st.counters["d_model"] = ctx.shape.d_model;
+  st.counters["d_ff"] = ctx.shape.d_ff;
+  st.counters["launches"] = t.launches;
+  st.counters["copies"] = rotates ? ctx.layer.copies() : 1;
+  // Weight bytes this bench touches across the rotation before a copy comes back: should be >> L2.
+  const double distinct = bytes * std::min(ctx.layer.copies(), t.launches);
+  st.counters["rotated_MB"] = rotates ? distinct / 1e6 : 0.0;
+  if (rotates && distinct < 2.0 * static_cast<double>(g.dev.l2_bytes)) {
+    std::fprintf(stderr, "[prox_bench] warning: %s touches only %.1f MB across its rotation (L2 %.0f MB)\n",
+                 name.c_str(), distinct / 1e6, g.dev.l2_bytes / 1e6);
+  }
+}
+
+template <class T>
+void set_sparse_counters(benchmark::State& st, const SparseSetup<T>& sp) {
+  st.counters["e_target"] = sp.e_pct / 100.0;
+  st.counters["s1_target"] = sp.target.s1;
+  st.counters["s2_target"] = sp.target.s2;
+  st.counters["s1"] = sp.report.s1;
+  st.counters["s2"] = sp.report.s2;
+  st.counters["e_hat"] = sp.report.effective;
+  st.counters["policy_proxy"] = sp.choice.proxy;
+  st.counters["policy_glu"] = sp.choice.glu;
+  st.counters["policy_down"] = sp.choice.down;
+  st.SetLabel(sp.label);
+}
+
+void report_error(benchmark::State& st, const std::string& name, const std::exception& e) {
+  std::fprintf(stderr, "[prox_bench] %s: %s\n", name.c_str(), e.what());
+  // A sticky device error would fail every later bench too: say so once, clearly.
+  const cudaError_t sticky = cudaDeviceSynchronize();
+  if (sticky != cudaSuccess)
+    std::fprintf(stderr, "[prox_bench] device error state: %s (later benchmarks will fail too)\n",
+                 cudaGetErrorString(sticky));
+  st.SkipWithError(e.what());
+}
+
+// ---------------------------------------------------------------- dense baselines
+template <class T>
+void enqueue_dense_ffn(Context<T>& ctx, int i, cudaStream_t s) {
+  const prox_bench::LayerCopy<T> l = ctx.layer.copy(i % ctx.layer.copies());
+  // W_down^T of the synthetic layer is read as an nn.Linear W_down [d_model][d_ff]: random data,
+  // the same bytes and the same access pattern a real W_down gives cuBLAS.
+  ctx.dense.run(l.w_gate, l.w_up, l.w_down_t, ctx.layer.token(i % ctx.layer.tokens()), ctx.y.template as<T>(), s);
+}
+
+//! Dense FFN seconds for (shape, T), measured once per process (by dense_ffn or on demand).
+template <class T>
+double dense_ffn_seconds(Context<T>& ctx, const Timing* measured = nullptr) {
+  const std::string key = key_of<T>(ctx.shape);
+  if (measured != nullptr) g_dense_ffn_s[key] = measured->median_s;
+  auto it = g_dense_ffn_s.find(key);
+  if (it != g_dense_ffn_s.end()) return it->second;
+  GraphReplay graph(g.stream, ctx.launches, [&](int i, cudaStream_t s) { enqueue_dense_ffn(ctx, i, s); });
+  const Timing t = graph.measure(g_opt.warmup, g_opt.iterations);
+  g_dense_ffn_s[key] = t.median_s;
+  return t.median_s;
+}
+
+template <class T>
+void bench_dense_ffn(benchmark::State& st, const std::string& name, FfnShape shape) {
+  try {
+    Context<T>& ctx = context_for<T>(shape);
+    GraphReplay graph(g.stream, ctx.launches, [&](int i, cudaStream_t s) { enqueue_dense_ffn(ctx, i, s); });
+    const Timing t = run_loop(st, graph);
+    dense_ffn_seconds(ctx, &t);
+    set_counters(st, name, ctx, t, prox_bench::dense_ffn_bytes(shape.d_model, shape.d_ff, sizeof(T)));
+    st.counters["speedup_vs_dense"] = 1.0;
+  } catch (const std::exception& e) {
+    report_error(st, name, e);
+  }
+}
+
+//! cuBLAS GEMV: up = W_up x ([d_ff][d_model]) or down = W_down s ([d_model][d_ff]).
+template <class T>
+void bench_dense_gemv(benchmark::State& st, const std::string& name, FfnShape shape, bool up) {
+  try {
+    Context<T>& ctx = context_for<T>(shape);
+    GraphReplay graph(g.stream, ctx.launches, [&](int i, cudaStream_t s) {
+      const prox_bench::LayerCopy<T> l = ctx.layer.copy(i % ctx.layer.copies());
+      if (up) {
+        ctx.dense.gemv(l.w_up, ctx.layer.token(i % ctx.layer.tokens()), ctx.gemv_out.template as<T>(), shape.d_ff,
+                       shape.d_model, s);
+      } else {
+        ctx.dense.gemv(l.w_down_t, ctx.down_in.template as<const T>(), ctx.y.template as<T>(), shape.d_model,
+                       shape.d_ff, s);
+      }
+    });
+    const Timing t = run_loop(st, graph);
+    set_counters(st, name, ctx, t, static_cast<double>(shape.d_model) * shape.d_ff * sizeof(T));
+  } catch (const std::exception& e) {
+    report_error(st, name, e);
+  }
+}
+
+// ---------------------------------------------------------------- prox benches
+enum class Op { kFfn, kStage2, kThreshold, kProxy, kGlu, kDown };
+
+template <class T>
+void enqueue_glu(const Context<T>& ctx, const SparseSetup<T>& sp, int i, float* s_out, cudaStream_t s) {
+  const prox_bench::LayerCopy<T> l = ctx.layer.copy(i % ctx.layer.copies());
+  const int t = i % ctx.layer.tokens();
+  prox::GluGemvArgs<T> a;
+  a.x = ctx.layer.token(t);
+  a.d_model = ctx.shape.d_model;
+  a.d_ff = ctx.shape.d_ff;
+  a.w_gate = l.w_gate;
+  a.w_up = l.w_up;
+  a.channel_mask = sp.token_mask(t);
+  a.s = s_out;
+  PROX_BENCH_PROX(prox::dispatch_policy<prox::GluGemvPolicies>(sp.choice.glu, [&](auto p) {
+    return prox::glu_gemv::launch<decltype(p), prox::SiLU>(a, nullptr, 0, s, prox::LaunchOptions{sp.pdl});
+  }));
+}
+
+template <class T>
+void enqueue_down(const Context<T>& ctx, const SparseSetup<T>& sp, int i, const float* s_in, cudaStream_t s) {
+  const prox_bench::LayerCopy<T> l = ctx.layer.copy(i % ctx.layer.copies());
+  const int t = i % ctx.layer.tokens();
+  prox::DownGemvArgs<T> a;
+  a.s = s_in != nullptr ? s_in : sp.token_s(t);
+  a.channel_mask = sp.token_mask(t);
+  a.w_down_t = l.w_down_t;
+  a.d_model = ctx.shape.d_model;
+  a.d_ff = ctx.shape.d_ff;
+  a.y = sp.y_scratch.template as<T>();
+  PROX_BENCH_PROX(prox::dispatch_policy<prox::DownGemvPolicies>(sp.choice.down, [&](auto p) {
+    return prox::down_gemv::launch<decltype(p)>(a, sp.down_ws.get(), sp.down_ws.bytes(), s, prox::LaunchOptions{sp.pdl});
+  }));
+}
+
+template <class T>
+void bench_prox(benchmark::State& st, const std::string& name, FfnShape shape, int e_pct, Op op) {
+  try {
+    Context<T>& ctx = context_for<T>(shape);
+    SparseSetup<T>& sp = sparse_setup(ctx, e_pct);
+    const int K = shape.d_model;
+    const int N = shape.d_ff;
+    const double stage1 = prox_bench::stage1_int4_bytes(sp.kept_mean, K, N, sizeof(T));
+    const double glu = prox_bench::glu_bytes(sp.sel_mean, K, sizeof(T));
+    const double down = prox_bench::down_bytes(sp.sel_mean, K, sizeof(T));
+    double bytes = 0.0;
+    bool rotates = true;
+    GraphReplay::Enqueue enqueue;
+    switch (op) {
+      case Op::kFfn:
+        bytes = stage1 + glu + down;
+        enqueue = [&](int i, cudaStream_t s) {
+          PROX_BENCH_PROX(sp.ffns[i % ctx.layer.copies()].run(ctx.layer.token(i % ctx.layer.tokens()),
+                                                              ctx.y.template as<T>(), sp.ws.get(), sp.ws_bytes, s));
+        };
+        break;
+      case Op::kStage2:
+        bytes = glu + down;
+        enqueue = [&](int i, cudaStream_t s) {
+          enqueue_glu(ctx, sp, i, sp.s_scratch.template as<float>(), s);
+          enqueue_down(ctx, sp, i, sp.s_scratch.template as<const float>(), s);
+        };
+        break;
+      case Op::kThreshold:
+        bytes = static_cast<double>(K) * sizeof(T);
+        rotates = false;  // reads only x, which stays in L2 in a real decoder too
+        enqueue = [&](int i, cudaStream_t s) {
+          prox::ThresholdArgs<T> a;
+          a.x = ctx.layer.token(i % ctx.layer.tokens());
+          a.n = K;
+          a.tau = sp.tau_x;
+          a.mask = sp.thr_mask.template as<std::uint32_t>();
+          a.indices = sp.thr_idx.template as<int>();
+          a.count = sp.thr_count.template as<int>();
+          PROX_BENCH_PROX(prox::threshold::launch<prox::PolicyAt<0, prox::ThresholdPolicies>>(a, nullptr, s));
+        };
+        break;
+      case Op::kProxy:
+        bytes = stage1;
+        enqueue = [&](int i, cudaStream_t s) {
+          const prox_bench::LayerCopy<T> l = ctx.layer.copy(i % ctx.layer.copies());
+          prox::ProxyGemvArgs<T> a;
+          a.x = ctx.layer.token(i % ctx.layer.tokens());
+          a.d_model = K;
+          a.d_ff = N;
+          a.tau_x = sp.tau_x;
+          a.tau_s = sp.tau_s;
+          a.w_gate = l.q_gate;
+          a.w_up = l.q_up;
+          a.scale_gate = l.sc_gate;
+          a.scale_up = l.sc_up;
+          a.channel_mask = sp.mask_scratch.template as<std::uint32_t>();
+          // Launched as SparseFfn launches Stage 1: first kernel of the chain, no PDL.
+          PROX_BENCH_PROX(prox::dispatch_policy<prox::ProxyGemvPolicies>(sp.choice.proxy, [&](auto p) {
+            return prox::proxy_gemv::launch<decltype(p), prox::Int4Weights, prox::SiLU>(a, sp.proxy_ws.get(),
+                                                                                       sp.proxy_ws.bytes(), s);
+          }));
+        };
+        break;
+      case Op::kGlu:
+        bytes = glu;
+        enqueue = [&](int i, cudaStream_t s) { enqueue_glu(ctx, sp, i, sp.s_scratch.template as<float>(), s); };
+        break;
+      case Op::kDown:
+        bytes = down;
+        enqueue = [&](int i, cudaStream_t s) { enqueue_down(ctx, sp, i, nullptr, s); };
+        break;
+    }
+    GraphReplay graph(g.stream, ctx.launches, enqueue);
+    const Timing t = run_loop(st, graph);
+    if (op == Op::kFfn) {
+      // Read the densities back after timing, from the timed plans and workspace: they must be the
+      // ones the setup measured (Stage 1 is deterministic), else bytes_needed would be wrong.
+      auto* cnt = sp.counters.template as<prox::SparsityCounters>();
+      PROX_BENCH_PROX(prox::reset_counters(cnt, g.stream));
+      for (int tok = 0; tok < ctx.layer.tokens(); ++tok) {
+        PROX_BENCH_PROX(sp.ffns[tok % ctx.layer.copies()].run(ctx.layer.token(tok), ctx.y.template as<T>(), sp.ws.get(),
+                                                              sp.ws_bytes, g.stream, cnt));
+      }
+      prox::SparsityReport rep{};
+      PROX_BENCH_PROX(prox::read_report(cnt, K, N, g.stream, &rep));
+      if (rep.s1 != sp.report.s1 || rep.s2 != sp.report.s2) {
+        std::fprintf(stderr, "[prox_bench] warning: %s: densities after timing (%.5f, %.5f) differ from setup (%.5f, %.5f)\n",
+                     name.c_str(), rep.s1, rep.s2, sp.report.s1, sp.report.s2);
+      }
+    }
+    set_counters(st, name, ctx, t, bytes, rotates);
+    set_sparse_counters(st, sp);
+    if (op == Op::kFfn || op == Op::kStage2) {
+      st.counters["speedup_vs_dense"] = dense_ffn_seconds(ctx) / t.median_s;
+      st.counters["dense_us"] = dense_ffn_seconds(ctx) * 1e6;
+    }
+  } catch (const std::exception& e) {
+    report_error(st, name, e);
+  }
+}
+
+// ---------------------------------------------------------------- registration
+benchmark::internal::Benchmark* configure(benchmark::internal::Benchmark* b) {
+  return b->UseManualTime()->Iterations(g_opt.iterations)->Unit(benchmark::kMicrosecond);
+}
+
+template <class T>
+void register_shape(const FfnShape& shape, const std::vector<int>& targets) {
+  const std::string base = key_of<T>(shape);
+  const auto reg = [](const std::string& name, std::function<void(benchmark::State&, const std::string&)> fn) {
+    configure(benchmark::RegisterBenchmark(name.c_str(), [name, fn](benchmark::State& st) { fn(st, name); }));
+  };
+  reg("dense_ffn/" + base, [shape](benchmark::State& st, const std::string& n) { bench_dense_ffn<T>(st, n, shape); });
+  reg("dense_gemv_up/" + base,
+      [shape](benchmark::State& st, const std::string& n) { bench_dense_gemv<T>(st, n, shape, true); });
+  reg("dense_gemv_down/" + base,
+      [shape](benchmark::State& st, const std::string& n) { bench_dense_gemv<T>(st, n, shape, false); });
+  const std::pair<const char*, Op> ops[] = {{"prox_ffn", Op::kFfn},     {"prox_stage2", Op::kStage2},
+                                            {"threshold", Op::kThreshold}, {"proxy_int4", Op::kProxy},
+                                            {"glu", Op::kGlu},           {"down", Op::kDown}};
+  for (int e : targets) {
+    for (const auto& [opname, op] : ops) {
+      const Op o = op;
+      reg(std::string(opname) + "/" + base + "/e" + std::to_string(e),
+          [shape, e, o](benchmark::State& st, const std::string& n) { bench_prox<T>(st, n, shape, e, o); });
+    }
+  }
+}
+
+void register_all() {
+  const std::vector<FfnShape> shapes = prox_bench::select_shapes(g_opt.shapes, prox_bench::qwen3_shapes());
+  std::vector<int> targets;
+  for (const std::string& t : prox_bench::split_list(g_opt.targets)) {
+    const int e = std::stoi(t);
+    prox::StageSparsity tmp;
+    if (e < 0 || e > 93 || prox::allocate_sparsity(e / 100.0, &tmp) != prox::Status::kSuccess)
+      throw std::invalid_argument("--prox_targets: " + t + " % is not a valid target");
+    targets.push_back(e);
+  }
+  const std::vector<std::string> dtypes = prox_bench::split_list(prox_bench::lower(g_opt.dtypes));
+  for (const std::string& d : dtypes)
+    if (d != "f16" && d != "bf16") throw std::invalid_argument("--prox_dtypes: unknown dtype '" + d + "' (f16, bf16)");
+  const auto want = [&](const char* d) { return std::find(dtypes.begin(), dtypes.end(), d) != dtypes.end(); };
+  for (const FfnShape& s : shapes) {
+    if (want("f16")) register_shape<__half>(s, targets);
+    if (want("bf16")) register_shape<__nv_bfloat16>(s, targets);
+  }
+}
+
+// ---------------------------------------------------------------- flags
+void usage() {
+  std::printf(
+      "prox_bench: Google Benchmark suite of prox (see docs/benchmarks.md)\n"
+      "  --prox_shapes=LIST        shapes (1.7B,4B,8B,14B,32B)          [%s]\n"
+      "  --prox_dtypes=LIST        f16,bf16                             [%s]\n"
+      "  --prox_targets=LIST       target effective sparsity, percent   [%s]\n"
+      "  --prox_iterations=N       timed graph replays per benchmark    [%d]\n"
+      "  --prox_warmup=N           untimed replays first                [%d]\n"
+      "  --prox_tokens=N           distinct tokens cycled               [%d]\n"
+      "  --prox_min_launches=N     launches per graph, at least         [%d]\n"
+      "  --prox_rotate_gb=G        weight bytes rotated over, at least  [%.1f]\n"
+      "  --prox_max_device_gb=G    device memory cap                    [%.1f]\n"
+      "  --prox_policy=P,G,D       policy indices (proxy,glu,down), -1 = default\n"
+      "  --prox_commit=SHA         commit to record (else $PROX_COMMIT, else configure-time)\n"
+      "plus Google Benchmark's flags, e.g. --benchmark_filter=REGEX --benchmark_out=FILE\n"
+      "--benchmark_out_format=json --benchmark_list_tests\n",
+      g_opt.shapes.c_str(), g_opt.dtypes.c_str(), g_opt.targets.c_str(), g_opt.iterations, g_opt.warmup, g_opt.tokens,
+      g_opt.min_launches, g_opt.rotate_gb, g_opt.max_device_gb);
+}
+
+//! Consume --prox_* flags from argv (Google Benchmark gets the rest).
+void parse_flags(int* argc, char** argv) {
+  int out = 1;
+  for (int i = 1; i < *argc; ++i) {
+    const std::string a = argv[i];
+    const auto val = [&](const char* name, std::string* v) {
+      const std::string p = std::string("--") + name + "=";
+      if (a.rfind(p, 0) != 0) return false;
+      *v = a.substr(p.size());
+      return true;
+    };
+    std::string v;
+    if (val("prox_shapes", &v)) {
+      g_opt.shapes = v;
+    } else if (val("prox_dtypes", &v)) {
+      g_opt.dtypes = v;
+    } else if (val("prox_targets", &v)) {
+      g_opt.targets = v;
+    } else if (val("prox_iterations", &v)) {
+      g_opt.iterations = std::stoi(v);
+    } else if (val("prox_warmup", &v)) {
+      g_opt.warmup = std::stoi(v);
+    } else if (val("prox_tokens", &v)) {
+      g_opt.tokens = std::stoi(v);
+    } else if (val("prox_min_launches", &v)) {
+      g_opt.min_launches = std::stoi(v);
+    } else if (val("prox_rotate_gb", &v)) {
+      g_opt.rotate_gb = std::stod(v);
+    } else if (val("prox_max_device_gb", &v)) {
+      g_opt.max_device_gb = std::stod(v);
+    } else if (val("prox_policy", &v)) {
+      const std::vector<std::string> p = prox_bench::split_list(v);
+      if (p.size() != 3) throw std::invalid_argument("--prox_policy needs three indices: proxy,glu,down");
+      g_opt.policy.proxy = std::stoi(p[0]);
+      g_opt.policy.glu = std::stoi(p[1]);
+      g_opt.policy.down = std::stoi(p[2]);
+    } else if (val("prox_commit", &v)) {
+      g_opt.commit = v;
+    } else if (a.rfind("--prox_", 0) == 0) {
+      throw std::invalid_argument("unknown flag " + a + " (--help lists them)");
+    } else {
+      argv[out++] = argv[i];
+    }
+  }
+  *argc = out;
+  argv[out] = nullptr;
+  if (g_opt.iterations < 1 || g_opt.warmup < 0 || g_opt.tokens < 1 || g_opt.min_launches < 1 || !(g_opt.rotate_gb > 0) ||
+      !(g_opt.max_device_gb > 0)) {
+    throw std::invalid_argument("flag values out of range (iterations, tokens, min_launches >= 1; warmup >= 0)");
+  }
+}
+
+bool has_arg(int argc, char** argv, const char* prefix) {
+  for (int i = 1; i < argc; ++i)
+    if (std::strncmp(argv[i], prefix, std::strlen(prefix)) == 0) return true;
+  return false;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string command = prox_bench::join_argv(argc, argv);
+  try {
+    if (has_arg(argc, argv, "--help") || has_arg(argc, argv, "-h")) {
+      usage();
+      return 0;
+    }
+    parse_flags(&argc, argv);
+    // Listing needs no GPU: register and let Google Benchmark print the names.
+    const bool list_only = has_arg(argc, argv, "--benchmark_list_tests") &&
+                           !has_arg(argc, argv, "--benchmark_list_tests=false") &&
+                           !has_arg(argc, argv, "--benchmark_list_tests=0");
+    benchmark::Initialize(&argc, argv);
+    if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+    register_all();
+    if (list_only) {
+      benchmark::RunSpecifiedBenchmarks();
+      benchmark::Shutdown();
+      return 0;
+    }
+
+    g.dev = prox_bench::query_device_facts();
+    std::fprintf(stderr, "[prox_bench] device: %s\n", prox_bench::describe(g.dev).c_str());
+    PROX_BENCH_CUDA(cudaStreamCreateWithFlags(&g.stream, cudaStreamNonBlocking));
+    prox_bench::check_cublas(cublasCreate(&g.cublas), "cublasCreate");
+    g.copy = prox_bench::measure_copy_bandwidth(g.stream);
+    const std::string commit = prox_bench::resolve_commit(g_opt.commit);
+    std::fprintf(stderr, "[prox_bench] copy bandwidth (D2D 1 GiB, read + write): %.1f GB/s; commit %s\n", g.copy.GBps,
+                 commit.c_str());
+
+    char buf[64];
+    benchmark::AddCustomContext("gpu", g.dev.name);
+    benchmark::AddCustomContext("gpu_arch", g.dev.sm());
+    benchmark::AddCustomContext("gpu_sms", std::to_string(g.dev.sm_count));
+    std::snprintf(buf, sizeof(buf), "%.1f", g.dev.l2_bytes / 1e6);
+    benchmark::AddCustomContext("gpu_l2_MB", buf);
+    std::snprintf(buf, sizeof(buf), "%.1f", g.dev.total_mem / 1e9);
+    benchmark::AddCustomContext("gpu_mem_GB", buf);
+    benchmark::AddCustomContext("cuda_runtime", std::to_string(g.dev.runtime_version));
+    benchmark::AddCustomContext("cuda_driver", std::to_string(g.dev.driver_version));
+    std::snprintf(buf, sizeof(buf), "%.2f", g.copy.GBps);
+    benchmark::AddCustomContext("copy_GBps", buf);
+    benchmark::AddCustomContext("prox_version", PROX_VERSION_STRING);
+    benchmark::AddCustomContext("prox_commit", commit);
+    benchmark::AddCustomContext("prox_command", command);
+    benchmark::AddCustomContext("prox_cuda_archs", PROX_BENCH_CUDA_ARCHS);
+    std::snprintf(buf, sizeof(buf), "iterations=%d warmup=%d tokens=%d min_launches=%d rotate_gb=%.2f", g_opt.iterations,
+                  g_opt.warmup, g_opt.tokens, g_opt.min_launches, g_opt.rotate_gb);
+    benchmark::AddCustomContext("prox_options", buf);
+
+    benchmark::RunSpecifiedBenchmarks();
+    benchmark::Shutdown();
+    cudaStreamSynchronize(g.stream);
+    g_ctx.reset();
+    cublasDestroy(g.cublas);
+    cudaStreamDestroy(g.stream);
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "prox_bench: error: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,434 @@
+// SPDX-License-Identifier: Apache-2.0
+//! @file test_tuning_gpu.cu  The device-side tuner: every op tunes a small shape to a valid,
+//! verified choice; choices persist across save/load and feed SparseFfn::plan(); choose() follows
+//! the mode (off / read-only / tune-on-miss, fixed once chosen); nothing tunes during stream capture.
+#include <catch2/catch.hpp>
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <prox/int4_format.hpp>
+#include <prox/sparse_ffn.cuh>
+#include <prox/tuning/tune.cuh>
+
+#include "common.hpp"
+
+namespace fs = std::filesystem;
+namespace pt = prox::tuning;
+using prox_test::DeviceBuffer;
+
+namespace {
+
+class TempDir {
+ public:
+  TempDir() {
+    std::string tmpl = (fs::temp_directory_path() / "prox-tuning-gpu-XXXXXX").string();
+    std::vector<char> buf(tmpl.begin(), tmpl.end());
+    buf.push_back('\0');
+    if (mkdtemp(buf.data()) == nullptr) throw prox_test::CheckError("mkdtemp failed");
+    path_ = buf.data();
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  std::string file(const std::string& name) const { return (fs::path(path_) / name).string(); }
+
+ private:
+  std::string path_;
+};
+
+//! Collects the cache's warnings for the scope (they also fail the tests that expect none).
+class WarningCapture {
+ public:
+  WarningCapture() {
+    old_ = pt::set_warning_handler([this](const std::string& m) { messages_.push_back(m); });
+  }
+  ~WarningCapture() { pt::set_warning_handler(std::move(old_)); }
+  const std::vector<std::string>& messages() const { return messages_; }
+
+ private:
+  std::vector<std::string> messages_;
+  pt::WarningHandler old_;
+};
+
+std::unique_ptr<pt::Cache> make_cache(pt::Mode mode, const std::string& path = std::string()) {
+  int device = 0;
+  PROX_TEST_CUDA(cudaGetDevice(&device));
+  pt::Signature sig;
+  PROX_TEST_OK(pt::query_signature(device, &sig));
+  pt::CacheOptions o;
+  o.path = path;
+  o.mode = mode;
+  o.use_environment = false;
+  return std::make_unique<pt::Cache>(sig, pt::policy_table(), o);
+}
+
+//! Fast but still the full protocol (>= 20 timed reps, default 2 x L2 rotation).
+pt::TuneOptions quick() {
+  pt::TuneOptions o;
+  o.warmup = 2;
+  o.reps = 20;
+  o.rounds = 1;
+  return o;
+}
+
+std::string describe(const pt::TuneResult& r) {
+  std::ostringstream ss;
+  ss << r.key.op << " " << r.key.dtype << " " << r.key.weights << " " << r.key.act << " " << r.key.d_model << "x"
+     << r.key.d_ff << " bucket " << r.key.density16 << "/16: chosen " << r.chosen << ", " << r.rotation_sets
+     << " rotation sets (" << r.rotation_bytes / (1 << 20) << " MiB)\n";
+  for (std::size_t i = 0; i < r.candidates.size(); ++i) {
+    const auto& c = r.candidates[i];
+    ss << "  [" << i << "] " << c.policy << ": " << prox::to_string(c.status) << (c.verified ? ", verified" : "")
+       << ", median " << c.median_us << " us (p20 " << c.p20_us << ", p80 " << c.p80_us << ", " << c.reps
+       << " reps)" << (c.failure.empty() ? "" : ", failure: " + c.failure) << "\n";
+  }
+  return ss.str();
+}
+
+//! Every candidate launched, matched policy 0 and was timed; the choice obeys the near-tie rule
+//! and is in the cache under its name.
+void check_result(const pt::TuneResult& r, const std::vector<std::string>& names, const pt::Cache& cache) {
+  INFO(describe(r));
+  REQUIRE(r.candidates.size() == names.size());
+  REQUIRE(r.chosen >= 0);
+  REQUIRE(r.chosen < static_cast<int>(names.size()));
+  CHECK(r.rotation_sets >= 1);
+  std::vector<double> medians;
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    const auto& c = r.candidates[i];
+    CHECK(c.policy == names[i]);
+    CHECK(c.status == prox::Status::kSuccess);
+    CHECK(c.verified);
+    CHECK(c.failure.empty());
+    CHECK(std::isfinite(c.median_us));
+    CHECK(c.median_us > 0.0);
+    CHECK(c.p20_us <= c.median_us);
+    CHECK(c.median_us <= c.p80_us);
+    CHECK(c.reps >= pt::kMinReps);
+    medians.push_back(c.median_us);
+  }
+  CHECK(pt::choose_index(medians) == r.chosen);
+  CHECK(r.recorded);
+  const auto e = cache.find(r.key);
+  REQUIRE(e.has_value());
+  CHECK(e->policy == names[static_cast<std::size_t>(r.chosen)]);
+  CHECK(e->median_us == Approx(r.candidates[static_cast<std::size_t>(r.chosen)].median_us));
+  CHECK(cache.index_of(r.key) == r.chosen);
+}
+
+//! Device buffers of one SparseFfn layer (zeros: plan() and one run() only check the choice works).
+template <class T>
+struct ZeroLayer {
+  DeviceBuffer<T> wg, wu, wdt;
+  DeviceBuffer<std::uint32_t> qg, qu;
+  DeviceBuffer<float> sg, su;
+  ZeroLayer(int K, int N)
+      : wg(static_cast<std::size_t>(K) * N),
+        wu(static_cast<std::size_t>(K) * N),
+        wdt(static_cast<std::size_t>(K) * N),
+        qg(prox::int4::packed_words(K, N)),
+        qu(prox::int4::packed_words(K, N)),
+        sg(N),
+        su(N) {
+    for (auto* b : {&wg, &wu, &wdt}) b->poison(0);
+    qg.poison(0x88);  // nibble 8 = weight 0
+    qu.poison(0x88);
+    sg.poison(0);
+    su.poison(0);
+  }
+  typename prox::SparseFfn<T>::Weights weights() const {
+    return {wg.get(), wu.get(), wdt.get(), qg.get(), qu.get(), sg.get(), su.get()};
+  }
+};
+
+}  // namespace
+
+TEST_CASE("tuning: every op tunes a small shape to a valid, verified choice", "[tuning][gpu]") {
+  WarningCapture warnings;
+  auto cache = make_cache(pt::Mode::kReadOnly);
+  const auto opts = quick();
+  constexpr int K = 512;
+  constexpr int N = 2048;
+  SECTION("threshold") {
+    pt::TuneResult r;
+    REQUIRE(pt::tune_threshold<__half>(*cache, 5120, 0.45, nullptr, opts, &r) == prox::Status::kSuccess);
+    CHECK(r.key.op == "threshold");
+    CHECK(r.key.density16 == 8);
+    check_result(r, pt::policy_names<prox::ThresholdPolicies>(), *cache);
+  }
+  SECTION("proxy GEMV, INT4 weights") {
+    pt::TuneResult r;
+    REQUIRE((pt::tune_proxy_gemv<__half, prox::Int4Weights, prox::SiLU>(*cache, K, N, 0.5, nullptr, opts, &r)) ==
+            prox::Status::kSuccess);
+    CHECK(r.key.op == "proxy_gemv");
+    CHECK(r.key.weights == "int4v1");
+    CHECK(r.key.act == "silu");
+    CHECK(r.key.density16 == 8);
+    check_result(r, pt::policy_names<prox::ProxyGemvPolicies>(), *cache);
+  }
+  SECTION("proxy GEMV, fp16 weights") {
+    pt::TuneResult r;
+    REQUIRE((pt::tune_proxy_gemv<__half, prox::DenseWeights<__half>, prox::SiLU>(*cache, K, N, 0.9, nullptr, opts,
+                                                                                 &r)) == prox::Status::kSuccess);
+    CHECK(r.key.op == "proxy_gemv_dense");
+    CHECK(r.key.weights == "f16");
+    CHECK(r.key.density16 == 15);
+    check_result(r, pt::policy_names<prox::DenseProxyGemvPolicies>(), *cache);
+  }
+  SECTION("GLU GEMV") {
+    pt::TuneResult r;
+    REQUIRE((pt::tune_glu_gemv<__half, prox::SiLU>(*cache, K, N, 0.3, nullptr, opts, &r)) == prox::Status::kSuccess);
+    CHECK(r.key.op == "glu_gemv");
+    CHECK(r.key.density16 == 5);
+    check_result(r, pt::policy_names<prox::GluGemvPolicies>(), *cache);
+  }
+  SECTION("down GEMV, fp16 and bf16") {
+    pt::TuneResult r;
+    REQUIRE(pt::tune_down_gemv<__half>(*cache, K, N, 0.3, nullptr, opts, &r) == prox::Status::kSuccess);
+    check_result(r, pt::policy_names<prox::DownGemvPolicies>(), *cache);
+    pt::TuneResult rb;
+    REQUIRE(pt::tune_down_gemv<__nv_bfloat16>(*cache, K, N, 0.25, nullptr, opts, &rb) == prox::Status::kSuccess);
+    CHECK(rb.key.dtype == "bf16");
+    CHECK(rb.key.density16 == 4);
+    check_result(rb, pt::policy_names<prox::DownGemvPolicies>(), *cache);
+    CHECK(cache->size() == 2);
+  }
+  SECTION("density 0 and 1 (empty and full masks) tune too") {
+    pt::TuneResult r0, r1;
+    REQUIRE(pt::tune_down_gemv<__half>(*cache, K, N, 0.0, nullptr, opts, &r0) == prox::Status::kSuccess);
+    CHECK(r0.key.density16 == 0);
+    check_result(r0, pt::policy_names<prox::DownGemvPolicies>(), *cache);
+    REQUIRE((pt::tune_glu_gemv<__half, prox::SiLU>(*cache, K, N, 1.0, nullptr, opts, &r1)) == prox::Status::kSuccess);
+    CHECK(r1.key.density16 == 16);
+    check_result(r1, pt::policy_names<prox::GluGemvPolicies>(), *cache);
+  }
+  SECTION("a bad shape is refused before anything runs") {
+    pt::TuneResult r;
+    CHECK((pt::tune_glu_gemv<__half, prox::SiLU>(*cache, 100, N, 0.3, nullptr, opts, &r)) ==
+          prox::Status::kErrorInvalidShape);
+    CHECK(pt::tune_down_gemv<__half>(*cache, K, 33, 0.3, nullptr, opts, &r) == prox::Status::kErrorInvalidShape);
+    CHECK(cache->size() == 0);
+  }
+  PROX_TEST_CUDA(cudaDeviceSynchronize());
+  CHECK(cudaGetLastError() == cudaSuccess);
+  CHECK(warnings.messages().empty());
+}
+
+TEST_CASE("tuning: a tuned layer persists across save and load and plans a SparseFfn", "[tuning][gpu]") {
+  using Ffn = prox::SparseFfn<__half>;
+  WarningCapture warnings;
+  TempDir dir;
+  const std::string path = dir.file("prox-tuning-test.tsv");
+  constexpr int K = 1024;
+  constexpr int N = 4096;
+  std::vector<pt::TuneResult> results;
+  {
+    auto a = make_cache(pt::Mode::kReadOnly, path);
+    // 0.5 and 0.45 share bucket 8: tuned once. Channel densities 0.3 -> 5, 0.25 -> 4.
+    REQUIRE(pt::tune_ffn<Ffn>(*a, K, N, {0.5, 0.45, 1.0}, {0.3, 0.25}, nullptr, quick(), &results) ==
+            prox::Status::kSuccess);
+    REQUIRE(results.size() == 6);
+    for (const auto& r : results) {
+      const auto& names = a->policies().at(r.key.op);
+      check_result(r, names, *a);
+    }
+    CHECK(a->size() == 6);
+    REQUIRE(a->save() == prox::Status::kSuccess);
+    CHECK(a->warnings() == 0);
+  }
+  REQUIRE(fs::exists(path));
+  auto b = make_cache(pt::Mode::kReadOnly, path);
+  REQUIRE(b->load() == prox::Status::kSuccess);
+  INFO("last warning: " << b->last_warning());
+  CHECK(b->warnings() == 0);
+  CHECK(b->last_load().state == pt::FileState::kLoaded);
+  CHECK(b->size() == 6);
+  for (const auto& r : results) CHECK(b->index_of(r.key) == r.chosen);
+
+  const auto chosen_for = [&](const std::string& op, int bucket) {
+    for (const auto& r : results)
+      if (r.key.op == op && r.key.density16 == bucket) return r.chosen;
+    return -2;
+  };
+  const Ffn::Config cfg{K, N, 0.75f, 0.0f};
+  prox::PolicyChoice pc;
+  REQUIRE(pt::choose<Ffn>(*b, cfg, 0.5, 0.3, &pc) == prox::Status::kSuccess);
+  CHECK(pc.proxy == chosen_for("proxy_gemv", 8));
+  CHECK(pc.glu == chosen_for("glu_gemv", 5));
+  CHECK(pc.down == chosen_for("down_gemv", 5));
+  prox::PolicyChoice miss;
+  REQUIRE(pt::choose<Ffn>(*b, cfg, 0.2, 0.9, &miss) == prox::Status::kSuccess);  // read-only: misses stay -1
+  CHECK(miss.proxy == -1);
+  CHECK(miss.glu == -1);
+  CHECK(miss.down == -1);
+
+  // The choice plans and runs a layer.
+  ZeroLayer<__half> layer(K, N);
+  Ffn ffn;
+  Ffn::PlanOptions opts;
+  opts.choice = pc;
+  REQUIRE(ffn.plan(cfg, layer.weights(), opts) == prox::Status::kSuccess);
+  CHECK(ffn.choice().proxy == pc.proxy);
+  CHECK(ffn.choice().glu == pc.glu);
+  CHECK(ffn.choice().down == pc.down);
+  DeviceBuffer<char> ws(ffn.workspace_bytes());
+  DeviceBuffer<__half> x(prox_test::random_vector<__half>(K, 11));
+  DeviceBuffer<__half> y(K);
+  y.poison();
+  REQUIRE(prox::initialize_workspace(ws.get(), ws.bytes(), nullptr) == prox::Status::kSuccess);
+  REQUIRE(ffn.run(x.get(), y.get(), ws.get(), ws.bytes(), nullptr) == prox::Status::kSuccess);
+  const auto hy = y.download();
+  std::size_t nonzero = 0;
+  for (const auto& v : hy) nonzero += prox_test::bits16(v) != 0 && prox_test::bits16(v) != 0x8000;
+  CHECK(nonzero == 0);  // zero weights: y = 0 (and every element written)
+  CHECK(warnings.messages().empty());
+}
+
+TEST_CASE("tuning: nothing is tuned during stream capture", "[tuning][gpu]") {
+  using Ffn = prox::SparseFfn<__half>;
+  WarningCapture warnings;
+  auto cache = make_cache(pt::Mode::kTuneOnMiss);
+  cudaStream_t stream = nullptr;
+  PROX_TEST_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  struct StreamGuard {
+    cudaStream_t s;
+    ~StreamGuard() { cudaStreamDestroy(s); }
+  } guard{stream};
+  const Ffn::Config cfg{512, 2048, 0.75f, 0.0f};
+  const auto opts = quick();
+
+  // Global mode, as engines capture: any unsafe call (cudaMalloc, sync) from this thread would
+  // invalidate the capture, and EndCapture would report it.
+  PROX_TEST_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  const prox::Status st_glu = pt::tune_glu_gemv<__half, prox::SiLU>(*cache, 512, 2048, 0.3, stream, opts);
+  const prox::Status st_thr = pt::tune_threshold<__half>(*cache, 512, 0.5, stream, opts);
+  std::vector<pt::TuneResult> rs;
+  const prox::Status st_ffn = pt::tune_ffn<Ffn>(*cache, 512, 2048, {0.5}, {0.3}, stream, opts, &rs);
+  prox::PolicyChoice pc;
+  pc.proxy = pc.glu = pc.down = 7;
+  const prox::Status st_choose = pt::choose<Ffn>(*cache, cfg, 0.5, 0.3, &pc, stream, opts);
+  cudaGraph_t graph = nullptr;
+  const cudaError_t end = cudaStreamEndCapture(stream, &graph);
+  if (graph != nullptr) cudaGraphDestroy(graph);
+
+  CHECK(st_glu == prox::Status::kErrorCapturing);
+  CHECK(st_thr == prox::Status::kErrorCapturing);
+  CHECK(st_ffn == prox::Status::kErrorCapturing);
+  CHECK(rs.empty());
+  CHECK(st_choose == prox::Status::kSuccess);  // falls back to the defaults, counts the miss
+  CHECK(pc.proxy == -1);
+  CHECK(pc.glu == -1);
+  CHECK(pc.down == -1);
+  CHECK(cache->capture_misses() == 1);
+  CHECK(cache->size() == 0);
+  INFO("cudaStreamEndCapture: " << cudaGetErrorString(end));
+  CHECK(end == cudaSuccess);  // the capture was not invalidated
+  CHECK(cudaGetLastError() == cudaSuccess);
+
+  // Outside capture, the same call tunes.
+  REQUIRE(pt::choose<Ffn>(*cache, cfg, 0.5, 0.3, &pc, stream, opts) == prox::Status::kSuccess);
+  CHECK(pc.proxy >= 0);
+  CHECK(pc.glu >= 0);
+  CHECK(pc.down >= 0);
+  CHECK(cache->size() == 3);
+  CHECK(warnings.messages().empty());
+}
+
+TEST_CASE("tuning: choose() follows the mode; a choice once made is fixed", "[tuning][gpu]") {
+  using Ffn = prox::SparseFfn<__half>;
+  WarningCapture warnings;
+  const Ffn::Config cfg{512, 2048, 0.75f, 0.0f};
+  const auto opts = quick();
+  SECTION("off: defaults, even with an entry") {
+    auto c = make_cache(pt::Mode::kOff);
+    const pt::Key k = pt::glu_gemv_key<__half, prox::SiLU>(512, 2048, 0.3);
+    REQUIRE(c->record(k, {pt::policy_names<prox::GluGemvPolicies>()[1], 5.0, 4.9, 5.1, 20}) == prox::Status::kSuccess);
+    prox::PolicyChoice pc;
+    REQUIRE(pt::choose<Ffn>(*c, cfg, 0.5, 0.3, &pc) == prox::Status::kSuccess);
+    CHECK(pc.proxy == -1);
+    CHECK(pc.glu == -1);
+    CHECK(pc.down == -1);
+  }
+  SECTION("read-only: hits by name, misses stay -1, nothing is tuned") {
+    auto c = make_cache(pt::Mode::kReadOnly);
+    const pt::Key k = pt::glu_gemv_key<__half, prox::SiLU>(512, 2048, 0.3);
+    REQUIRE(c->record(k, {pt::policy_names<prox::GluGemvPolicies>()[1], 5.0, 4.9, 5.1, 20}) == prox::Status::kSuccess);
+    prox::PolicyChoice pc;
+    REQUIRE(pt::choose<Ffn>(*c, cfg, 0.5, 0.26, &pc) == prox::Status::kSuccess);  // 0.26 -> bucket 5, like 0.3
+    CHECK(pc.proxy == -1);
+    CHECK(pc.glu == 1);
+    CHECK(pc.down == -1);
+    CHECK(c->size() == 1);
+  }
+  SECTION("tune-on-miss: tunes once, saves, then reuses") {
+    TempDir dir;
+    const std::string path = dir.file("auto.tsv");
+    auto c = make_cache(pt::Mode::kTuneOnMiss, path);
+    prox::PolicyChoice first;
+    REQUIRE(pt::choose<Ffn>(*c, cfg, 0.5, 0.3, &first, nullptr, opts) == prox::Status::kSuccess);
+    CHECK(first.proxy >= 0);
+    CHECK(first.glu >= 0);
+    CHECK(first.down >= 0);
+    CHECK(c->size() == 3);
+    CHECK(fs::exists(path));  // mode 2 saves what it tuned
+    for (int i = 0; i < 3; ++i) {
+      prox::PolicyChoice again;
+      REQUIRE(pt::choose<Ffn>(*c, cfg, 0.5, 0.3, &again, nullptr, opts) == prox::Status::kSuccess);
+      CHECK(again.proxy == first.proxy);
+      CHECK(again.glu == first.glu);
+      CHECK(again.down == first.down);
+    }
+    CHECK(c->size() == 3);  // no re-tuning
+    // An explicit re-tune measures again but cannot change the recorded choice.
+    pt::TuneResult r;
+    REQUIRE((pt::tune_glu_gemv<__half, prox::SiLU>(*c, 512, 2048, 0.3, nullptr, opts, &r)) == prox::Status::kSuccess);
+    CHECK_FALSE(r.recorded);
+    CHECK(c->index_of(r.key) == first.glu);
+    // Another process's view: a read-only cache on the same file gives the same choice.
+    auto ro = make_cache(pt::Mode::kReadOnly, path);
+    REQUIRE(ro->load() == prox::Status::kSuccess);
+    prox::PolicyChoice seen;
+    REQUIRE(pt::choose<Ffn>(*ro, cfg, 0.5, 0.3, &seen) == prox::Status::kSuccess);
+    CHECK(seen.proxy == first.proxy);
+    CHECK(seen.glu == first.glu);
+    CHECK(seen.down == first.down);
+  }
+  CHECK(warnings.messages().empty());
+}
+
+TEST_CASE("tuning: the device signature and the per-device default cache", "[tuning][gpu]") {
+  WarningCapture warnings;
+  TempDir dir;
+  pt::CacheOptions o;
+  o.path = dir.file("open.tsv");
+  o.use_environment = false;
+  std::unique_ptr<pt::Cache> c;
+  REQUIRE(pt::open_cache(&c, o) == prox::Status::kSuccess);  // a missing file is fine
+  REQUIRE(c != nullptr);
+  const pt::Signature& s = c->signature();
+  INFO(s.gpu_name << ", " << s.sm_count << " SMs, cc " << s.cc_major << "." << s.cc_minor << ", L2 " << s.l2_bytes);
+  CHECK_FALSE(s.gpu_name.empty());
+  CHECK(s.sm_count > 0);
+  CHECK(s.cc_major >= 8);
+  CHECK(s.l2_bytes > 0);
+  CHECK(s.mem_bus_bits > 0);
+  CHECK(s.cudart_version == CUDART_VERSION);
+  CHECK(s.policy_hash == pt::policy_table_hash(pt::policy_table()));
+  CHECK(c->path() == o.path);
+  CHECK(c->last_load().state == pt::FileState::kMissing);
+  pt::Cache* d1 = pt::default_cache();
+  pt::Cache* d2 = pt::default_cache();
+  REQUIRE(d1 != nullptr);
+  CHECK(d1 == d2);
+  CHECK(d1->signature().hash_hex() == c->signature().hash_hex());
+}
