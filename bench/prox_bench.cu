@@ -25,6 +25,7 @@
 #include <benchmark/benchmark.h>
 
 #include <cstdio>
+#include <limits>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -398,7 +399,7 @@ void bench_dense_gemv(benchmark::State& st, const std::string& name, FfnShape sh
 }
 
 // ---------------------------------------------------------------- prox benches
-enum class Op { kFfn, kStage2, kThreshold, kProxy, kGlu, kDown };
+enum class Op { kFfn, kStage2, kThreshold, kProxy, kProxyEmpty, kGlu, kDown };
 
 template <class T>
 void enqueue_glu(const Context<T>& ctx, const SparseSetup<T>& sp, int i, float* s_out, cudaStream_t s) {
@@ -412,6 +413,7 @@ void enqueue_glu(const Context<T>& ctx, const SparseSetup<T>& sp, int i, float* 
   a.w_up = l.w_up;
   a.channel_mask = sp.token_mask(t);
   a.s = s_out;
+  a.grid_blocks = sp.ffns[0].glu_blocks();  // the grid SparseFfn plans (SMs x resident blocks)
   PROX_BENCH_PROX(prox::dispatch_policy<prox::GluGemvPolicies>(sp.choice.glu, [&](auto p) {
     return prox::glu_gemv::launch<decltype(p), prox::SiLU>(a, nullptr, 0, s, prox::LaunchOptions{sp.pdl});
   }));
@@ -476,14 +478,17 @@ void bench_prox(benchmark::State& st, const std::string& name, FfnShape shape, i
         };
         break;
       case Op::kProxy:
-        bytes = stage1;
-        enqueue = [&](int i, cudaStream_t s) {
+      case Op::kProxyEmpty:
+        // kProxyEmpty: tau_x = +inf keeps no input, so no weight byte is read: the kernel's fixed
+        // cost (x threshold, block reduction, split-K combine, epilogue), for docs/benchmarks.md.
+        bytes = op == Op::kProxy ? stage1 : static_cast<double>(K) * sizeof(T);
+        enqueue = [&, op](int i, cudaStream_t s) {
           const prox_bench::LayerCopy<T> l = ctx.layer.copy(i % ctx.layer.copies());
           prox::ProxyGemvArgs<T> a;
           a.x = ctx.layer.token(i % ctx.layer.tokens());
           a.d_model = K;
           a.d_ff = N;
-          a.tau_x = sp.tau_x;
+          a.tau_x = op == Op::kProxy ? sp.tau_x : std::numeric_limits<float>::infinity();
           a.tau_s = sp.tau_s;
           a.w_gate = l.q_gate;
           a.w_up = l.q_up;
@@ -552,7 +557,7 @@ void register_shape(const FfnShape& shape, const std::vector<int>& targets) {
   reg("dense_gemv_down/" + base,
       [shape](benchmark::State& st, const std::string& n) { bench_dense_gemv<T>(st, n, shape, false); });
   const std::pair<const char*, Op> ops[] = {{"prox_ffn", Op::kFfn},     {"prox_stage2", Op::kStage2},
-                                            {"threshold", Op::kThreshold}, {"proxy_int4", Op::kProxy},
+                                            {"threshold", Op::kThreshold}, {"proxy_int4", Op::kProxy}, {"proxy_int4_empty", Op::kProxyEmpty},
                                             {"glu", Op::kGlu},           {"down", Op::kDown}};
   for (int e : targets) {
     for (const auto& [opname, op] : ops) {
