@@ -407,12 +407,7 @@ Options parse_flags(int argc, char** argv, bool* help) {
   *help = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    const auto val = [&](const char* name, std::string* v) {
-      const std::string p = std::string("--") + name + "=";
-      if (a.rfind(p, 0) != 0) return false;
-      *v = a.substr(p.size());
-      return true;
-    };
+    const auto val = [&](const char* name, std::string* v) { return prox_bench::flag_value(a, name, v); };
     std::string v;
     if (a == "--help" || a == "-h") {
       *help = true;

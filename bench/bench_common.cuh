@@ -49,6 +49,15 @@
 
 namespace prox_bench {
 
+//! `--name=value` parsing shared by the tools: true and *v = value when arg is --name=...
+inline bool flag_value(const std::string& arg, const char* name, std::string* v) {
+  const std::string p = std::string("--") + name + "=";
+  if (arg.rfind(p, 0) != 0) return false;
+  *v = arg.substr(p.size());
+  return true;
+}
+
+
 inline void check_prox(prox::Status s, const char* what) {
   if (s != prox::Status::kSuccess) throw std::runtime_error(std::string("prox: ") + what + ": " + prox::to_string(s));
 }

@@ -614,12 +614,7 @@ void parse_flags(int* argc, char** argv) {
   int out = 1;
   for (int i = 1; i < *argc; ++i) {
     const std::string a = argv[i];
-    const auto val = [&](const char* name, std::string* v) {
-      const std::string p = std::string("--") + name + "=";
-      if (a.rfind(p, 0) != 0) return false;
-      *v = a.substr(p.size());
-      return true;
-    };
+    const auto val = [&](const char* name, std::string* v) { return prox_bench::flag_value(a, name, v); };
     std::string v;
     if (val("prox_shapes", &v)) {
       g_opt.shapes = v;

@@ -8,9 +8,12 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <limits>
+#include <type_traits>
 #include <string>
 #include <vector>
 
+#include <prox/activation.cuh>
 #include <prox/int4_format.hpp>
 #include <prox/layout.cuh>
 
@@ -18,6 +21,14 @@
 #include "reference/reference.hpp"
 
 namespace prox_test {
+
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+//! The reference's activation tag of an activation functor.
+template <class A>
+constexpr prox_ref::Act ref_act() {
+  return std::is_same_v<A, prox::SiLU> ? prox_ref::Act::kSiLU : prox_ref::Act::kGeluTanh;
+}
 
 //! Fast seeded normal generator (splitmix64 + Box-Muller): the 8B layers hold 150 M weights.
 class FastNormal {

@@ -19,13 +19,6 @@ using prox_ref::Act;
 
 namespace {
 
-constexpr float kInf = std::numeric_limits<float>::infinity();
-
-template <class A>
-constexpr Act ref_act() {
-  return std::is_same_v<A, prox::SiLU> ? Act::kSiLU : Act::kGeluTanh;
-}
-
 //! A planned SparseFfn over a synthetic layer, with its buffers.
 template <class T, class A>
 struct FfnRig {

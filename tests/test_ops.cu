@@ -19,13 +19,6 @@ using prox_ref::Act;
 
 namespace {
 
-constexpr float kInf = std::numeric_limits<float>::infinity();
-
-template <class A>
-constexpr Act ref_act() {
-  return std::is_same_v<A, prox::SiLU> ? Act::kSiLU : Act::kGeluTanh;
-}
-
 std::vector<std::uint32_t> flags_to_mask(const std::vector<std::uint8_t>& f) {
   std::vector<std::uint32_t> m((f.size() + 31) / 32, 0u);
   for (std::size_t j = 0; j < f.size(); ++j)

@@ -99,17 +99,7 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void down_ge
     val[i] = in ? a.s[j] : 0.0f;  // read for every channel of the chunk: unselected s may be stale, never used
     sel[i] = (word >> (j % kWarpSize)) & 1u;
   }
-  int count = 0;
-#pragma unroll
-  for (int i = 0; i < kPerThread; ++i) {
-    int total = 0;
-    const int pos = block_compact_position<kThreads>(sel[i], s_warp, &total);
-    if (sel[i]) {
-      s_rows[count + pos] = c0 + i * kThreads + tid;
-      s_val[count + pos] = val[i];
-    }
-    count += total;
-  }
+  const int count = block_compact_append<kThreads>(sel, c0, val, s_rows, s_val, s_warp);
   __syncthreads();
 
   const int slot = tid % kTn;

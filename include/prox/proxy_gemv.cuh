@@ -188,17 +188,7 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void proxy_g
     xv[i] = in ? to_float(a.x[k]) : 0.0f;
     keep[i] = in && keep_magnitude(xv[i], a.tau_x);
   }
-  int count = 0;
-#pragma unroll
-  for (int i = 0; i < kXPerThread; ++i) {
-    int total = 0;
-    const int pos = block_compact_position<kThreads>(keep[i], s_warp, &total);
-    if (keep[i]) {
-      s_rows[count + pos] = k0 + i * kThreads + tid;
-      s_x[count + pos] = xv[i];
-    }
-    count += total;
-  }
+  const int count = block_compact_append<kThreads>(keep, k0, xv, s_rows, s_x, s_warp);
   __syncthreads();
   if (a.counters != nullptr && tid == 0) {
     if (tile == 0) atomicAdd(&a.counters->kept_inputs, static_cast<unsigned long long>(count));

@@ -91,6 +91,29 @@ PROX_DEVICE PROX_FORCEINLINE int block_compact_position(bool flag, int* warp_cou
 }
 
 /**
+ * @brief Append, in order, the flagged items of a block to shared lists: item i of thread t has index
+ * `first + i * kThreads + t` and payload val[i]; flagged ones go to out_idx / out_val in index order.
+ * Returns the number appended. Used by the input-sparse GEMVs to compact their chunk of x or of the
+ * channel mask. Contains __syncthreads(); every thread calls; the caller syncs before reading.
+ */
+template <int kThreads, int kPer>
+PROX_DEVICE PROX_FORCEINLINE int block_compact_append(const bool (&flag)[kPer], int first, const float (&val)[kPer],
+                                                      int* out_idx, float* out_val, int* warp_scratch) {
+  int count = 0;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    int total = 0;
+    const int pos = block_compact_position<kThreads>(flag[i], warp_scratch, &total);
+    if (flag[i]) {
+      out_idx[count + pos] = first + i * kThreads + static_cast<int>(threadIdx.x);
+      out_val[count + pos] = val[i];
+    }
+    count += total;
+  }
+  return count;
+}
+
+/**
  * @brief Block-wide exclusive prefix sum of one int per thread (fixed order: deterministic).
  * Returns the sum over threads below this one; `*total` gets the block total.
  * @param warp_scratch shared scratch of kThreads/32 ints. Contains __syncthreads(); all threads call.
