@@ -417,7 +417,10 @@ class ThresholdCalibrator {
     PROX_RETURN_IF_ERROR(detail::cuda_status(cudaMemsetAsync(state(), 0, sizeof(detail::CalibState), stream)));
     PROX_RETURN_IF_ERROR(
         detail::cuda_status(cudaMemsetAsync(hist(), 0, sizeof(unsigned long long) * kHistogramBins, stream)));
-    // Empty reservoir slots hold priority ~0, which no sample has (sample_priority()).
+    // Empty reservoir slots hold priority ~0, which no sample has (sample_priority()), and value 0:
+    // the sort moves them with their values, which are thus never read uninitialized.
+    PROX_RETURN_IF_ERROR(
+        detail::cuda_status(cudaMemsetAsync(vals(cur_), 0, sizeof(float) * opts_.capacity, stream)));
     return detail::cuda_status(cudaMemsetAsync(keys(cur_), 0xFF, sizeof(std::uint64_t) * opts_.capacity, stream));
   }
 
@@ -444,6 +447,9 @@ class ThresholdCalibrator {
       PROX_RETURN_IF_ERROR(detail::cuda_status(cudaMemsetAsync(&state()->candidates, 0, sizeof(unsigned), stream)));
       PROX_RETURN_IF_ERROR(
           detail::cuda_status(cudaMemsetAsync(k + cap, 0xFF, sizeof(std::uint64_t) * static_cast<std::size_t>(m), stream)));
+      // Candidate slots of skipped (NaN/Inf) samples keep priority ~0 and get a defined value.
+      PROX_RETURN_IF_ERROR(
+          detail::cuda_status(cudaMemsetAsync(v + cap, 0, sizeof(float) * static_cast<std::size_t>(m), stream)));
       const LaunchOptions lo{};
       const unsigned scan_blocks = static_cast<unsigned>(min_int(ceil_div(m, detail::kScanThreads * 4), 1024));
       PROX_RETURN_IF_ERROR(prox::detail::launch_kernel(detail::calib_scan_kernel<T>, dim3(scan_blocks),
