@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 //! @file stats.cuh  Runtime sparsity statistics: device-side counters that Stage 1 accumulates
-//! (integer atomics, so totals are exact and order-independent; graph-safe; a few atomics per call),
+//! (integer atomics, so totals are exact and order-independent; graph-safe; per call one atomic per
+//! K-chunk of x and one per mask word that holds a selected channel, so at most d_ff/32 + a few),
 //! and the host read-out of s^1, s^2 and the effective sparsity e^.
 #pragma once
 
