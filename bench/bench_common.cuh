@@ -320,12 +320,7 @@ inline std::size_t align_up(std::size_t v, std::size_t a = 256) { return (v + a 
 
 // ---------------------------------------------------------------- random data
 namespace detail {
-PROX_HOST_DEVICE inline std::uint64_t splitmix64(std::uint64_t z) {
-  z += 0x9e3779b97f4a7c15ull;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
+using ::prox::detail::splitmix64;
 
 //! out[i] ~ N(0, stddev^2), a pure function of (seed, i): Box-Muller on a counter-based hash, so the
 //! data does not depend on the launch configuration. A value that rounds to zero in T is replaced

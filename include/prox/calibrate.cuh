@@ -46,14 +46,8 @@ constexpr int kHistogramLog2Bins = 12;
 //! all-subnormal sample set still has a positive range).
 constexpr int kMinHistogramExponent = -126;
 
-/**
- * @brief The splitmix64 finalizer: a bijection on 64-bit integers with good avalanche.
- */
-PROX_HOST_DEVICE constexpr std::uint64_t mix64(std::uint64_t z) noexcept {
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
+//! The splitmix64 finalizer (core/math.hpp), a bijection on 64-bit integers.
+using ::prox::detail::mix64;
 
 /**
  * @brief Reservoir priority of the sample at global stream position `index` (0-based, counting

@@ -29,4 +29,16 @@ inline bool is_aligned(const void* p, std::size_t alignment) noexcept {
 //! True for a power of two (compile-time policy checks).
 constexpr bool is_pow2(int v) noexcept { return v > 0 && (v & (v - 1)) == 0; }
 
+namespace detail {
+//! The splitmix64 finalizer: a bijection on 64-bit integers with good avalanche (seeded hashes of
+//! the calibration reservoir, synthetic data of the tuner and the benches).
+PROX_HOST_DEVICE constexpr std::uint64_t mix64(std::uint64_t z) noexcept {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+//! One splitmix64 step: mix64(z + the golden-ratio increment).
+PROX_HOST_DEVICE constexpr std::uint64_t splitmix64(std::uint64_t z) noexcept { return mix64(z + 0x9e3779b97f4a7c15ull); }
+}  // namespace detail
+
 PROX_NAMESPACE_END

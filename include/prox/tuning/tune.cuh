@@ -236,12 +236,7 @@ struct TuneResult {
 // ---------------------------------------------------------------- internals
 namespace detail {
 
-PROX_HOST_DEVICE PROX_FORCEINLINE std::uint64_t splitmix64(std::uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
+using ::prox::detail::splitmix64;
 
 //! p[i] = uniform in [lo, hi) from a hash of (seed, i); T is float, __half or __nv_bfloat16.
 template <class T>
