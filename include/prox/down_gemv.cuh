@@ -13,6 +13,7 @@
 #include <string>
 
 #include "core/config.hpp"
+#include "core/shape.hpp"
 #include "core/launch.cuh"
 #include "core/math.hpp"
 #include "core/policy.hpp"
@@ -180,9 +181,7 @@ template <class T>
 Status can_implement(const DownGemvArgs<T>& a) noexcept {
   if (a.s == nullptr || a.channel_mask == nullptr || a.w_down_t == nullptr || a.y == nullptr)
     return Status::kErrorNullPointer;
-  if (a.d_model < 8 || a.d_model > (1 << 20) || a.d_model % 8 != 0 || a.d_ff < 32 || a.d_ff > (1 << 20) ||
-      a.d_ff % 32 != 0)
-    return Status::kErrorInvalidShape;
+  PROX_RETURN_IF_ERROR(check_ffn_shape(a.d_model, a.d_ff));
   if (!is_aligned(a.w_down_t, 16) || !is_aligned(a.s, 4) || !is_aligned(a.channel_mask, 4) ||
       !is_aligned(a.y, sizeof(T)))
     return Status::kErrorMisalignedPointer;

@@ -16,6 +16,7 @@
 
 #include "activation.cuh"
 #include "core/config.hpp"
+#include "core/shape.hpp"
 #include "core/launch.cuh"
 #include "core/math.hpp"
 #include "core/policy.hpp"
@@ -224,9 +225,7 @@ template <class T>
 Status can_implement(const GluGemvArgs<T>& a) noexcept {
   if (a.x == nullptr || a.w_gate == nullptr || a.w_up == nullptr || a.channel_mask == nullptr || a.s == nullptr)
     return Status::kErrorNullPointer;
-  if (a.d_model < 8 || a.d_model > (1 << 20) || a.d_model % 8 != 0 || a.d_ff < 32 || a.d_ff > (1 << 20) ||
-      a.d_ff % 32 != 0)
-    return Status::kErrorInvalidShape;
+  PROX_RETURN_IF_ERROR(check_ffn_shape(a.d_model, a.d_ff));
   if (!is_aligned(a.x, 16) || !is_aligned(a.w_gate, 16) || !is_aligned(a.w_up, 16) || !is_aligned(a.channel_mask, 4) ||
       !is_aligned(a.s, 4))
     return Status::kErrorMisalignedPointer;

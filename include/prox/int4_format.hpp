@@ -21,6 +21,7 @@
 #include <cstdint>
 
 #include "core/config.hpp"
+#include "core/shape.hpp"
 #include "core/status.hpp"
 #include "core/types.cuh"
 
@@ -76,12 +77,7 @@ inline int unpack_host(const std::uint32_t* packed, int d_ff, int k, int n) noex
  * @brief Check a proxy-pack shape: d_model >= 1, d_ff >= 8 and a multiple of 32 (the Stage-1 kernel
  * reads 16-byte pieces of 32 channels), both below 2^20.
  */
-constexpr Status check_pack_shape(int d_model, int d_ff) noexcept {
-  if (d_model < 1 || d_ff < 32 || d_model > (1 << 20) || d_ff > (1 << 20) || d_ff % 32 != 0) {
-    return Status::kErrorInvalidShape;
-  }
-  return Status::kSuccess;
-}
+constexpr Status check_pack_shape(int d_model, int d_ff) noexcept { return check_proxy_shape(d_model, d_ff); }
 
 /**
  * @brief Quantize and pack one fp16/bf16 weight matrix on the host.

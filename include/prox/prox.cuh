@@ -6,6 +6,7 @@
 #include "core/config.hpp"
 #include "core/status.hpp"
 #include "core/math.hpp"
+#include "core/shape.hpp"
 #include "core/types.cuh"
 #include "core/vec.cuh"
 #include "core/warp.cuh"

@@ -19,6 +19,7 @@
 
 #include "activation.cuh"
 #include "core/config.hpp"
+#include "core/shape.hpp"
 #include "core/launch.cuh"
 #include "core/math.hpp"
 #include "core/policy.hpp"
@@ -304,8 +305,7 @@ Status can_implement(const ProxyGemvArgs<T>& a) noexcept {
   if (a.x == nullptr || a.w_gate == nullptr || a.w_up == nullptr) return Status::kErrorNullPointer;
   if (Fmt::kNeedsScales && (a.scale_gate == nullptr || a.scale_up == nullptr)) return Status::kErrorNullPointer;
   if (a.channel_mask == nullptr && a.s_proxy == nullptr) return Status::kErrorNullPointer;
-  if (a.d_model < 1 || a.d_model > (1 << 20) || a.d_ff < 32 || a.d_ff > (1 << 20) || a.d_ff % 32 != 0)
-    return Status::kErrorInvalidShape;
+  PROX_RETURN_IF_ERROR(check_proxy_shape(a.d_model, a.d_ff));
   if (!valid_threshold(a.tau_x) || !valid_threshold(a.tau_s)) return Status::kErrorInvalidThreshold;
   if (!is_aligned(a.x, sizeof(T)) || !is_aligned(a.w_gate, 16) || !is_aligned(a.w_up, 16) ||
       !is_aligned(a.scale_gate, 4) || !is_aligned(a.scale_up, 4) || !is_aligned(a.channel_mask, 4) ||

@@ -16,6 +16,7 @@
 
 #include "activation.cuh"
 #include "core/config.hpp"
+#include "core/shape.hpp"
 #include "core/launch.cuh"
 #include "core/math.hpp"
 #include "core/policy.hpp"
@@ -216,9 +217,7 @@ class SparseFfn {
       return Status::kErrorNullPointer;
     if (ProxyFmt::kNeedsScales && (w.proxy_scale_gate == nullptr || w.proxy_scale_up == nullptr))
       return Status::kErrorNullPointer;
-    if (cfg.d_model < 8 || cfg.d_model > (1 << 20) || cfg.d_model % 8 != 0 || cfg.d_ff < 32 ||
-        cfg.d_ff > (1 << 20) || cfg.d_ff % 32 != 0)
-      return Status::kErrorInvalidShape;
+    PROX_RETURN_IF_ERROR(check_ffn_shape(cfg.d_model, cfg.d_ff));
     if (!valid_threshold(cfg.tau_x) || !valid_threshold(cfg.tau_s)) return Status::kErrorInvalidThreshold;
     if (!is_aligned(w.w_gate, 16) || !is_aligned(w.w_up, 16) || !is_aligned(w.w_down_t, 16) ||
         !is_aligned(w.proxy_gate, 16) || !is_aligned(w.proxy_up, 16) || !is_aligned(w.proxy_scale_gate, 4) ||

@@ -658,8 +658,7 @@ class ProxyBench {
   using List = typename ProxyPolicyListFor<Fmt>::type;
 
   Status init(int d_model, int d_ff, const TuneOptions& o, cudaStream_t stream) noexcept {
-    if (d_model < 1 || d_model > (1 << 20) || d_ff < 32 || d_ff > (1 << 20) || d_ff % 32 != 0)
-      return Status::kErrorInvalidShape;
+    PROX_RETURN_IF_ERROR(check_proxy_shape(d_model, d_ff));
     K_ = d_model;
     N_ = d_ff;
     o_ = o;
@@ -819,8 +818,7 @@ class GluBench {
   using List = GluGemvPolicies;
 
   Status init(int d_model, int d_ff, const TuneOptions& o, cudaStream_t stream) noexcept {
-    if (d_model < 8 || d_model > (1 << 20) || d_model % 8 != 0 || d_ff < 32 || d_ff > (1 << 20) || d_ff % 32 != 0)
-      return Status::kErrorInvalidShape;
+    PROX_RETURN_IF_ERROR(check_ffn_shape(d_model, d_ff));
     K_ = d_model;
     N_ = d_ff;
     o_ = o;
@@ -944,8 +942,7 @@ class DownBench {
   using List = DownGemvPolicies;
 
   Status init(int d_model, int d_ff, const TuneOptions& o, cudaStream_t stream) noexcept {
-    if (d_model < 8 || d_model > (1 << 20) || d_model % 8 != 0 || d_ff < 32 || d_ff > (1 << 20) || d_ff % 32 != 0)
-      return Status::kErrorInvalidShape;
+    PROX_RETURN_IF_ERROR(check_ffn_shape(d_model, d_ff));
     K_ = d_model;
     N_ = d_ff;
     o_ = o;
