@@ -7,8 +7,9 @@
 //!   dense_ffn        cuBLAS SwiGLU FFN (3 GEMVs + act-mul kernel)     bytes: 3 d_model d_ff 2
 //!   dense_gemv_up    cuBLAS GEMV, W_up   [d_ff][d_model]              bytes: d_model d_ff 2
 //!   dense_gemv_down  cuBLAS GEMV, W_down [d_model][d_ff]              bytes: d_model d_ff 2
-//!   prox_ffn         prox::SparseFfn<T, SiLU> (Int4 proxies), 3 kernels  bytes: Stage 1 + GLU + down
-//!   prox_stage2      glu_gemv + down_gemv on Stage 1's precomputed masks (the FFN minus Stage 1)
+//!   prox_ffn         prox::SparseFfn<T, SiLU> (Int4 proxies), 2 kernels  bytes: Stage 1 + GLU + down
+//!   prox_stage2      Stage 2 as the FFN runs it (glu_down_gemv, fused) on Stage 1's precomputed masks
+//!   stage2_unfused   glu_gemv + down_gemv (two kernels) on the same masks: what the fusion saves
 //!   threshold        threshold op on x (mask + compacted indices)      bytes: d_model 2
 //!   proxy_int4       proxy_gemv<Int4Weights> (Stage 1 alone)           bytes: kept rows d_ff/2 2 + 8 d_ff + x
 //!   glu              glu_gemv on Stage 1's masks                        bytes: selected d_model 2 2
@@ -19,8 +20,8 @@
 //!
 //! Own flags (before or after Google Benchmark's): --prox_shapes=8B,14B --prox_dtypes=f16,bf16
 //! --prox_targets=40,50,60,70 --prox_iterations=N --prox_warmup=N --prox_tokens=N
-//! --prox_min_launches=N --prox_rotate_gb=G --prox_max_device_gb=G --prox_policy=P,G,D
-//! --prox_commit=SHA. Use --benchmark_filter=REGEX for subsets.
+//! --prox_min_launches=N --prox_rotate_gb=G --prox_max_device_gb=G --prox_policy=P,G,D[,F]
+//! --prox_fuse=0|1 --prox_cluster=0|1 --prox_commit=SHA. Use --benchmark_filter=REGEX for subsets.
 
 #include <benchmark/benchmark.h>
 
@@ -58,6 +59,8 @@ struct Options {
   double rotate_gb = 4.0;
   double max_device_gb = 40.0;
   prox::PolicyChoice policy{};  //!< -1 = SparseFfn's default for the shape
+  bool fuse = true;             //!< PlanOptions::fuse_stage2
+  bool cluster = false;         //!< PlanOptions::cluster
   std::string commit;
 };
 Options g_opt;
@@ -87,12 +90,15 @@ struct SparseSetup {
   std::vector<prox::SparseFfn<T, prox::SiLU>> ffns;  //!< one plan per weight copy (plans hold pointers)
   prox::PolicyChoice choice{};
   bool pdl = false;
+  bool cluster = false;
+  bool fused = false;
+  int fused_blocks = 0;
   std::size_t ws_bytes = 0;
   DeviceBuffer ws;        //!< the timed FFN's workspace
   DeviceBuffer ws_tok;    //!< one FFN workspace per token: its mask and s feed the Stage-2 benches
   DeviceBuffer counters;  //!< prox::SparsityCounters
   DeviceBuffer mask_scratch, s_scratch, y_scratch;
-  DeviceBuffer proxy_ws, down_ws;
+  DeviceBuffer proxy_ws, down_ws, glu_down_ws;
   std::size_t proxy_ws_bytes = 0, down_ws_bytes = 0;
   DeviceBuffer thr_mask, thr_idx, thr_count;
   prox::SparsityReport report{};
@@ -195,6 +201,8 @@ SparseSetup<T>& sparse_setup(Context<T>& ctx, int e_pct) {
     prox::SparseFfn<T, prox::SiLU> probe;
     typename prox::SparseFfn<T, prox::SiLU>::PlanOptions po;
     po.choice = g_opt.policy;
+    po.fuse_stage2 = g_opt.fuse;
+    po.cluster = g_opt.cluster;
     PROX_BENCH_PROX(probe.plan({K, N, sp->tau_x, 0.0f}, weights_of(0), po));
     sp->choice = probe.choice();
   }
@@ -204,9 +212,14 @@ SparseSetup<T>& sparse_setup(Context<T>& ctx, int e_pct) {
   for (int c = 0; c < ctx.layer.copies(); ++c) {
     typename prox::SparseFfn<T, prox::SiLU>::PlanOptions po;
     po.choice = sp->choice;
+    po.fuse_stage2 = g_opt.fuse;
+    po.cluster = g_opt.cluster;
     PROX_BENCH_PROX(sp->ffns[c].plan({K, N, sp->tau_x, sp->tau_s}, weights_of(c), po));
   }
   sp->pdl = sp->ffns[0].uses_pdl();
+  sp->cluster = sp->ffns[0].uses_cluster();
+  sp->fused = sp->ffns[0].fused_stage2();
+  sp->fused_blocks = sp->ffns[0].glu_down_blocks();
   sp->ws_bytes = sp->ffns[0].workspace_bytes();
 
   const int ntok = ctx.layer.tokens();
@@ -234,6 +247,13 @@ SparseSetup<T>& sparse_setup(Context<T>& ctx, int e_pct) {
     sp->down_ws_bytes = prox::down_gemv::workspace_bytes<decltype(p)>(a3);
     return prox::Status::kSuccess;
   }));
+  std::size_t glu_down_ws_bytes = 0;
+  PROX_BENCH_PROX(prox::dispatch_policy<prox::GluDownGemvPolicies>(sp->choice.glu_down, [&](auto p) {
+    glu_down_ws_bytes = prox::glu_down_gemv::workspace_bytes<decltype(p)>(K, sp->fused_blocks);
+    return prox::Status::kSuccess;
+  }));
+  sp->glu_down_ws = DeviceBuffer(std::max<std::size_t>(glu_down_ws_bytes, 256), "fused Stage-2 workspace");
+  PROX_BENCH_PROX(prox::initialize_workspace(sp->glu_down_ws.get(), sp->glu_down_ws.bytes(), s));
   sp->proxy_ws = DeviceBuffer(std::max<std::size_t>(sp->proxy_ws_bytes, 256), "proxy workspace");
   sp->down_ws = DeviceBuffer(std::max<std::size_t>(sp->down_ws_bytes, 256), "down workspace");
   PROX_BENCH_PROX(prox::initialize_workspace(sp->proxy_ws.get(), sp->proxy_ws.bytes(), s));
@@ -260,13 +280,19 @@ SparseSetup<T>& sparse_setup(Context<T>& ctx, int e_pct) {
     prox::for_each_policy<prox::ProxyGemvPolicies>([&](auto p, int i) {
       if (i == sp->choice.proxy) names += decltype(p)::name();
     });
-    prox::for_each_policy<prox::GluGemvPolicies>([&](auto p, int i) {
-      if (i == sp->choice.glu) names += " " + decltype(p)::name();
-    });
-    prox::for_each_policy<prox::DownGemvPolicies>([&](auto p, int i) {
-      if (i == sp->choice.down) names += " " + decltype(p)::name();
-    });
-    sp->label = names + (sp->pdl ? " pdl" : "");
+    if (sp->fused) {
+      prox::for_each_policy<prox::GluDownGemvPolicies>([&](auto p, int i) {
+        if (i == sp->choice.glu_down) names += " " + decltype(p)::name() + " x" + std::to_string(sp->fused_blocks);
+      });
+    } else {
+      prox::for_each_policy<prox::GluGemvPolicies>([&](auto p, int i) {
+        if (i == sp->choice.glu) names += " " + decltype(p)::name();
+      });
+      prox::for_each_policy<prox::DownGemvPolicies>([&](auto p, int i) {
+        if (i == sp->choice.down) names += " " + decltype(p)::name();
+      });
+    }
+    sp->label = names + (sp->pdl ? " pdl" : "") + (sp->cluster ? " cluster" : "");
   }
   std::fprintf(stderr,
                "[prox_bench] %s e=%d%%: target (s1, s2) = (%.3f, %.3f), tau_x = %.6g, tau_s = %.6g, "
@@ -327,6 +353,7 @@ void set_sparse_counters(benchmark::State& st, const SparseSetup<T>& sp) {
   st.counters["policy_proxy"] = sp.choice.proxy;
   st.counters["policy_glu"] = sp.choice.glu;
   st.counters["policy_down"] = sp.choice.down;
+  st.counters["policy_glu_down"] = sp.fused ? sp.choice.glu_down : -1;
   st.SetLabel(sp.label);
 }
 
@@ -399,7 +426,7 @@ void bench_dense_gemv(benchmark::State& st, const std::string& name, FfnShape sh
 }
 
 // ---------------------------------------------------------------- prox benches
-enum class Op { kFfn, kStage2, kThreshold, kProxy, kProxyEmpty, kGlu, kDown };
+enum class Op { kFfn, kStage2, kStage2Unfused, kThreshold, kProxy, kProxyEmpty, kGlu, kDown };
 
 template <class T>
 void enqueue_glu(const Context<T>& ctx, const SparseSetup<T>& sp, int i, float* s_out, cudaStream_t s) {
@@ -435,6 +462,29 @@ void enqueue_down(const Context<T>& ctx, const SparseSetup<T>& sp, int i, const 
   }));
 }
 
+//! The fused Stage 2 as SparseFfn launches it (the planned policy and grid, PDL-chained).
+template <class T>
+void enqueue_glu_down(const Context<T>& ctx, const SparseSetup<T>& sp, int i, cudaStream_t s) {
+  const prox_bench::LayerCopy<T> l = ctx.layer.copy(i % ctx.layer.copies());
+  const int t = i % ctx.layer.tokens();
+  prox::GluDownGemvArgs<T> a;
+  a.x = ctx.layer.token(t);
+  a.d_model = ctx.shape.d_model;
+  a.d_ff = ctx.shape.d_ff;
+  a.w_gate = l.w_gate;
+  a.w_up = l.w_up;
+  a.w_down_t = l.w_down_t;
+  a.channel_mask = sp.token_mask(t);
+  a.s = sp.s_scratch.template as<float>();
+  a.y = sp.y_scratch.template as<T>();
+  a.grid_blocks = sp.fused_blocks;
+  prox::LaunchOptions o;
+  o.pdl = sp.pdl;
+  PROX_BENCH_PROX(prox::dispatch_policy<prox::GluDownGemvPolicies>(sp.choice.glu_down, [&](auto p) {
+    return prox::glu_down_gemv::launch<decltype(p), prox::SiLU>(a, sp.glu_down_ws.get(), sp.glu_down_ws.bytes(), s, o);
+  }));
+}
+
 template <class T>
 void bench_prox(benchmark::State& st, const std::string& name, FfnShape shape, int e_pct, Op op) {
   try {
@@ -457,6 +507,13 @@ void bench_prox(benchmark::State& st, const std::string& name, FfnShape shape, i
         };
         break;
       case Op::kStage2:
+        if (sp.fused) {
+          bytes = glu + down;
+          enqueue = [&](int i, cudaStream_t s) { enqueue_glu_down(ctx, sp, i, s); };
+          break;
+        }
+        [[fallthrough]];
+      case Op::kStage2Unfused:
         bytes = glu + down;
         enqueue = [&](int i, cudaStream_t s) {
           enqueue_glu(ctx, sp, i, sp.s_scratch.template as<float>(), s);
@@ -495,10 +552,13 @@ void bench_prox(benchmark::State& st, const std::string& name, FfnShape shape, i
           a.scale_gate = l.sc_gate;
           a.scale_up = l.sc_up;
           a.channel_mask = sp.mask_scratch.template as<std::uint32_t>();
-          // Launched as SparseFfn launches Stage 1: first kernel of the chain, no PDL.
+          // Launched as SparseFfn launches Stage 1 (PDL, clusters where the plan uses them).
+          prox::LaunchOptions o;
+          o.pdl = sp.pdl;
+          o.cluster = sp.cluster;
           PROX_BENCH_PROX(prox::dispatch_policy<prox::ProxyGemvPolicies>(sp.choice.proxy, [&](auto p) {
             return prox::proxy_gemv::launch<decltype(p), prox::Int4Weights, prox::SiLU>(a, sp.proxy_ws.get(),
-                                                                                       sp.proxy_ws.bytes(), s);
+                                                                                       sp.proxy_ws.bytes(), s, o);
           }));
         };
         break;
@@ -531,7 +591,7 @@ void bench_prox(benchmark::State& st, const std::string& name, FfnShape shape, i
     }
     set_counters(st, name, ctx, t, bytes, rotates);
     set_sparse_counters(st, sp);
-    if (op == Op::kFfn || op == Op::kStage2) {
+    if (op == Op::kFfn || op == Op::kStage2 || op == Op::kStage2Unfused) {
       st.counters["speedup_vs_dense"] = dense_ffn_seconds(ctx) / t.median_s;
       st.counters["dense_us"] = dense_ffn_seconds(ctx) * 1e6;
     }
@@ -556,7 +616,7 @@ void register_shape(const FfnShape& shape, const std::vector<int>& targets) {
       [shape](benchmark::State& st, const std::string& n) { bench_dense_gemv<T>(st, n, shape, true); });
   reg("dense_gemv_down/" + base,
       [shape](benchmark::State& st, const std::string& n) { bench_dense_gemv<T>(st, n, shape, false); });
-  const std::pair<const char*, Op> ops[] = {{"prox_ffn", Op::kFfn},     {"prox_stage2", Op::kStage2},
+  const std::pair<const char*, Op> ops[] = {{"prox_ffn", Op::kFfn},     {"prox_stage2", Op::kStage2}, {"stage2_unfused", Op::kStage2Unfused},
                                             {"threshold", Op::kThreshold}, {"proxy_int4", Op::kProxy}, {"proxy_int4_empty", Op::kProxyEmpty},
                                             {"glu", Op::kGlu},           {"down", Op::kDown}};
   for (int e : targets) {
@@ -601,12 +661,14 @@ void usage() {
       "  --prox_min_launches=N     launches per graph, at least         [%d]\n"
       "  --prox_rotate_gb=G        weight bytes rotated over, at least  [%.1f]\n"
       "  --prox_max_device_gb=G    device memory cap                    [%.1f]\n"
-      "  --prox_policy=P,G,D       policy indices (proxy,glu,down), -1 = default\n"
+      "  --prox_policy=P,G,D[,F]   policy indices (proxy,glu,down[,fused]), -1 = default\n"
+      "  --prox_fuse=0|1           Stage 2 as one fused kernel          [%d]\n"
+      "  --prox_cluster=0|1        Stage-1 split-K through clusters     [%d]\n"
       "  --prox_commit=SHA         commit to record (else $PROX_COMMIT, else configure-time)\n"
       "plus Google Benchmark's flags, e.g. --benchmark_filter=REGEX --benchmark_out=FILE\n"
       "--benchmark_out_format=json --benchmark_list_tests\n",
       g_opt.shapes.c_str(), g_opt.dtypes.c_str(), g_opt.targets.c_str(), g_opt.iterations, g_opt.warmup, g_opt.tokens,
-      g_opt.min_launches, g_opt.rotate_gb, g_opt.max_device_gb);
+      g_opt.min_launches, g_opt.rotate_gb, g_opt.max_device_gb, int(g_opt.fuse), int(g_opt.cluster));
 }
 
 //! Consume --prox_* flags from argv (Google Benchmark gets the rest).
@@ -634,9 +696,15 @@ void parse_flags(int* argc, char** argv) {
       g_opt.rotate_gb = std::stod(v);
     } else if (val("prox_max_device_gb", &v)) {
       g_opt.max_device_gb = std::stod(v);
+    } else if (val("prox_fuse", &v)) {
+      g_opt.fuse = std::stoi(v) != 0;
+    } else if (val("prox_cluster", &v)) {
+      g_opt.cluster = std::stoi(v) != 0;
     } else if (val("prox_policy", &v)) {
       const std::vector<std::string> p = prox_bench::split_list(v);
-      if (p.size() != 3) throw std::invalid_argument("--prox_policy needs three indices: proxy,glu,down");
+      if (p.size() != 3 && p.size() != 4)
+        throw std::invalid_argument("--prox_policy needs three or four indices: proxy,glu,down[,fused]");
+      if (p.size() == 4) g_opt.policy.glu_down = std::stoi(p[3]);
       g_opt.policy.proxy = std::stoi(p[0]);
       g_opt.policy.glu = std::stoi(p[1]);
       g_opt.policy.down = std::stoi(p[2]);
@@ -710,9 +778,11 @@ int main(int argc, char** argv) {
     benchmark::AddCustomContext("prox_commit", commit);
     benchmark::AddCustomContext("prox_command", command);
     benchmark::AddCustomContext("prox_cuda_archs", PROX_BENCH_CUDA_ARCHS);
-    std::snprintf(buf, sizeof(buf), "iterations=%d warmup=%d tokens=%d min_launches=%d rotate_gb=%.2f", g_opt.iterations,
-                  g_opt.warmup, g_opt.tokens, g_opt.min_launches, g_opt.rotate_gb);
-    benchmark::AddCustomContext("prox_options", buf);
+    char opts[160];
+    std::snprintf(opts, sizeof(opts), "iterations=%d warmup=%d tokens=%d min_launches=%d rotate_gb=%.2f fuse=%d cluster=%d",
+                  g_opt.iterations, g_opt.warmup, g_opt.tokens, g_opt.min_launches, g_opt.rotate_gb, int(g_opt.fuse),
+                  int(g_opt.cluster));
+    benchmark::AddCustomContext("prox_options", opts);
 
     benchmark::RunSpecifiedBenchmarks();
     benchmark::Shutdown();

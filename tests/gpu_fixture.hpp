@@ -139,6 +139,22 @@ inline std::vector<std::uint8_t> mask_to_flags(const std::vector<std::uint32_t>&
   return f;
 }
 
+//! Bitmask words of a flag vector (bit j % 32 of word j / 32).
+inline std::vector<std::uint32_t> flags_to_mask(const std::vector<std::uint8_t>& f) {
+  std::vector<std::uint32_t> m((f.size() + 31) / 32, 0u);
+  for (std::size_t j = 0; j < f.size(); ++j)
+    if (f[j]) m[j / 32] |= 1u << (j % 32);
+  return m;
+}
+
+//! Seeded random flags, each set with probability `density` (0 and 1 give none and all).
+inline std::vector<std::uint8_t> random_flags(int n, double density, std::uint64_t seed) {
+  FastNormal g(seed);
+  std::vector<std::uint8_t> f(n);
+  for (int j = 0; j < n; ++j) f[j] = (0.5 * (1.0 + std::erf(g() / std::sqrt(2.0)))) < density;
+  return f;
+}
+
 //! Stage-1 channel set of the device against the reference: exact, except channels whose reference
 //! |s~| lies within its rounding bound of tau_s (ambiguous: either decision is right).
 struct MaskCompare {

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include <prox/prox.cuh>
@@ -45,10 +46,13 @@ struct FfnRig {
     return {tau_x, quantile_abs(values_of(probe.s), s2)};
   }
 
-  void plan(float tau_x, float tau_s, prox::PolicyChoice choice = {}, bool pdl = true) {
+  void plan(float tau_x, float tau_s, prox::PolicyChoice choice = {}, bool pdl = true, bool fuse = true,
+            bool cluster = false) {
     typename Ffn::PlanOptions o;
     o.choice = choice;
     o.pdl = pdl;
+    o.fuse_stage2 = fuse;
+    o.cluster = cluster;
     PROX_TEST_OK(ffn.plan({L.K, L.N, tau_x, tau_s}, weights(), o));
     if (ws.bytes() < ffn.workspace_bytes()) ws = DeviceBuffer<char>(ffn.workspace_bytes());
     PROX_TEST_OK(prox::initialize_workspace(ws.get(), ws.bytes(), nullptr));
@@ -99,12 +103,16 @@ std::vector<T> check_token(FfnRig<T, A>& r, const std::vector<T>& xt, const char
   const auto cnt = r.cnt.download()[0];
   const auto ch = r.ffn.choice();
   std::printf(
-      "[ffn]    %-8s %-5s %-9s K=%-5d N=%-5d pol=%d/%d/%d pdl=%d kept=%-5zu sel=%-5d ambiguous=%d flipped=%d "
+      "[ffn]    %-8s %-5s %-9s K=%-5d N=%-5d pol=%d/%s pdl=%d kept=%-5zu sel=%-5d ambiguous=%d flipped=%d "
       "mismatch=%d y_err/bound=%.3f rel_err_vs_dense=%.4f\n",
-      label, prox::DTypeTraits<T>::kName, A::kName, K, N, ch.proxy, ch.glu, ch.down, int(r.ffn.uses_pdl()),
+      label, prox::DTypeTraits<T>::kName, A::kName, K, N, ch.proxy,
+      (r.ffn.fused_stage2() ? "fused" + std::to_string(ch.glu_down)
+                            : std::to_string(ch.glu) + "/" + std::to_string(ch.down))
+          .c_str(),
+      int(r.ffn.uses_pdl()),
       st1.kept.size(), c.selected_gpu, c.ambiguous, c.ambiguous_flipped, c.mismatches, worst,
       den > 0 ? std::sqrt(num / den) : 0.0);
-  CAPTURE(label, K, N, ch.proxy, ch.glu, ch.down);
+  CAPTURE(label, K, N, ch.proxy, ch.glu, ch.down, ch.glu_down, r.ffn.fused_stage2());
   CHECK(c.mismatches == 0);
   CHECK(bad == 0);
   CHECK(cnt.calls == 1u);
@@ -155,12 +163,19 @@ TEST_CASE("Prox FFN: every compiled policy combination gives a correct result", 
   FfnRig<__half, prox::SiLU> r(520, 1056, 9);
   const auto x0 = normal_vector<__half>(520, 901, 1.0);
   const auto [tx, ts] = r.thresholds(x0, 0.10, 0.70);
-  for (int p = 0; p < Ffn::ProxyPolicies::kSize; ++p)
+  for (int p = 0; p < Ffn::ProxyPolicies::kSize; ++p) {
     for (int g = 0; g < Ffn::GluPolicies::kSize; ++g)
       for (int d = 0; d < Ffn::DownPolicies::kSize; ++d) {
-        r.plan(tx, ts, prox::PolicyChoice{p, g, d});
+        r.plan(tx, ts, prox::PolicyChoice{p, g, d}, true, /*fuse=*/false);
         check_token(r, x0, "policy");
       }
+    for (int f = 0; f < Ffn::GluDownPolicies::kSize; ++f) {
+      r.plan(tx, ts, prox::PolicyChoice{p, -1, -1, f});
+      check_token(r, x0, "fused");
+      r.plan(tx, ts, prox::PolicyChoice{p, -1, -1, f}, true, true, /*cluster=*/true);
+      check_token(r, x0, "cluster");
+    }
+  }
   // An index past a list is refused at plan time.
   CHECK(r.ffn.plan({520, 1056, tx, ts}, r.weights(), {prox::PolicyChoice{Ffn::ProxyPolicies::kSize, 0, 0}, true}) ==
         prox::Status::kErrorInvalidArgument);
@@ -219,7 +234,7 @@ TEST_CASE("Prox FFN: captured in a CUDA graph and replayed on new inputs", "[ffn
   REQUIRE(st == prox::Status::kSuccess);
   std::size_t nodes = 0;
   PROX_TEST_CUDA(cudaGraphGetNodes(graph, nullptr, &nodes));
-  CHECK(nodes == 3);  // three kernels, no memcpy or memset in the hot path
+  CHECK(nodes == 2);  // two kernels (Stage 1, fused Stage 2), no memcpy or memset in the hot path
   PROX_TEST_CUDA(cudaGraphInstantiate(&exec, graph, 0));
   const int kTokens = 4;
   std::size_t kept_total = 0;

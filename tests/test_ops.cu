@@ -17,23 +17,6 @@
 using namespace prox_test;
 using prox_ref::Act;
 
-namespace {
-
-std::vector<std::uint32_t> flags_to_mask(const std::vector<std::uint8_t>& f) {
-  std::vector<std::uint32_t> m((f.size() + 31) / 32, 0u);
-  for (std::size_t j = 0; j < f.size(); ++j)
-    if (f[j]) m[j / 32] |= 1u << (j % 32);
-  return m;
-}
-
-std::vector<std::uint8_t> random_flags(int n, double density, std::uint64_t seed) {
-  FastNormal g(seed);
-  std::vector<std::uint8_t> f(n);
-  for (int j = 0; j < n; ++j) f[j] = (0.5 * (1.0 + std::erf(g() / std::sqrt(2.0)))) < density;
-  return f;
-}
-
-}  // namespace
 
 // ======================================================================== threshold
 TEMPLATE_TEST_CASE("threshold op: mask, compaction and sparse copy are exact", "[threshold][gpu]", __half,
@@ -234,6 +217,128 @@ TEST_CASE("proxy GEMV: NaN and Inf activations never cause out-of-bounds accesse
   for (std::uint32_t w : dmask.download()) CHECK(w != 0xABABABABu);
   const auto kept = prox_ref::kept_inputs(prox_ref::to_double(x), 0.5f);
   CHECK(dcnt.download()[0].kept_inputs == kept.size());
+}
+
+// The split-K combine through a thread-block cluster (sm_90+, LaunchOptions::cluster, 2..8 chunks)
+// must reproduce the global combine bit for bit, and leave the workspace (tile counters, partials)
+// untouched. Shapes give 1 chunk, 2..8 chunks and > 8 chunks for the policies (chunks of 512, 1024,
+// 256 inputs): 200 -> 1/1/1, 1003 -> 2/1/4, 4093 -> 8/4/16, 9000 -> 18/9/36; partial last tiles
+// (2016 = 7 x 256 + 224, 1056 = 4 x 256 + 32) leave some cluster ranks without channels.
+TEMPLATE_TEST_CASE("proxy GEMV: the cluster split-K combine is bit-identical to the global one",
+                   "[stage1][cluster][gpu]", __half, __nv_bfloat16) {
+  using T = TestType;
+  using A = prox::SiLU;
+  int dev = 0;
+  int has_clusters = 0;
+  PROX_TEST_CUDA(cudaGetDevice(&dev));
+  PROX_TEST_CUDA(cudaDeviceGetAttribute(&has_clusters, cudaDevAttrClusterLaunch, dev));
+  struct Shape {
+    int K, N;
+  };
+  for (const Shape sh : {Shape{200, 96}, Shape{1003, 2016}, Shape{4093, 1056}, Shape{9000, 544}}) {
+    const int K = sh.K, N = sh.N;
+    const std::uint64_t seed = 40 + static_cast<std::uint64_t>(K);
+    // INT4 proxies straight from random nn.Linear weights (no reference needed: the two paths are
+    // compared with each other).
+    const double sigma = 1.0 / std::sqrt(static_cast<double>(K));
+    const auto wg = normal_vector<T>(static_cast<std::size_t>(N) * K, seed * 4 + 1, sigma);
+    const auto wu = normal_vector<T>(static_cast<std::size_t>(N) * K, seed * 4 + 2, sigma);
+    std::vector<std::uint32_t> qg(prox::int4::packed_words(K, N)), qu(prox::int4::packed_words(K, N));
+    std::vector<float> sg(N), su(N);
+    PROX_TEST_OK(prox::int4::pack_host(wg.data(), K, N, qg.data(), sg.data()));
+    PROX_TEST_OK(prox::int4::pack_host(wu.data(), K, N, qu.data(), su.data()));
+    const auto x = normal_vector<T>(K, seed + 3, 1.0);
+    DeviceBuffer<T> dx(x);
+    DeviceBuffer<std::uint32_t> dqg(qg), dqu(qu), dmask(N / 32);
+    DeviceBuffer<float> dsg(sg), dsu(su), ds(N);
+    DeviceBuffer<prox::SparsityCounters> dcnt(1);
+
+    prox::ProxyGemvArgs<T> a;
+    a.x = dx.get();
+    a.d_model = K;
+    a.d_ff = N;
+    a.tau_x = quantile_abs(prox_ref::to_double(x), 0.5);
+    a.w_gate = dqg.get();
+    a.w_up = dqu.get();
+    a.scale_gate = dsg.get();
+    a.scale_up = dsu.get();
+    a.channel_mask = dmask.get();
+    a.counters = dcnt.get();
+
+    prox::for_each_policy<prox::ProxyGemvPolicies>([&](auto p, int pi) {
+      using P = decltype(p);
+      const int chunks = prox::proxy_gemv::num_chunks<P>(K);
+      cudaFuncAttributes fa{};
+      PROX_TEST_CUDA(cudaFuncGetAttributes(&fa, prox::proxy_gemv_kernel<P, T, prox::Int4Weights, A>));
+      // The cluster combine runs (and must leave the whole workspace untouched) where the launcher
+      // forms clusters and the device code is sm_90+.
+      const bool expect_cluster = has_clusters != 0 && fa.binaryVersion >= 90 && chunks >= 2 &&
+                                  chunks <= prox::detail::kMaxClusterSplits;
+      DeviceBuffer<char> ws(prox::proxy_gemv::workspace_bytes<P>(a));
+      const std::size_t counter_bytes =
+          prox::round_up<std::size_t>(sizeof(unsigned) * prox::proxy_gemv::num_tiles<P>(N), 256);
+
+      struct Out {
+        std::vector<std::uint32_t> mask;
+        std::vector<float> s;
+        prox::SparsityCounters cnt;
+      };
+      const auto run = [&](prox::ProxyGemvArgs<T> args, bool cluster) {
+        PROX_TEST_CUDA(cudaMemset(ws.get(), 0, ws.bytes()));
+        PROX_TEST_CUDA(cudaMemset(dcnt.get(), 0, sizeof(prox::SparsityCounters)));
+        dmask.poison(0xAB);
+        ds.poison();  // NaN
+        prox::LaunchOptions o;
+        o.pdl = false;
+        o.cluster = cluster;
+        REQUIRE(prox::proxy_gemv::launch<P, prox::Int4Weights, A>(args, ws.get(), ws.bytes(), nullptr, o) ==
+                prox::Status::kSuccess);
+        PROX_TEST_CUDA(cudaDeviceSynchronize());
+        const auto w = ws.download();
+        std::size_t nonzero_counters = 0, nonzero_ws = 0;
+        for (std::size_t i = 0; i < w.size(); ++i) {
+          nonzero_counters += i < counter_bytes && w[i] != 0;
+          nonzero_ws += w[i] != 0;
+        }
+        CHECK(nonzero_counters == 0u);  // tile counters left zero by either path
+        if (cluster && expect_cluster) CHECK(nonzero_ws == 0u);  // no partials either: the DSMEM path ran
+        return Out{dmask.download(), ds.download(), dcnt.download()[0]};
+      };
+
+      // tau_s at ~70 % channel sparsity of this token's s~ (from a values-mode run with tau_s = 0).
+      prox::ProxyGemvArgs<T> probe = a;
+      probe.tau_s = 0.0f;
+      probe.s_proxy = ds.get();
+      const auto s0 = run(probe, false).s;
+      const float tau70 = quantile_abs(std::vector<double>(s0.begin(), s0.end()), 0.70);
+
+      for (const float tau_s : {tau70, 0.0f}) {
+        for (const bool values : {true, false}) {
+          CAPTURE(K, N, pi, P::name(), chunks, expect_cluster, tau_s, values, prox::DTypeTraits<T>::kName);
+          prox::ProxyGemvArgs<T> b = a;
+          b.tau_s = tau_s;
+          b.s_proxy = values ? ds.get() : nullptr;
+          const Out g = run(b, false);
+          const Out c = run(b, true);
+          REQUIRE(g.mask.size() == c.mask.size());
+          CHECK(std::memcmp(g.mask.data(), c.mask.data(), g.mask.size() * sizeof(std::uint32_t)) == 0);
+          int unwritten = 0;  // every mask word and (values mode) every s~ written, not poison
+          for (std::uint32_t w : c.mask) unwritten += w == 0xABABABABu;
+          if (values) {
+            CHECK(std::memcmp(g.s.data(), c.s.data(), g.s.size() * sizeof(float)) == 0);
+            for (float v : c.s) unwritten += bits32(v) == 0xFFFFFFFFu;
+          }
+          CHECK(unwritten == 0);
+          CHECK(g.cnt.calls == 1u);
+          CHECK(c.cnt.calls == 1u);
+          CHECK(g.cnt.kept_inputs == c.cnt.kept_inputs);
+          CHECK(g.cnt.selected_channels == c.cnt.selected_channels);
+        }
+      }
+      std::printf("[cluster] %-5s K=%-5d N=%-5d %-26s chunks=%-2d combine=%s\n", prox::DTypeTraits<T>::kName, K, N,
+                  P::name().c_str(), chunks, expect_cluster ? "cluster" : "global");
+    });
+  }
 }
 
 // ======================================================================== Stage 2: GLU

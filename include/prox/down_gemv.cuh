@@ -61,6 +61,76 @@ struct DownGemvPolicy {
 using DownGemvPolicies = PolicyList<DownGemvPolicy<256, 256, 512, 4, 3>, DownGemvPolicy<256, 128, 512, 4, 3>,
                                     DownGemvPolicy<256, 256, 1024, 4, 3>>;
 
+// ---------------------------------------------------------------- L1: block building block
+namespace detail {
+
+/**
+ * @brief Rows of W_down^T streamed over one column tile, shared by down_gemv_kernel and the fused
+ * Stage-2 kernel (glu_down_gemv.cuh). Thread t owns columns d0 + (t % kTn) * 8 .. + 8 and the rows
+ * group + i kGroups of the list (group = t / kTn).
+ */
+template <int kThreads, int kTileD, int kU, class T>
+struct DownRows {
+  static constexpr int kTn = kTileD / 8;
+  static constexpr int kGroups = kThreads / kTn;
+  static_assert(kThreads % kTn == 0, "block must hold whole row groups");
+
+  /**
+   * @brief acc[c] += sum_i vals[i] * W_down^T[rows[i], d0 + slot * 8 + c] over i < count.
+   * The loads of the first two steps are issued before `before_compute()` runs (block-uniform; it
+   * may wait and fill `vals`), so a caller can overlap a wait with them. Double-buffered steps of
+   * kU rows, branch-free (see proxy_gemv_kernel). `rows`/`vals` are shared memory.
+   */
+  template <class BeforeCompute>
+  PROX_DEVICE static void run(const T* __restrict__ w_down_t, int d_model, int d0, const int* rows,
+                              const float* vals, int count, float (&acc)[8], BeforeCompute&& before_compute) {
+    const int tid = static_cast<int>(threadIdx.x);
+    const int slot = tid % kTn;
+    const int group = tid / kTn;
+    const int d = d0 + slot * 8;
+    const bool col_ok = d < d_model;
+    const std::size_t ld = static_cast<std::size_t>(d_model);
+    const T* base_ptr = w_down_t + d;
+    struct Step {
+      uint4 v[kU];
+    };
+    const int steps = (count + kGroups * kU - 1) / (kGroups * kU);
+    const auto load_step = [&](int it, Step& st) {
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        const int r = group + (it * kU + u) * kGroups;
+        const bool ok = col_ok && r < count;
+        st.v[u] = ld_stream_16(base_ptr + static_cast<std::size_t>(rows[ok ? r : 0]) * ld, ok);
+      }
+    };
+    const auto compute_step = [&](int it, const Step& st) {
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        const int r = group + (it * kU + u) * kGroups;
+        const float sv = r < count ? vals[r] : 0.0f;
+        float w[8];
+        unpack8<T>(st.v[u], w);
+#pragma unroll
+        for (int c = 0; c < 8; ++c) acc[c] = fmaf(sv, w[c], acc[c]);
+      }
+    };
+    Step b0;
+    Step b1;
+    load_step(0, b0);
+    load_step(1, b1);
+    before_compute();
+#pragma unroll 1
+    for (int it = 0; it < steps; it += 2) {
+      compute_step(it, b0);
+      load_step(it + 2, b0);  // past the end: every predicate is false, nothing is read
+      compute_step(it + 1, b1);
+      load_step(it + 3, b1);
+    }
+  }
+};
+
+}  // namespace detail
+
 // ---------------------------------------------------------------- L2: kernel
 template <class Policy, class T>
 PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void down_gemv_kernel(const DownGemvArgs<T> a, float* partials,
@@ -68,10 +138,8 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void down_ge
   constexpr int kThreads = Policy::kThreads;
   constexpr int kTileD = Policy::kTileD;
   constexpr int kChunk = Policy::kChunk;
-  constexpr int kU = Policy::kUnroll;
-  constexpr int kTn = kTileD / 8;
-  constexpr int kGroups = kThreads / kTn;
-  using Reducer = detail::TileReducer<kThreads, kTn, 8, 1>;
+  using Rows = detail::DownRows<kThreads, kTileD, Policy::kUnroll, T>;
+  using Reducer = detail::TileReducer<kThreads, Rows::kTn, 8, 1>;
 
   __shared__ int s_rows[kChunk];
   __shared__ float s_val[kChunk];
@@ -103,54 +171,10 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void down_ge
   const int count = block_compact_append<kThreads>(sel, c0, val, s_rows, s_val, s_warp);
   __syncthreads();
 
-  const int slot = tid % kTn;
-  const int group = tid / kTn;
-  const int d = d0 + slot * 8;
-  const bool col_ok = d < a.d_model;
-  const std::size_t ld = static_cast<std::size_t>(a.d_model);
-  const T* base_ptr = a.w_down_t + d;
-
   float acc[1][8];
 #pragma unroll
   for (int c = 0; c < 8; ++c) acc[0][c] = 0.0f;
-
-  // Double-buffered steps of kU rows, branch-free (see proxy_gemv_kernel).
-  struct Step {
-    uint4 v[kU];
-    float sv[kU];
-  };
-  const int steps = (count + kGroups * kU - 1) / (kGroups * kU);
-  const auto load_step = [&](int it, Step& d) {
-#pragma unroll
-    for (int u = 0; u < kU; ++u) {
-      const int r = group + (it * kU + u) * kGroups;
-      const bool ok = col_ok && r < count;
-      const int rr = ok ? r : 0;
-      d.v[u] = ld_stream_16(base_ptr + static_cast<std::size_t>(s_rows[rr]) * ld, ok);
-      d.sv[u] = ok ? s_val[rr] : 0.0f;
-    }
-  };
-  const auto compute_step = [&](const Step& d) {
-#pragma unroll
-    for (int u = 0; u < kU; ++u) {
-      float w[8];
-      unpack8<T>(d.v[u], w);
-#pragma unroll
-      for (int c = 0; c < 8; ++c) acc[0][c] = fmaf(d.sv[u], w[c], acc[0][c]);
-    }
-  };
-  if (count > 0) {
-    Step b0;
-    Step b1;
-    load_step(0, b0);
-#pragma unroll 1
-    for (int it = 0; it < steps; it += 2) {
-      load_step(it + 1, b1);
-      compute_step(b0);
-      load_step(it + 2, b0);
-      compute_step(b1);
-    }
-  }
+  if (count > 0) Rows::run(a.w_down_t, a.d_model, d0, s_rows, s_val, count, acc[0], [] {});
 
   Reducer::reduce(s_red, acc);
   const int ncols = min(kTileD, a.d_model - d0);

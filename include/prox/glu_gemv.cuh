@@ -72,36 +72,36 @@ struct GluSlicedPolicy {
 using GluGemvPolicies =
     PolicyList<GluSlicedPolicy<128, 32, 4, 1, 3>, GluSlicedPolicy<256, 64, 4, 1, 2>, GluSlicedPolicy<128, 32, 2, 2, 3>>;
 
-// ---------------------------------------------------------------- L2: kernel
+// ---------------------------------------------------------------- L1: block building block
+namespace detail {
+
+/**
+ * @brief The GLU work of one block, shared by glu_gemv_kernel and the fused Stage-2 kernel
+ * (glu_down_gemv.cuh): s_j = u_j * act(g_j) for the selected channels of a rank range.
+ * `Policy::kThreads` must be the block size.
+ */
 template <class Policy, class T, class Act>
-PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void glu_gemv_kernel(const GluGemvArgs<T> a) {
-  constexpr int kThreads = Policy::kThreads;
-  constexpr int kChannels = Policy::kChannels;
-  constexpr int kWarps = kThreads / kWarpSize;
-  constexpr int kB = Policy::kBatch;
-  constexpr int kP = Policy::kPieces;
-  constexpr int kV = 2 * kB;  // values reduced per batch: g and u of kB rows
-  __shared__ int s_ch[kChannels];
-  __shared__ int s_warp[kWarps];
-  __shared__ float s_red[kWarps][2][kChannels];
+struct GluRows {
+  static constexpr int kThreads = Policy::kThreads;
+  static constexpr int kChannels = Policy::kChannels;
+  static constexpr int kWarps = kThreads / kWarpSize;
+  static constexpr int kB = Policy::kBatch;
+  static constexpr int kP = Policy::kPieces;
+  static constexpr int kV = 2 * kB;  // values reduced per batch: g and u of kB rows
 
-  const int tid = static_cast<int>(threadIdx.x);
-  const int lane = lane_id();
-  const int warp = warp_id();
-  pdl_wait();  // the mask comes from Stage 1
-  pdl_launch_dependents();
+  struct Storage {
+    int ch[kChannels];
+    float red[kWarps][2][kChannels];
+  };
 
-  const int n_words = a.d_ff / kWarpSize;
-  int total = 0;
-  const int offset = detail::mask_rank_offset<kThreads>(a.channel_mask, n_words, s_warp, &total);
-  int lo = 0;
-  int hi = 0;
-  detail::rank_range(total, static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x), &lo, &hi);
-  // Unselected channels get s = +0: mask word w is zero-filled by block w % gridDim.x.
-  {
+  //! s = +0 for the unselected channels of mask words w with w % parts == part (each word is
+  //! owned by one part, so a grid of `parts` blocks writes every unselected entry once).
+  PROX_DEVICE static void zero_unselected(const GluGemvArgs<T>& a, int part, int parts) {
+    const int n_words = a.d_ff / kWarpSize;
+    const int tid = static_cast<int>(threadIdx.x);
     const int wpt = (n_words + kThreads - 1) / kThreads;
     for (int w = tid * wpt; w < (tid + 1) * wpt && w < n_words; ++w) {
-      if (w % static_cast<int>(gridDim.x) != static_cast<int>(blockIdx.x)) continue;
+      if (w % parts != part) continue;
       std::uint32_t off = ~a.channel_mask[w];
       while (off != 0u) {
         const int b = __ffs(static_cast<int>(off)) - 1;
@@ -110,108 +110,141 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void glu_gem
       }
     }
   }
-  const Act act{};
+
+  /**
+   * @brief Write s_j for the selected channels with rank in [lo, hi) (block-uniform), in rounds of
+   * at most kChannels rows. `offset` is this thread's detail::mask_rank_offset<kThreads>. Ends
+   * with a block barrier, after which st may be reused.
+   */
+  PROX_DEVICE static void run(const GluGemvArgs<T>& a, int offset, int lo, int hi, Storage& st) {
+    const int tid = static_cast<int>(threadIdx.x);
+    const int lane = lane_id();
+    const int warp = warp_id();
+    const int n_words = a.d_ff / kWarpSize;
+    const Act act{};
 #pragma unroll 1
-  for (int sub = lo; sub < hi; sub += kChannels) {  // block-uniform rounds of at most kChannels rows
-  const int count = min(kChannels, hi - sub);
-  detail::gather_rank_range<kThreads>(a.channel_mask, n_words, offset, sub, sub + count, s_ch);
-  __syncthreads();
+    for (int sub = lo; sub < hi; sub += kChannels) {  // block-uniform rounds of at most kChannels rows
+      const int count = min(kChannels, hi - sub);
+      gather_rank_range<kThreads>(a.channel_mask, n_words, offset, sub, sub + count, st.ch);
+      __syncthreads();
 
-  // Work is a flat sequence of steps; step st covers rows [b0, b0 + kB) of the batch st / kSteps
-  // and pieces q0 + p kThreads of each row. Loads of step st + 1 are issued before the arithmetic
-  // of step st (register double buffering), so memory is busy while the block reduces a batch.
-  const int pieces = a.d_model / 8;  // 16-byte pieces per row
-  const int steps_per_batch = (pieces + kThreads * kP - 1) / (kThreads * kP);
-  const int total_steps = ((count + kB - 1) / kB) * steps_per_batch;
-  const std::size_t ld = static_cast<std::size_t>(a.d_model);
+      // Work is a flat sequence of steps; step st covers rows [b0, b0 + kB) of the batch st / kSteps
+      // and pieces q0 + p kThreads of each row. Loads of step st + 1 are issued before the arithmetic
+      // of step st (register double buffering), so memory is busy while the block reduces a batch.
+      const int pieces = a.d_model / 8;  // 16-byte pieces per row
+      const int steps_per_batch = (pieces + kThreads * kP - 1) / (kThreads * kP);
+      const int total_steps = ((count + kB - 1) / kB) * steps_per_batch;
+      const std::size_t ld = static_cast<std::size_t>(a.d_model);
 
-  struct Step {
-    uint4 vx[kP];
-    uint4 vg[kB][kP];
-    uint4 vu[kB][kP];
-  };
-  // Branch-free: a step past the end loads nothing (all predicates false), so ptxas keeps every
-  // load of step st + 1 ahead of the arithmetic of step st instead of sinking it behind a branch.
-  const auto load_step = [&](int st, Step& d) {
-    const bool live = st < total_steps;
-    const int b0 = (st / steps_per_batch) * kB;
-    const int q0 = tid + (st % steps_per_batch) * kThreads * kP;
+      struct Step {
+        uint4 vx[kP];
+        uint4 vg[kB][kP];
+        uint4 vu[kB][kP];
+      };
+      // Branch-free: a step past the end loads nothing (all predicates false), so ptxas keeps every
+      // load of step st + 1 ahead of the arithmetic of step st instead of sinking it behind a branch.
+      const auto load_step = [&](int step, Step& d) {
+        const bool live = step < total_steps;
+        const int b0 = (step / steps_per_batch) * kB;
+        const int q0 = tid + (step % steps_per_batch) * kThreads * kP;
 #pragma unroll
-    for (int c = 0; c < kB; ++c) {
-      const bool have = live && b0 + c < count;
-      const std::size_t row = static_cast<std::size_t>(s_ch[have ? b0 + c : 0]) * ld;
+        for (int c = 0; c < kB; ++c) {
+          const bool have = live && b0 + c < count;
+          const std::size_t row = static_cast<std::size_t>(st.ch[have ? b0 + c : 0]) * ld;
 #pragma unroll
-      for (int p = 0; p < kP; ++p) {
-        const int q = q0 + p * kThreads;
-        const bool ok = have && q < pieces;
-        d.vg[c][p] = ld_stream_16(a.w_gate + row + 8 * q, ok);
-        d.vu[c][p] = ld_stream_16(a.w_up + row + 8 * q, ok);
-      }
-    }
-#pragma unroll
-    for (int p = 0; p < kP; ++p) {
-      const int q = q0 + p * kThreads;
-      d.vx[p] = ld_cached_16(a.x + 8 * q, live && q < pieces);
-    }
-  };
-  float v[kV];
-#pragma unroll
-  for (int i = 0; i < kV; ++i) v[i] = 0.0f;
-  const auto compute_step = [&](int st, const Step& d) {
-#pragma unroll
-    for (int p = 0; p < kP; ++p) {
-      float fx[8];
-      unpack8<T>(d.vx[p], fx);
-#pragma unroll
-      for (int c = 0; c < kB; ++c) {
-        float fg[8];
-        float fu[8];
-        unpack8<T>(d.vg[c][p], fg);
-        unpack8<T>(d.vu[c][p], fu);
-#pragma unroll
-        for (int e = 0; e < 8; ++e) {
-          v[c] = fmaf(fx[e], fg[e], v[c]);
-          v[kB + c] = fmaf(fx[e], fu[e], v[kB + c]);
+          for (int p = 0; p < kP; ++p) {
+            const int q = q0 + p * kThreads;
+            const bool ok = have && q < pieces;
+            d.vg[c][p] = ld_stream_16(a.w_gate + row + 8 * q, ok);
+            d.vu[c][p] = ld_stream_16(a.w_up + row + 8 * q, ok);
+          }
         }
-      }
-    }
-    if (st % steps_per_batch == steps_per_batch - 1) {
-      // Batch done: one reduction for all 2 kB values (2 kB - 1 + log2(32 / 2 kB) shuffles).
-      const int b0 = (st / steps_per_batch) * kB;
-      const float r = warp_sum_many<kV>(v);
-      constexpr int kLanesPerValue = kWarpSize / kV;
-      if (lane % kLanesPerValue == 0) {
-        const int idx = lane / kLanesPerValue;
-        const int c = idx % kB;
-        if (b0 + c < count) s_red[warp][idx / kB][b0 + c] = r;
-      }
+#pragma unroll
+        for (int p = 0; p < kP; ++p) {
+          const int q = q0 + p * kThreads;
+          d.vx[p] = ld_cached_16(a.x + 8 * q, live && q < pieces);
+        }
+      };
+      float v[kV];
 #pragma unroll
       for (int i = 0; i < kV; ++i) v[i] = 0.0f;
-    }
-  };
-  Step buf0;
-  Step buf1;
-  load_step(0, buf0);
-#pragma unroll 1
-  for (int st = 0; st < total_steps; st += 2) {
-    load_step(st + 1, buf1);
-    compute_step(st, buf0);
-    load_step(st + 2, buf0);
-    if (st + 1 < total_steps) compute_step(st + 1, buf1);
-  }
-  __syncthreads();
-  for (int i = tid; i < count; i += kThreads) {
-    float g = 0.0f;
-    float u = 0.0f;
+      const auto compute_step = [&](int step, const Step& d) {
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
-      g += s_red[w][0][i];
-      u += s_red[w][1][i];
+        for (int p = 0; p < kP; ++p) {
+          float fx[8];
+          unpack8<T>(d.vx[p], fx);
+#pragma unroll
+          for (int c = 0; c < kB; ++c) {
+            float fg[8];
+            float fu[8];
+            unpack8<T>(d.vg[c][p], fg);
+            unpack8<T>(d.vu[c][p], fu);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) {
+              v[c] = fmaf(fx[e], fg[e], v[c]);
+              v[kB + c] = fmaf(fx[e], fu[e], v[kB + c]);
+            }
+          }
+        }
+        if (step % steps_per_batch == steps_per_batch - 1) {
+          // Batch done: one reduction for all 2 kB values (2 kB - 1 + log2(32 / 2 kB) shuffles).
+          const int b0 = (step / steps_per_batch) * kB;
+          const float r = warp_sum_many<kV>(v);
+          constexpr int kLanesPerValue = kWarpSize / kV;
+          if (lane % kLanesPerValue == 0) {
+            const int idx = lane / kLanesPerValue;
+            const int c = idx % kB;
+            if (b0 + c < count) st.red[warp][idx / kB][b0 + c] = r;
+          }
+#pragma unroll
+          for (int i = 0; i < kV; ++i) v[i] = 0.0f;
+        }
+      };
+      Step buf0;
+      Step buf1;
+      load_step(0, buf0);
+#pragma unroll 1
+      for (int step = 0; step < total_steps; step += 2) {
+        load_step(step + 1, buf1);
+        compute_step(step, buf0);
+        load_step(step + 2, buf0);
+        if (step + 1 < total_steps) compute_step(step + 1, buf1);
+      }
+      __syncthreads();
+      for (int i = tid; i < count; i += kThreads) {
+        float g = 0.0f;
+        float u = 0.0f;
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) {
+          g += st.red[w][0][i];
+          u += st.red[w][1][i];
+        }
+        a.s[st.ch[i]] = u * act(g);
+      }
+      __syncthreads();  // st is reused by the next round
     }
-    a.s[s_ch[i]] = u * act(g);
   }
-  __syncthreads();  // s_ch and s_red are reused by the next round
-  }
+};
+
+}  // namespace detail
+
+// ---------------------------------------------------------------- L2: kernel
+template <class Policy, class T, class Act>
+PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void glu_gemv_kernel(const GluGemvArgs<T> a) {
+  using Rows = detail::GluRows<Policy, T, Act>;
+  __shared__ typename Rows::Storage s_st;
+  __shared__ int s_warp[Rows::kWarps];
+
+  pdl_wait();  // the mask comes from Stage 1
+  pdl_launch_dependents();
+
+  int total = 0;
+  const int offset = detail::mask_rank_offset<Policy::kThreads>(a.channel_mask, a.d_ff / kWarpSize, s_warp, &total);
+  int lo = 0;
+  int hi = 0;
+  detail::rank_range(total, static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x), &lo, &hi);
+  Rows::zero_unselected(a, static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x));
+  Rows::run(a, offset, lo, hi, s_st);
 }
 
 // ---------------------------------------------------------------- L3: op

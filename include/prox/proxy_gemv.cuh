@@ -9,7 +9,10 @@
 //! Grid: x = column tiles of kTileN channels (split-N), y = chunks of kChunkK input coordinates
 //! (split-K). Each block thresholds and compacts its own chunk of x in shared memory, so a dropped
 //! coordinate costs no weight bytes, then streams the kept rows of its tile. Split-K blocks of a tile
-//! combine deterministically (detail::TileReducer).
+//! combine deterministically (detail::TileReducer): through global memory (the last block to arrive
+//! finishes the tile), or on sm_90+ with LaunchOptions::cluster and 2..8 splits, as one thread-block
+//! cluster per tile through distributed shared memory (each block finishes a slice of the tile).
+//! Both give bit-identical results.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -160,18 +163,31 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void proxy_g
   const int n0 = tile * kTileN;
   const int k0 = chunk * kChunkK;
 
+  const int ncols = min(kTileN, a.d_ff - n0);  // channels of this tile, a multiple of 32
+
+  // Split-K combine: through distributed shared memory when the launcher made the tile's split-K
+  // blocks one cluster (sm_90+; read at run time), else through global memory. Tile channels
+  // [lo, hi) are the ones this block finishes in the epilogue: all of them when it is the last block
+  // of the tile to arrive (global), its own slice of whole mask words (cluster).
+  const int cluster_splits = Reducer::cluster_splits(static_cast<int>(gridDim.y));
+  int lo = 0;
+  int hi = ncols;
+  if (cluster_splits > 1) Reducer::cluster_slice(chunk, cluster_splits, ncols, lo, hi);
+
   pdl_wait();  // x may come from the previous kernel
   pdl_launch_dependents();
 
-  // Scales of the channels this thread finishes in the epilogue, loaded now so that only the last
-  // block of a tile uses them but none waits for them (kScalesPerThread channels per thread).
+  // Scales of the channels this thread finishes in the epilogue, loaded now so that no block waits
+  // for them at the end (kScalesPerThread channels per thread; in the global combine only the last
+  // block of a tile uses them).
   constexpr int kScalesPerThread = (kTileN + kThreads - 1) / kThreads;
   float sc_g[kScalesPerThread];
   float sc_u[kScalesPerThread];
 #pragma unroll
   for (int i = 0; i < kScalesPerThread; ++i) {
-    const int j = n0 + i * kThreads + tid;
-    const bool in = i * kThreads + tid < kTileN && j < a.d_ff;
+    const int ch = lo + i * kThreads + tid;
+    const int j = n0 + ch;
+    const bool in = ch < hi;
     sc_g[i] = in && a.scale_gate != nullptr ? a.scale_gate[j] : 1.0f;
     sc_u[i] = in && a.scale_up != nullptr ? a.scale_up[j] : 1.0f;
   }
@@ -250,22 +266,25 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void proxy_g
     }
   }
 
-  // 3. Block reduction over row groups, then the split-K combine across chunks.
+  // 3. Block reduction over row groups, then the split-K combine across chunks: at() of s_red then
+  //    holds the full sums of channels [lo, hi).
   Reducer::reduce(s_red, acc);
-  const int ncols = min(kTileN, a.d_ff - n0);
-  if (!Reducer::split_k(s_red, partials, tile_counters + tile, a.d_ff, n0, ncols, chunk,
-                        static_cast<int>(gridDim.y))) {
+  if (cluster_splits > 1) {
+    Reducer::cluster_combine(s_red, lo, hi, cluster_splits);  // no early exit: cluster_done() below
+  } else if (!Reducer::split_k(s_red, partials, tile_counters + tile, a.d_ff, n0, ncols, chunk,
+                               static_cast<int>(gridDim.y))) {
     return;
   }
 
-  // 4. Epilogue in registers: rescale, s~ = u~ * act(g~), threshold, bitmask.
+  // 4. Epilogue in registers: rescale, s~ = u~ * act(g~), threshold, bitmask. lo is a multiple of 32,
+  //    so each warp's ballot is exactly one mask word (whole warps are in or out of [lo, hi)).
   const Act act{};
   const int lane = lane_id();
 #pragma unroll
   for (int i = 0; i < kScalesPerThread; ++i) {
-    const int ch = i * kThreads + tid;
+    const int ch = lo + i * kThreads + tid;
     const int j = n0 + ch;
-    const bool in = ch < kTileN && j < a.d_ff;
+    const bool in = ch < hi;
     bool sel = false;
     if (in) {
       const float g = Reducer::at(s_red, 0, ch) * sc_g[i];
@@ -281,6 +300,7 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void proxy_g
         atomicAdd(&a.counters->selected_channels, static_cast<unsigned long long>(__popc(word)));
     }
   }
+  if (cluster_splits > 1) Reducer::cluster_done();  // the others may still read this block's s_red
 }
 
 // ---------------------------------------------------------------- L3: op
@@ -315,7 +335,9 @@ Status can_implement(const ProxyGemvArgs<T>& a) noexcept {
   return Status::kSuccess;
 }
 
-//! Workspace: tile counters (zero before first use; left zero) + split-K partials.
+//! Workspace: tile counters (zero before first use; left zero) + split-K partials. Sized for the
+//! global split-K combine whether or not the launch uses clusters (the cluster combine touches none
+//! of it), so one workspace serves both.
 template <class Policy, class T>
 constexpr std::size_t workspace_bytes(const ProxyGemvArgs<T>& a) noexcept {
   const std::size_t counters = round_up<std::size_t>(sizeof(unsigned) * num_tiles<Policy>(a.d_ff), 256);
@@ -329,6 +351,9 @@ constexpr std::size_t workspace_bytes(const ProxyGemvArgs<T>& a) noexcept {
  * @tparam Policy a ProxyGemvPolicy; @tparam Fmt Int4Weights or DenseWeights<W>; @tparam Act SiLU / GeluTanh.
  * @param workspace device memory of at least workspace_bytes<Policy>(a), 16-byte aligned, zeroed
  *        once before its first use (prox kernels leave it zeroed).
+ * @param opts  pdl; cluster: on a device that supports thread-block clusters (sm_90+) and with
+ *        2..8 split-K chunks (ceil(d_model / kChunkK)), launch the chunks of each column tile as one
+ *        cluster and combine them through distributed shared memory (bit-identical results).
  * @code
  * prox::ProxyGemvArgs<__half> a{d_x, K, N, tau_x, tau_s, d_qg, d_qu, d_sg, d_su, d_mask};
  * using P = prox::PolicyAt<0, prox::ProxyGemvPolicies>;
@@ -348,8 +373,23 @@ Status launch(const ProxyGemvArgs<T>& a, void* workspace, std::size_t workspace_
                                              round_up<std::size_t>(sizeof(unsigned) * num_tiles<Policy>(a.d_ff), 256));
   const dim3 grid(static_cast<unsigned>(num_tiles<Policy>(a.d_ff)), static_cast<unsigned>(num_chunks<Policy>(a.d_model)));
   if (grid.y > 65535u) return Status::kErrorInvalidShape;
-  return detail::launch_kernel(proxy_gemv_kernel<Policy, T, Fmt, Act>, grid, dim3(Policy::kThreads), 0, stream, opts, a,
-                               partials, counters);
+  // Clusters of (1, chunks, 1): all split-K blocks of one column tile. The host cannot see which code
+  // the device runs, so it checks that the device can launch clusters at all (an sm_80 device fails
+  // the launch); the kernel reads the cluster shape and falls back to the global combine by itself
+  // (code older than sm_90, e.g. JIT from compute_80 PTX). No occupancy query (it would cost a driver
+  // call per launch): a cluster of <= 8 of these blocks (256 threads, <= 25 KB static shared memory,
+  // 2-3 resident per SM) needs 3-4 SMs, far fewer than one GPC of an sm_90 part holds.
+  unsigned cluster_y = 0;
+  if (opts.cluster && grid.y >= 2u && grid.y <= static_cast<unsigned>(detail::kMaxClusterSplits)) {
+    int dev = 0;
+    int has_clusters = 0;
+    if (cudaGetDevice(&dev) == cudaSuccess &&
+        cudaDeviceGetAttribute(&has_clusters, cudaDevAttrClusterLaunch, dev) == cudaSuccess && has_clusters != 0) {
+      cluster_y = grid.y;
+    }
+  }
+  return detail::launch_kernel_ex(proxy_gemv_kernel<Policy, T, Fmt, Act>, grid, dim3(Policy::kThreads), 0, stream,
+                                  opts, detail::LaunchExtras{cluster_y, false}, a, partials, counters);
 }
 
 }  // namespace proxy_gemv

@@ -5,6 +5,9 @@
 //!   Stage 2  glu_gemv     exact gate/up rows of selected channels, s = u * act(g)
 //!            down_gemv    y = sum over selected j of s_j W_down^T[j,:]
 //!
+//! By default Stage 2 runs as one kernel, glu_down_gemv (both ops fused, a grid-wide barrier between
+//! them), so an FFN is 2 kernels; PlanOptions::fuse_stage2 = false runs the two ops separately.
+//!
 //! run() allocates nothing, never synchronizes, never copies to the host, and can be captured in a
 //! CUDA graph; every data-dependent decision (which rows, how many) stays on the device.
 #pragma once
@@ -23,6 +26,7 @@
 #include "core/status.hpp"
 #include "dispatch.hpp"
 #include "down_gemv.cuh"
+#include "glu_down_gemv.cuh"
 #include "glu_gemv.cuh"
 #include "proxy_gemv.cuh"
 #include "stats.cuh"
@@ -35,6 +39,7 @@ struct PolicyChoice {
   int proxy = -1;
   int glu = -1;
   int down = -1;
+  int glu_down = -1;  //!< fused Stage 2 (PlanOptions::fuse_stage2)
 };
 
 template <class ProxyFmt>
@@ -66,6 +71,7 @@ class SparseFfn {
   using ProxyPolicies = typename ProxyPolicyListFor<ProxyFmt>::type;
   using GluPolicies = GluGemvPolicies;
   using DownPolicies = DownGemvPolicies;
+  using GluDownPolicies = GluDownGemvPolicies;
 
   //! Layer shape and calibrated thresholds.
   struct Config {
@@ -88,7 +94,14 @@ class SparseFfn {
 
   struct PlanOptions {
     PolicyChoice choice{};   //!< explicit policies (tuning cache / tests); -1 = default
-    bool pdl = true;         //!< chain Stage 2 kernels with programmatic dependent launch (sm_90+)
+    bool pdl = true;         //!< launch with programmatic dependent launch (sm_90+): each kernel's
+                             //!< launch overlaps the previous kernel's tail; it waits before reading
+    //! Stage 1 combines its split-K partials inside thread-block clusters (sm_90+, 2..8 chunks)
+    //! instead of through global memory. Off by default: measured on the H100 it is slower on the
+    //! Qwen3-8B shape (Stage 1 alone 18.2 against 15.2 us at e = 70 %, policy 0) and ~1 us faster
+    //! on 14B with policy 1; results are bit-identical either way (docs/benchmarks.md).
+    bool cluster = false;
+    bool fuse_stage2 = true; //!< Stage 2 as one kernel (glu_down_gemv) instead of glu_gemv + down_gemv
   };
 
   /**
@@ -103,6 +116,8 @@ class SparseFfn {
     DeviceInfo info;
     PROX_RETURN_IF_ERROR(query_device(&info));
     pdl_ = opts.pdl && info.supports_pdl();
+    cluster_ = opts.cluster && info.cc_major >= 9;
+    fused_ = opts.fuse_stage2;
     const auto pick = [&](int requested, int size, int dflt, int* out) {
       if (requested >= size) return Status::kErrorInvalidArgument;
       *out = requested >= 0 ? requested : dflt;
@@ -133,6 +148,17 @@ class SparseFfn {
       glu_blocks_ = info.sm_count * decltype(p)::kMinBlocks;
       return Status::kSuccess;
     });
+    // The fused Stage 2 needs every block resident: its grid is what fits (SMs x resident blocks).
+    PROX_RETURN_IF_ERROR(pick(opts.choice.glu_down, GluDownPolicies::kSize, 0, &choice_.glu_down));
+    glu_down_blocks_ = 0;
+    glu_down_max_blocks_ = 0;
+    for_each_policy<GluDownPolicies>([&](auto p, int i) {
+      int blocks = 0;
+      if (glu_down_gemv::max_grid_blocks<decltype(p), Act, T>(&blocks) != Status::kSuccess) blocks = 0;
+      glu_down_max_blocks_ = blocks > glu_down_max_blocks_ ? blocks : glu_down_max_blocks_;
+      if (i == choice_.glu_down) glu_down_blocks_ = blocks;
+    });
+    if (fused_ && glu_down_blocks_ <= 0) return Status::kErrorUnsupportedDevice;
 
     layout_workspace();
     planned_ = true;
@@ -146,11 +172,15 @@ class SparseFfn {
   PolicyChoice choice() const noexcept { return choice_; }
   //! Grid of the GLU GEMV that plan() chose (benches, tests).
   int glu_blocks() const noexcept { return glu_blocks_; }
+  //! Grid of the fused Stage-2 kernel that plan() chose.
+  int glu_down_blocks() const noexcept { return glu_down_blocks_; }
+  bool fused_stage2() const noexcept { return fused_; }
   const Config& config() const noexcept { return cfg_; }
   bool uses_pdl() const noexcept { return pdl_; }
+  bool uses_cluster() const noexcept { return cluster_; }
 
   /**
-   * @brief Run the layer on one token: y = FFN(x). Launches 3 kernels on `stream`.
+   * @brief Run the layer on one token: y = FFN(x). Launches 2 kernels on `stream` (3 without fusion).
    * @param x [d_model] device, 16-byte aligned; @param y [d_model] device, 16-byte aligned (written)
    * @param workspace workspace_bytes() of device memory, zeroed before its first use
    * @param counters optional SparsityCounters (accumulated on the device)
@@ -166,7 +196,24 @@ class SparseFfn {
     auto* mask = reinterpret_cast<std::uint32_t*>(ws + off_mask_);
     auto* s = reinterpret_cast<float*>(ws + off_s_);
     PROX_RETURN_IF_ERROR(launch_stage1(x, mask, nullptr, cfg_.tau_s, ws + off_proxy_, counters, stream));
-    const LaunchOptions chained{pdl_};
+    LaunchOptions chained;
+    chained.pdl = pdl_;
+    if (fused_) {
+      GluDownGemvArgs<T> f;
+      f.x = x;
+      f.d_model = cfg_.d_model;
+      f.d_ff = cfg_.d_ff;
+      f.w_gate = w_.w_gate;
+      f.w_up = w_.w_up;
+      f.w_down_t = w_.w_down_t;
+      f.channel_mask = mask;
+      f.s = s;
+      f.y = y;
+      f.grid_blocks = glu_down_blocks_;
+      return dispatch_policy<GluDownPolicies>(choice_.glu_down, [&](auto p) {
+        return glu_down_gemv::launch<decltype(p), Act>(f, ws + off_down_, ws_down_, stream, chained);
+      });
+    }
     GluGemvArgs<T> a2;
     a2.x = x;
     a2.d_model = cfg_.d_model;
@@ -248,7 +295,10 @@ class SparseFfn {
                        SparsityCounters* counters, cudaStream_t stream) const noexcept {
     const ProxyGemvArgs<T> a1 = stage1_args(x, mask, s_proxy, tau_s, counters);
     return dispatch_policy<ProxyPolicies>(choice_.proxy, [&](auto p) {
-      return proxy_gemv::launch<decltype(p), ProxyFmt, Act>(a1, ws, ws_proxy_, stream, LaunchOptions{});
+      LaunchOptions o;
+      o.pdl = pdl_;  // waits (griddepcontrol.wait) before reading x or writing anything
+      o.cluster = cluster_;
+      return proxy_gemv::launch<decltype(p), ProxyFmt, Act>(a1, ws, ws_proxy_, stream, o);
     });
   }
 
@@ -267,6 +317,10 @@ class SparseFfn {
       const std::size_t b = down_gemv::workspace_bytes<decltype(p)>(a3);
       ws_down_ = b > ws_down_ ? b : ws_down_;
     });
+    for_each_policy<GluDownPolicies>([&](auto p, int) {  // the fused kernel uses the same region
+      const std::size_t b = glu_down_gemv::workspace_bytes<decltype(p)>(cfg_.d_model, glu_down_max_blocks_);
+      ws_down_ = b > ws_down_ ? b : ws_down_;
+    });
     constexpr std::size_t kAlign = 256;
     off_proxy_ = 0;
     off_mask_ = round_up(off_proxy_ + ws_proxy_, kAlign);
@@ -279,7 +333,11 @@ class SparseFfn {
   Weights w_{};
   PolicyChoice choice_{};
   bool pdl_ = false;
+  bool cluster_ = false;
+  bool fused_ = true;
   bool planned_ = false;
+  int glu_down_blocks_ = 0;      // fused Stage-2 grid of the chosen policy
+  int glu_down_max_blocks_ = 0;  // largest fused grid over the policies (workspace sizing)
   int glu_blocks_ = 0;  // GLU grid: SMs x resident blocks of the chosen policy
   std::size_t ws_proxy_ = 0, ws_down_ = 0;
   std::size_t off_proxy_ = 0, off_mask_ = 0, off_s_ = 0, off_down_ = 0, ws_total_ = 0;

@@ -22,25 +22,53 @@ struct LaunchOptions {
   //! Set it only when the previous kernel in the stream is a prox kernel or PDL-aware; the
   //! SparseFfn driver sets it for the kernels after the first on devices that support it.
   bool pdl = false;
+  //! sm_90+: allow kernels that can use thread-block clusters to do so (Stage 1 combines its split-K
+  //! partials through distributed shared memory instead of global memory). Ignored where a kernel
+  //! or the device cannot; results are bit-identical either way (SparseFfn: PlanOptions::cluster).
+  bool cluster = false;
+  //! Launch kernels that contain a grid-wide barrier (the fused Stage 2) as cooperative kernels, so
+  //! a grid that cannot be resident at once fails to launch instead of hanging. Leave it on unless a
+  //! platform rejects cooperative launches; the grid is sized to fit either way.
+  bool cooperative = true;
 };
 
 namespace detail {
 
+//! Launch attributes beyond PDL that individual kernels need (L3 launchers set them, not users).
+struct LaunchExtras {
+  unsigned cluster_y = 0;    //!< > 1: thread-block clusters of (1, cluster_y, 1) blocks (sm_90+)
+  bool cooperative = false;  //!< all blocks co-resident, or the launch fails (grid-wide barriers)
+};
+
 template <class... KArgs, class... Args>
-Status launch_kernel(void (*kernel)(KArgs...), dim3 grid, dim3 block, std::size_t smem, cudaStream_t stream,
-                     const LaunchOptions& opts, Args&&... args) noexcept {
+Status launch_kernel_ex(void (*kernel)(KArgs...), dim3 grid, dim3 block, std::size_t smem, cudaStream_t stream,
+                        const LaunchOptions& opts, const LaunchExtras& extras, Args&&... args) noexcept {
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid;
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
+  cudaLaunchAttribute attr[3];
+  unsigned n = 0;
   if (opts.pdl) {
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n].val.programmaticStreamSerializationAllowed = 1;
+    ++n;
   }
+  if (extras.cluster_y > 1) {
+    attr[n].id = cudaLaunchAttributeClusterDimension;
+    attr[n].val.clusterDim.x = 1;
+    attr[n].val.clusterDim.y = extras.cluster_y;
+    attr[n].val.clusterDim.z = 1;
+    ++n;
+  }
+  if (extras.cooperative) {
+    attr[n].id = cudaLaunchAttributeCooperative;
+    attr[n].val.cooperative = 1;
+    ++n;
+  }
+  cfg.attrs = n > 0 ? attr : nullptr;
+  cfg.numAttrs = n;
   const cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
   if (err != cudaSuccess) {
 #if defined(PROX_DEBUG)
@@ -49,6 +77,12 @@ Status launch_kernel(void (*kernel)(KArgs...), dim3 grid, dim3 block, std::size_
     return Status::kErrorCudaRuntime;
   }
   return Status::kSuccess;
+}
+
+template <class... KArgs, class... Args>
+Status launch_kernel(void (*kernel)(KArgs...), dim3 grid, dim3 block, std::size_t smem, cudaStream_t stream,
+                     const LaunchOptions& opts, Args&&... args) noexcept {
+  return launch_kernel_ex(kernel, grid, block, smem, stream, opts, LaunchExtras{}, std::forward<Args>(args)...);
 }
 
 }  // namespace detail

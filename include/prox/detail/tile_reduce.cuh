@@ -1,18 +1,84 @@
 // SPDX-License-Identifier: Apache-2.0
 //! @file tile_reduce.cuh  L1 building block shared by the input-sparse GEMVs (Stage 1 proxy, Stage 2
 //! down): reduce a column tile's per-thread accumulators over the block's row groups, then combine
-//! the split-K blocks of the tile with a deterministic serial reduction ("last block finishes").
+//! the split-K blocks of the tile with a deterministic serial reduction: through global memory
+//! ("last block finishes"), or, when the split-K blocks of a tile form one thread-block cluster
+//! (sm_90+), through distributed shared memory.
 #pragma once
 
 #include <cstdint>
 
 #include "../core/config.hpp"
+#include "../core/math.hpp"
 #include "../core/warp.cuh"
 
 PROX_NAMESPACE_BEGIN
 namespace detail {
 
+//! Most split-K blocks combined in one thread-block cluster: the portable cluster size limit of
+//! sm_90 (launchers fall back to the global combine above it).
+constexpr int kMaxClusterSplits = 8;
+
 #if defined(__CUDACC__)
+
+// ---------------------------------------------------------------- thread-block cluster primitives
+// sm_90+ only. Before sm_90 no launch is a cluster: cluster_num_blocks_y() reads 1, so callers'
+// cluster paths are dead code; the barrier and DSMEM primitives trap there should one be reached.
+
+//! Blocks of this block's cluster along y, or 0 when the cluster spans more than one block in x or z.
+//! 1 without a cluster launch (a non-cluster launch is a cluster of one block) and before sm_90.
+PROX_DEVICE PROX_FORCEINLINE int cluster_num_blocks_y() {
+#if PROX_ARCH_SM90
+  unsigned y;
+  unsigned all;
+  asm("mov.u32 %0, %%cluster_nctaid.y;" : "=r"(y));
+  asm("mov.u32 %0, %%cluster_nctarank;" : "=r"(all));
+  return all == y ? static_cast<int>(y) : 0;
+#else
+  return 1;
+#endif
+}
+
+//! barrier.cluster.arrive.release: this thread's prior memory accesses (shared memory of any block
+//! of the cluster included) are performed before the other blocks' wait returns.
+PROX_DEVICE PROX_FORCEINLINE void cluster_arrive() {
+#if PROX_ARCH_SM90
+  asm volatile("barrier.cluster.arrive.release;" ::: "memory");
+#else
+  __trap();
+#endif
+}
+
+//! barrier.cluster.wait.acquire: wait until every thread of the cluster has arrived.
+PROX_DEVICE PROX_FORCEINLINE void cluster_wait() {
+#if PROX_ARCH_SM90
+  asm volatile("barrier.cluster.wait.acquire;" ::: "memory");
+#else
+  __trap();
+#endif
+}
+
+//! Load the float at shared-memory address p of this block from the same offset in the shared
+//! memory of the cluster's block `rank` (distributed shared memory).
+PROX_DEVICE PROX_FORCEINLINE float ld_shared_cluster(const float* p, int rank) {
+#if PROX_ARCH_SM90
+  const unsigned local = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  float v;
+  asm volatile(
+      "{\n\t.reg .u32 ra;\n\t"
+      "mapa.shared::cluster.u32 ra, %1, %2;\n\t"
+      "ld.shared::cluster.f32 %0, [ra];\n\t}"
+      : "=f"(v)
+      : "r"(local), "r"(rank)
+      : "memory");
+  return v;
+#else
+  (void)p;
+  (void)rank;
+  __trap();
+  return 0.0f;
+#endif
+}
 
 /**
  * @brief Reduction of a tile of kMats x (kTn * kCpv) column sums over a block.
@@ -117,6 +183,71 @@ struct TileReducer {
     __syncthreads();
     return true;
   }
+
+  // ---------------------------------------------------------------- split-K through a cluster (sm_90+)
+  // The alternative to split_k() when the launcher made the num_splits blocks of each column tile one
+  // thread-block cluster of (1, num_splits, 1) blocks: no global partials, counter or fence, so a few
+  // serialized global-memory round trips become two cluster barriers and one DSMEM read per split.
+  // The grid's y extent is num_splits, so a block's cluster rank (x + nx * (y + ny * z) within the
+  // cluster) is blockIdx.y, its split: rank order is split order. The workspace is not touched.
+  //
+  // Use: cluster_splits() > 1 -> cluster_slice() -> reduce() -> cluster_combine() -> epilogue on the
+  // slice -> cluster_done(). Every thread of every block of the cluster must make each call (no early
+  // exit in between).
+
+  //! num_splits when the launch formed clusters of exactly the (1, num_splits, 1) split-K blocks of a
+  //! tile, else 1 (no cluster launch, another cluster shape, or before sm_90): then use split_k().
+  PROX_DEVICE static PROX_FORCEINLINE int cluster_splits(int num_splits) {
+    return num_splits > 1 && cluster_num_blocks_y() == num_splits ? num_splits : 1;
+  }
+
+  /**
+   * @brief Columns [lo, hi) of a tile of ncols (a multiple of 32) that the block of `split` finishes
+   * in the cluster combine: ceil(kTile / num_splits) rounded up to whole 32-column words, so each
+   * warp of the epilogue owns whole mask words; trailing splits may get none (lo == hi).
+   */
+  PROX_DEVICE static PROX_FORCEINLINE void cluster_slice(int split, int num_splits, int ncols, int& lo, int& hi) {
+    const int per = round_up(ceil_div(kTile, num_splits), kWarpSize);
+    lo = min(split * per, ncols);
+    hi = min(lo + per, ncols);
+  }
+
+  /**
+   * @brief Combine the tile sums of the cluster's num_splits blocks (after reduce()) for this block's
+   * slice [lo, hi): at(st, m, ch) of every block, in rank (= split) order, added to 0.0f -- the
+   * additions of split_k(), so the results are bit-identical to it. The sums are stored to this
+   * block's at() for [lo, hi) and visible to the whole block on return; the rest of at() is stale.
+   *
+   * Barriers: the first (arrive.release + wait.acquire) makes every block's reduce() visible; the
+   * second is only arrived at here, once this block's remote reads are done, and must be waited on
+   * with cluster_done() before the block exits, so no block's shared memory goes away while another
+   * block still reads it. The epilogue runs in between, overlapping the barrier.
+   * Storing in place is safe: the slices are disjoint, and a column of this block's own slice is
+   * read (from every rank, this one included) only by the thread that then writes it.
+   */
+  PROX_DEVICE static void cluster_combine(Storage& st, int lo, int hi, int num_splits) {
+    cluster_arrive();
+    cluster_wait();
+    for (int ch = lo + static_cast<int>(threadIdx.x); ch < hi; ch += kThreads) {
+#pragma unroll
+      for (int m = 0; m < kMats; ++m) {
+        float part[kMaxClusterSplits];  // all remote loads in flight before the first add
+#pragma unroll
+        for (int q = 0; q < kMaxClusterSplits; ++q)
+          part[q] = q < num_splits ? ld_shared_cluster(&at(st, m, ch), q) : 0.0f;
+        float sum = 0.0f;
+#pragma unroll
+        for (int q = 0; q < kMaxClusterSplits; ++q)
+          if (q < num_splits) sum += part[q];
+        at(st, m, ch) = sum;
+      }
+    }
+    cluster_arrive();
+    __syncthreads();
+  }
+
+  //! Second half of the closing cluster barrier of cluster_combine(): call before the block exits.
+  PROX_DEVICE static PROX_FORCEINLINE void cluster_done() { cluster_wait(); }
 };
 
 #endif  // __CUDACC__

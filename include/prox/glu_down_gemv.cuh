@@ -1,0 +1,323 @@
+// SPDX-License-Identifier: Apache-2.0
+//! @file glu_down_gemv.cuh  Ops 3 + 4 fused, Stage 2 in one kernel: the masked GLU GEMV
+//! (s_j = u_j * act(g_j) for the selected channels) and the input-sparse down GEMV
+//! (y = sum_{j selected} s_j W_down^T[j,:]).
+//!
+//! Why fused: run as two kernels, each pays its own ramp-up (read the mask, find its rows, wait one
+//! memory latency for the first bytes) and the down GEMV cannot issue a single weight load until
+//! the last GLU block has finished, although which W_down rows it needs is known from the mask
+//! alone. Here one grid does both: after its GLU rows a block announces that its s values are
+//! written (arrive), issues the loads of its first down rows, and only then waits until every
+//! block has arrived; the weights are in flight while the grid converges.
+//!
+//! The wait is a grid-wide barrier, so all blocks must be resident at once: the grid is at most
+//! SMs x resident blocks per SM (checked at launch against the occupancy of this kernel), and it is
+//! launched as a cooperative kernel, so a grid that cannot be co-resident fails to launch instead
+//! of hanging.
+//!
+//! Work split: GLU rows by rank over all blocks (detail::GluRows); down as (column tile, rank
+//! range) tasks, T tiles x R = max(1, G / T) ranges, combined over the R ranges of a tile by the
+//! deterministic split-K of detail::TileReducer. Every addition has a fixed order: the output is
+//! bit-identical from run to run.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+
+#include "activation.cuh"
+#include "core/config.hpp"
+#include "core/launch.cuh"
+#include "core/math.hpp"
+#include "core/policy.hpp"
+#include "core/shape.hpp"
+#include "core/status.hpp"
+#include "core/types.cuh"
+#include "core/warp.cuh"
+#include "detail/rank_range.cuh"
+#include "detail/tile_reduce.cuh"
+#include "down_gemv.cuh"
+#include "glu_gemv.cuh"
+
+PROX_NAMESPACE_BEGIN
+
+/**
+ * @brief Arguments of the fused Stage-2 GEMV. All pointers are device pointers.
+ * @tparam T `__half` or `__nv_bfloat16`.
+ */
+template <class T>
+struct GluDownGemvArgs {
+  const T* x = nullptr;                         //!< [d_model], 16-byte aligned
+  int d_model = 0;                              //!< a multiple of 8, 8..2^20
+  int d_ff = 0;                                 //!< a multiple of 32, 32..2^20
+  const T* w_gate = nullptr;                    //!< [d_ff][d_model] row-major (nn.Linear), 16-byte aligned
+  const T* w_up = nullptr;                      //!< [d_ff][d_model], 16-byte aligned
+  const T* w_down_t = nullptr;                  //!< [d_ff][d_model] = W_down^T, 16-byte aligned
+  const std::uint32_t* channel_mask = nullptr;  //!< [d_ff/32] selected channels (Stage 1's output)
+  float* s = nullptr;                           //!< out [d_ff]: s_j for selected j, +0 elsewhere
+  T* y = nullptr;                               //!< out [d_model]; every element is written
+  int grid_blocks = 0;  //!< blocks, 1..max_grid_blocks(); the workspace is sized for it (0 = max_grid_blocks())
+};
+
+/**
+ * @brief Policy of the fused Stage-2 GEMV: a GLU part (see GluSlicedPolicy) and a down part (see
+ * DownGemvPolicy) sharing the block size and the residency.
+ * @tparam Threads   threads per block
+ * @tparam Channels  GLU rows a block holds at a time; @tparam Batch GLU rows processed together
+ * @tparam TileD     down outputs per task (TileD/8 threads share a row, at most 32)
+ * @tparam Rows      down rows a block holds at a time; @tparam Unroll down rows in flight per thread
+ * @tparam MinBlocks resident blocks per SM (__launch_bounds__) and grid = SMs x MinBlocks
+ */
+template <int Threads, int Channels, int Batch, int TileD, int Rows, int Unroll, int MinBlocks>
+struct GluDownPolicy {
+  static constexpr int kThreads = Threads;
+  static constexpr int kMinBlocks = MinBlocks;
+  static constexpr int kTileD = TileD;
+  static constexpr int kRows = Rows;
+  static constexpr int kUnroll = Unroll;
+  using Glu = GluSlicedPolicy<Threads, Channels, Batch, 1, MinBlocks>;
+  static_assert(TileD % 8 == 0 && TileD / 8 <= 32 && Threads % (TileD / 8) == 0 && Rows % 32 == 0, "policy shape");
+  static std::string name() {
+    return "glud_t" + std::to_string(Threads) + "_c" + std::to_string(Channels) + "_b" + std::to_string(Batch) + "_d" +
+           std::to_string(TileD) + "_r" + std::to_string(Rows) + "_u" + std::to_string(Unroll) + "_m" +
+           std::to_string(MinBlocks);
+  }
+};
+
+using GluDownGemvPolicies =
+    PolicyList<GluDownPolicy<256, 64, 4, 256, 256, 4, 2>, GluDownPolicy<256, 64, 2, 256, 256, 4, 3>>;
+
+namespace detail {
+
+//! Grid barrier words in the workspace: [0] arrivals of the current launch, [1] generation.
+//! Both start at zero (initialize_workspace) and the arrival count is left at zero.
+struct GridBarrier {
+  //! Thread 0: the generation this launch will complete (read before this block arrives).
+  PROX_DEVICE static PROX_FORCEINLINE unsigned generation(const unsigned* bar) {
+    unsigned g;
+    asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(g) : "l"(bar + 1) : "memory");
+    return g;
+  }
+  //! Thread 0, after a block barrier that follows the block's stores: publish them and count in.
+  //! The last block to arrive resets the count and releases the new generation.
+  PROX_DEVICE static PROX_FORCEINLINE void arrive(unsigned* bar, unsigned gen, unsigned blocks) {
+    unsigned prev;
+    asm volatile("fence.acq_rel.gpu;\n\tatom.relaxed.gpu.global.add.u32 %0, [%1], 1;"
+                 : "=r"(prev)
+                 : "l"(bar)
+                 : "memory");
+    if (prev == blocks - 1u) {
+      asm volatile("st.relaxed.gpu.global.u32 [%0], 0;" ::"l"(bar) : "memory");
+      asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(bar + 1), "r"(gen + 1u) : "memory");
+    }
+  }
+  //! Thread 0: wait until every block has arrived (then a block barrier publishes it to the block).
+  PROX_DEVICE static PROX_FORCEINLINE void wait(const unsigned* bar, unsigned gen) {
+    unsigned g;
+    while (true) {
+      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(g) : "l"(bar + 1) : "memory");
+      if (g != gen) break;
+      __nanosleep(20);
+    }
+  }
+};
+
+}  // namespace detail
+
+// ---------------------------------------------------------------- L2: kernel
+template <class Policy, class T, class Act>
+PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void glu_down_gemv_kernel(
+    const GluDownGemvArgs<T> a, float* partials, unsigned* tile_counters, unsigned* barrier) {
+  constexpr int kThreads = Policy::kThreads;
+  constexpr int kTileD = Policy::kTileD;
+  constexpr int kRows = Policy::kRows;
+  using Glu = detail::GluRows<typename Policy::Glu, T, Act>;
+  using Down = detail::DownRows<kThreads, kTileD, Policy::kUnroll, T>;
+  using Reducer = detail::TileReducer<kThreads, Down::kTn, 8, 1>;
+
+  __shared__ typename Glu::Storage s_glu;
+  __shared__ int s_rows[kRows];
+  __shared__ float s_val[kRows];
+  __shared__ int s_warp[kThreads / kWarpSize];
+  __shared__ typename Reducer::Storage s_red;
+
+  const int tid = static_cast<int>(threadIdx.x);
+  const int block = static_cast<int>(blockIdx.x);
+  const int blocks = static_cast<int>(gridDim.x);
+  pdl_wait();  // the mask comes from Stage 1; the previous launch's barrier state is settled
+  pdl_launch_dependents();
+  const unsigned gen = tid == 0 ? detail::GridBarrier::generation(barrier) : 0u;
+
+  // GLU part: this block's rank range of the selected channels.
+  GluGemvArgs<T> g;
+  g.x = a.x;
+  g.d_model = a.d_model;
+  g.d_ff = a.d_ff;
+  g.w_gate = a.w_gate;
+  g.w_up = a.w_up;
+  g.channel_mask = a.channel_mask;
+  g.s = a.s;
+  const int n_words = a.d_ff / kWarpSize;
+  int total = 0;
+  const int offset = detail::mask_rank_offset<kThreads>(a.channel_mask, n_words, s_warp, &total);
+  int lo = 0;
+  int hi = 0;
+  detail::rank_range(total, block, blocks, &lo, &hi);
+  Glu::zero_unselected(g, block, blocks);
+  Glu::run(g, offset, lo, hi, s_glu);
+  __syncthreads();  // every s store of the block (rows and zero fill) precedes thread 0's release
+  if (tid == 0) detail::GridBarrier::arrive(barrier, gen, static_cast<unsigned>(blocks));
+
+  // Down part: tasks (tile, part); the weights of a task's first rows are requested before the wait.
+  const int tiles = ceil_div(a.d_model, kTileD);
+  const int parts = max(1, blocks / tiles);
+  bool waited = false;
+#pragma unroll 1
+  for (int task = block; task < tiles * parts; task += blocks) {
+    const int tile = task % tiles;
+    const int part = task / tiles;
+    const int d0 = tile * kTileD;
+    detail::rank_range(total, part, parts, &lo, &hi);
+    float acc[1][8];
+#pragma unroll
+    for (int c = 0; c < 8; ++c) acc[0][c] = 0.0f;
+#pragma unroll 1
+    for (int sub = lo; sub < hi; sub += kRows) {
+      const int count = min(kRows, hi - sub);
+      detail::gather_rank_range<kThreads>(a.channel_mask, n_words, offset, sub, sub + count, s_rows);
+      __syncthreads();
+      Down::run(a.w_down_t, a.d_model, d0, s_rows, s_val, count, acc[0], [&] {
+        if (!waited) {  // block-uniform
+          if (tid == 0) detail::GridBarrier::wait(barrier, gen);
+          __syncthreads();
+          waited = true;
+        }
+        for (int i = tid; i < count; i += kThreads) s_val[i] = __ldcg(a.s + s_rows[i]);
+        __syncthreads();
+      });
+      __syncthreads();  // s_rows / s_val are reused by the next round
+    }
+    Reducer::reduce(s_red, acc);
+    const int ncols = min(kTileD, a.d_model - d0);
+    if (Reducer::split_k(s_red, partials, tile_counters + tile, a.d_model, d0, ncols, part, parts)) {
+      for (int ch = tid; ch < ncols; ch += kThreads) a.y[d0 + ch] = from_float<T>(Reducer::at(s_red, 0, ch));
+    }
+    __syncthreads();  // s_red is reused by the next task
+  }
+}
+
+// ---------------------------------------------------------------- L3: op
+namespace glu_down_gemv {
+
+/**
+ * @brief Largest grid this policy can run with on the current device: SMs x min(Policy::kMinBlocks,
+ * blocks of this kernel that fit on one SM). Host only; the occupancy is queried once per device.
+ */
+template <class Policy, class Act, class T>
+Status max_grid_blocks(int* out) noexcept {
+  if (out == nullptr) return Status::kErrorNullPointer;
+  // Blocks per SM of this kernel, per device ordinal: queried once (the launcher checks every grid
+  // against it, so the hot path must not pay an occupancy query per call).
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> fit_cache[kMaxDevices];
+  int dev = 0;
+  int sms = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+    return Status::kErrorCudaRuntime;
+  int fit = dev >= 0 && dev < kMaxDevices ? fit_cache[dev].load(std::memory_order_relaxed) : 0;
+  if (fit <= 0) {
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, glu_down_gemv_kernel<Policy, T, Act>, Policy::kThreads, 0) !=
+        cudaSuccess)
+      return Status::kErrorCudaRuntime;
+    if (dev >= 0 && dev < kMaxDevices) fit_cache[dev].store(fit, std::memory_order_relaxed);
+  }
+  if (fit <= 0 || sms <= 0) return Status::kErrorUnsupportedDevice;
+  *out = sms * (fit < Policy::kMinBlocks ? fit : Policy::kMinBlocks);
+  return Status::kSuccess;
+}
+
+template <class Policy>
+constexpr int num_tiles(int d_model) noexcept {
+  return ceil_div(d_model, Policy::kTileD);
+}
+
+/**
+ * @brief Validate without launching (the grid size is checked against the device at launch).
+ * Shape rule: d_model a multiple of 8 in [8, 2^20]; d_ff a multiple of 32 in [32, 2^20]; x and the
+ * weights 16-byte aligned; mask and s 4-byte aligned; y element-aligned; grid_blocks >= 0.
+ */
+template <class T>
+Status can_implement(const GluDownGemvArgs<T>& a) noexcept {
+  if (a.x == nullptr || a.w_gate == nullptr || a.w_up == nullptr || a.w_down_t == nullptr ||
+      a.channel_mask == nullptr || a.s == nullptr || a.y == nullptr)
+    return Status::kErrorNullPointer;
+  PROX_RETURN_IF_ERROR(check_ffn_shape(a.d_model, a.d_ff));
+  if (a.grid_blocks < 0) return Status::kErrorInvalidArgument;
+  if (!is_aligned(a.x, 16) || !is_aligned(a.w_gate, 16) || !is_aligned(a.w_up, 16) || !is_aligned(a.w_down_t, 16) ||
+      !is_aligned(a.channel_mask, 4) || !is_aligned(a.s, 4) || !is_aligned(a.y, sizeof(T)))
+    return Status::kErrorMisalignedPointer;
+  return Status::kSuccess;
+}
+
+//! Workspace layout for a grid: barrier words, down tile counters, split-K partials.
+struct WorkspaceLayout {
+  std::size_t barrier = 0, counters = 0, partials = 0, total = 0;
+};
+template <class Policy>
+constexpr WorkspaceLayout workspace_layout(int d_model, int grid_blocks) noexcept {
+  const int tiles = num_tiles<Policy>(d_model);
+  const int parts = grid_blocks / tiles > 1 ? grid_blocks / tiles : 1;
+  WorkspaceLayout l;
+  l.barrier = 0;
+  l.counters = 256;
+  l.partials = l.counters + round_up<std::size_t>(sizeof(unsigned) * static_cast<std::size_t>(tiles), 256);
+  l.total = l.partials + (parts > 1 ? sizeof(float) * static_cast<std::size_t>(parts) * d_model : 0);
+  return l;
+}
+
+/**
+ * @brief Workspace bytes for a grid of `grid_blocks` (use the grid you launch with): the grid
+ * barrier, the down tiles' counters and split-K partials. Zero it before first use (prox leaves it
+ * ready for the next launch).
+ */
+template <class Policy>
+constexpr std::size_t workspace_bytes(int d_model, int grid_blocks) noexcept {
+  return workspace_layout<Policy>(d_model, grid_blocks).total;
+}
+
+/**
+ * @brief Launch the fused Stage 2 on `stream` (a cooperative launch: every block resident).
+ * @code
+ * prox::GluDownGemvArgs<__half> a{d_x, K, N, d_wg, d_wu, d_wdt, d_mask, d_s, d_y};
+ * using P = prox::PolicyAt<0, prox::GluDownGemvPolicies>;
+ * prox::glu_down_gemv::max_grid_blocks<P, prox::SiLU, __half>(&a.grid_blocks);      // plan time
+ * std::size_t ws = prox::glu_down_gemv::workspace_bytes<P>(K, a.grid_blocks);
+ * auto st = prox::glu_down_gemv::launch<P, prox::SiLU>(a, d_ws, ws, stream);
+ * @endcode
+ */
+template <class Policy, class Act, class T>
+Status launch(const GluDownGemvArgs<T>& a, void* workspace, std::size_t workspace_size, cudaStream_t stream,
+              const LaunchOptions& opts = {}) noexcept {
+  PROX_RETURN_IF_ERROR(can_implement(a));
+  int max_blocks = 0;
+  PROX_RETURN_IF_ERROR((max_grid_blocks<Policy, Act, T>(&max_blocks)));
+  const int blocks = a.grid_blocks > 0 ? a.grid_blocks : max_blocks;
+  if (blocks > max_blocks) return Status::kErrorInvalidArgument;  // could not all be resident
+  if (workspace == nullptr) return Status::kErrorNullPointer;
+  const WorkspaceLayout l = workspace_layout<Policy>(a.d_model, blocks);
+  if (workspace_size < l.total) return Status::kErrorWorkspaceTooSmall;
+  if (!is_aligned(workspace, 16)) return Status::kErrorMisalignedPointer;
+  char* ws = static_cast<char*>(workspace);
+  return detail::launch_kernel_ex(glu_down_gemv_kernel<Policy, T, Act>, dim3(static_cast<unsigned>(blocks)),
+                                        dim3(Policy::kThreads), 0, stream, opts,
+                                        detail::LaunchExtras{0u, opts.cooperative}, a,
+                                        reinterpret_cast<float*>(ws + l.partials),
+                                        reinterpret_cast<unsigned*>(ws + l.counters),
+                                        reinterpret_cast<unsigned*>(ws + l.barrier));
+}
+
+}  // namespace glu_down_gemv
+
+PROX_NAMESPACE_END

@@ -1,0 +1,190 @@
+// SPDX-License-Identifier: Apache-2.0
+//! @file test_glu_down.cu  The fused Stage-2 op (glu_down_gemv: GLU + down in one grid with a
+//! grid-wide barrier) against the float64 reference: s on selected channels (+0 elsewhere), y from
+//! the selected rows, every element written; grids from 1 block to the largest resident grid (so
+//! blocks run several down tasks), repeated launches on one workspace (the barrier and the tile
+//! counters are left ready), cooperative and plain launches bit-identical, bad input.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <vector>
+
+#include <prox/glu_down_gemv.cuh>
+#include <prox/sparse_ffn.cuh>
+
+#include "gpu_fixture.hpp"
+
+using namespace prox_test;
+
+namespace {
+
+template <class T, class A>
+void glu_down_suite(int K, int N, std::uint64_t seed) {
+  const auto L = make_host_layer<T>(K, N, seed);
+  const DeviceLayer<T> D(L);
+  const auto x = normal_vector<T>(K, seed + 5, 1.0);
+  const auto dxv = prox_ref::to_double(x);
+  DeviceBuffer<T> dx(x);
+  DeviceBuffer<float> ds(N);
+  DeviceBuffer<T> dy(K);
+  for (double density : {0.23, 0.0, 1.0}) {
+    const auto sel = random_flags(N, density, seed + 9);
+    const auto ref = prox_ref::stage2(dxv, L.dwg, L.dwu, L.dwdt, K, N, sel, ref_act<A>());
+    DeviceBuffer<std::uint32_t> dmask(flags_to_mask(sel));
+    prox::for_each_policy<prox::GluDownGemvPolicies>([&](auto p, int pi) {
+      using P = decltype(p);
+      int max_blocks = 0;
+      PROX_TEST_OK((prox::glu_down_gemv::max_grid_blocks<P, A, T>(&max_blocks)));
+      REQUIRE(max_blocks > 0);
+      std::vector<T> first_y;
+      for (int blocks : {max_blocks, 7, 1}) {
+        for (bool coop : {true, false}) {
+          CAPTURE(K, N, density, pi, P::name(), A::kName, prox::DTypeTraits<T>::kName, blocks, coop);
+          prox::GluDownGemvArgs<T> a;
+          a.x = dx.get();
+          a.d_model = K;
+          a.d_ff = N;
+          a.w_gate = D.wg.get();
+          a.w_up = D.wu.get();
+          a.w_down_t = D.wdt.get();
+          a.channel_mask = dmask.get();
+          a.s = ds.get();
+          a.y = dy.get();
+          a.grid_blocks = blocks;
+          DeviceBuffer<char> ws(prox::glu_down_gemv::workspace_bytes<P>(K, blocks));
+          PROX_TEST_OK(prox::initialize_workspace(ws.get(), ws.bytes(), nullptr));
+          prox::LaunchOptions o;
+          o.cooperative = coop;
+          std::vector<T> y_prev;
+          for (int rep = 0; rep < 3; ++rep) {  // the barrier and counters must be ready for the next launch
+            ds.poison();
+            dy.poison();
+            REQUIRE(prox::glu_down_gemv::launch<P, A>(a, ws.get(), ws.bytes(), nullptr, o) == prox::Status::kSuccess);
+            PROX_TEST_CUDA(cudaDeviceSynchronize());
+            const auto y = dy.download();
+            if (rep > 0) {
+              int diff = 0;
+              for (std::size_t k = 0; k < y.size(); ++k) diff += bits16(y[k]) != bits16(y_prev[k]);
+              CHECK(diff == 0);  // deterministic
+            }
+            y_prev = y;
+          }
+          // Cooperative and plain launches of the same grid are bit-identical.
+          if (coop) {
+            first_y = y_prev;
+          } else {
+            int diff = 0;
+            for (std::size_t k = 0; k < y_prev.size(); ++k) diff += bits16(y_prev[k]) != bits16(first_y[k]);
+            CHECK(diff == 0);
+          }
+          const auto s = ds.download();
+          int bad_s = 0, untouched_bad = 0;
+          double worst_s = 0.0;
+          for (int j = 0; j < N; ++j) {
+            if (sel[j]) {
+              const double d = std::fabs(static_cast<double>(s[j]) - ref.s[j].v);
+              bad_s += !(d <= ref.s[j].err);
+              worst_s = std::max(worst_s, d / ref.s[j].err);
+            } else {
+              untouched_bad += bits32(s[j]) != 0u;  // unselected channels are written as +0
+            }
+          }
+          double worst_y = 0.0;
+          const int bad_y = count_out_of_bound(y_prev, ref.y, &worst_y);
+          // Workspace left ready: barrier arrivals and tile counters back at zero.
+          const auto wsv = ws.download();
+          const auto* words = reinterpret_cast<const std::uint32_t*>(wsv.data());
+          CHECK(words[0] == 0u);
+          const int tiles = prox::glu_down_gemv::num_tiles<P>(K);
+          int counters_bad = 0;
+          for (int t = 0; t < tiles; ++t) counters_bad += words[256 / 4 + t] != 0u;
+          CHECK(counters_bad == 0);
+          if (coop)
+            std::printf("[gludown] %-5s %-9s K=%-5d N=%-5d %-28s blocks=%-4d density=%.2f s err/bound=%.3f y err/bound=%.3f\n",
+                        prox::DTypeTraits<T>::kName, A::kName, K, N, P::name().c_str(), blocks, density, worst_s,
+                        worst_y);
+          CHECK(bad_s == 0);
+          CHECK(untouched_bad == 0);
+          CHECK(bad_y == 0);
+        }
+      }
+    });
+  }
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("fused Stage 2 (glu_down_gemv): exact s and y, any grid, repeated launches", "[stage2][gludown][gpu]",
+                   __half, __nv_bfloat16) {
+  using T = TestType;
+  glu_down_suite<T, prox::SiLU>(200, 96, 51);
+  glu_down_suite<T, prox::GeluTanh>(8, 32, 52);
+  glu_down_suite<T, prox::SiLU>(1000, 2016, 53);
+  glu_down_suite<T, prox::GeluTanh>(4104, 544, 54);  // more column tiles than a small grid has blocks
+}
+
+TEMPLATE_TEST_CASE("fused Stage 2 (glu_down_gemv): Qwen3-8B shape", "[stage2][gludown][gpu][large]", __half,
+                   __nv_bfloat16) {
+  glu_down_suite<TestType, prox::SiLU>(4096, 12288, 55);
+}
+
+TEST_CASE("fused Stage 2 (glu_down_gemv): bad input gets a Status before any launch", "[stage2][gludown][status][gpu]") {
+  using P = prox::PolicyAt<0, prox::GluDownGemvPolicies>;
+  const int K = 64, N = 64;
+  DeviceBuffer<__half> x(K + 8), w(static_cast<std::size_t>(K) * N + 8), y(K + 8);
+  DeviceBuffer<std::uint32_t> mask(N / 32);
+  DeviceBuffer<float> s(N);
+  PROX_TEST_CUDA(cudaMemset(mask.get(), 0xFF, N / 8));
+  int max_blocks = 0;
+  PROX_TEST_OK((prox::glu_down_gemv::max_grid_blocks<P, prox::SiLU, __half>(&max_blocks)));
+  DeviceBuffer<char> ws(prox::glu_down_gemv::workspace_bytes<P>(K, max_blocks + 64));
+  PROX_TEST_OK(prox::initialize_workspace(ws.get(), ws.bytes(), nullptr));
+  y.poison(0x5A);
+  s.poison(0x5A);
+  prox::GluDownGemvArgs<__half> a;
+  a.x = x.get();
+  a.d_model = K;
+  a.d_ff = N;
+  a.w_gate = w.get();
+  a.w_up = w.get();
+  a.w_down_t = w.get();
+  a.channel_mask = mask.get();
+  a.s = s.get();
+  a.y = y.get();
+  const auto launch = [&](const prox::GluDownGemvArgs<__half>& args, std::size_t bytes) {
+    return prox::glu_down_gemv::launch<P, prox::SiLU>(args, ws.get(), bytes, nullptr);
+  };
+  auto b = a;
+  b.w_down_t = nullptr;
+  CHECK(launch(b, ws.bytes()) == prox::Status::kErrorNullPointer);
+  b = a;
+  b.y = nullptr;
+  CHECK(launch(b, ws.bytes()) == prox::Status::kErrorNullPointer);
+  b = a;
+  b.w_up = w.get() + 1;
+  CHECK(launch(b, ws.bytes()) == prox::Status::kErrorMisalignedPointer);
+  b = a;
+  b.d_model = 12;
+  CHECK(launch(b, ws.bytes()) == prox::Status::kErrorInvalidShape);
+  b = a;
+  b.d_ff = 48;
+  CHECK(launch(b, ws.bytes()) == prox::Status::kErrorInvalidShape);
+  b = a;
+  b.grid_blocks = -1;
+  CHECK(launch(b, ws.bytes()) == prox::Status::kErrorInvalidArgument);
+  b = a;
+  b.grid_blocks = max_blocks + 1;  // could not all be resident: refused, never a hang
+  CHECK(launch(b, ws.bytes()) == prox::Status::kErrorInvalidArgument);
+  b = a;
+  b.grid_blocks = max_blocks;
+  CHECK(launch(b, prox::glu_down_gemv::workspace_bytes<P>(K, max_blocks) - 1) == prox::Status::kErrorWorkspaceTooSmall);
+  CHECK(prox::glu_down_gemv::launch<P, prox::SiLU>(a, nullptr, ws.bytes(), nullptr) == prox::Status::kErrorNullPointer);
+  CHECK(prox::glu_down_gemv::launch<P, prox::SiLU>(a, ws.get() + 4, ws.bytes() - 4, nullptr) ==
+        prox::Status::kErrorMisalignedPointer);
+  PROX_TEST_CUDA(cudaDeviceSynchronize());
+  for (__half v : y.download()) CHECK(bits16(v) == 0x5A5Au);
+  for (float v : s.download()) CHECK(bits32(v) == 0x5A5A5A5Au);
+}
