@@ -147,6 +147,28 @@ inline std::vector<std::uint32_t> flags_to_mask(const std::vector<std::uint8_t>&
   return m;
 }
 
+//! Stage-2 s from the device against the reference on a given channel set: selected channels within
+//! their rounding bound, unselected ones written as exactly +0.
+struct SCompare {
+  int bad = 0;            //!< selected channels outside the bound
+  int untouched_bad = 0;  //!< unselected channels not +0
+  double worst = 0.0;     //!< largest |error| / bound over the selected channels
+};
+inline SCompare compare_s(const std::vector<float>& s, const std::vector<std::uint8_t>& sel,
+                          const std::vector<prox_ref::Bounded>& ref) {
+  SCompare c;
+  for (std::size_t j = 0; j < s.size(); ++j) {
+    if (sel[j]) {
+      const double d = std::fabs(static_cast<double>(s[j]) - ref[j].v);
+      c.bad += !(d <= ref[j].err);
+      c.worst = std::max(c.worst, d / ref[j].err);
+    } else {
+      c.untouched_bad += bits32(s[j]) != 0u;
+    }
+  }
+  return c;
+}
+
 //! Seeded random flags, each set with probability `density` (0 and 1 give none and all).
 inline std::vector<std::uint8_t> random_flags(int n, double density, std::uint64_t seed) {
   FastNormal g(seed);

@@ -80,18 +80,7 @@ void glu_down_suite(int K, int N, std::uint64_t seed) {
             for (std::size_t k = 0; k < y_prev.size(); ++k) diff += bits16(y_prev[k]) != bits16(first_y[k]);
             CHECK(diff == 0);
           }
-          const auto s = ds.download();
-          int bad_s = 0, untouched_bad = 0;
-          double worst_s = 0.0;
-          for (int j = 0; j < N; ++j) {
-            if (sel[j]) {
-              const double d = std::fabs(static_cast<double>(s[j]) - ref.s[j].v);
-              bad_s += !(d <= ref.s[j].err);
-              worst_s = std::max(worst_s, d / ref.s[j].err);
-            } else {
-              untouched_bad += bits32(s[j]) != 0u;  // unselected channels are written as +0
-            }
-          }
+          const SCompare cs = compare_s(ds.download(), sel, ref.s);
           double worst_y = 0.0;
           const int bad_y = count_out_of_bound(y_prev, ref.y, &worst_y);
           // Workspace left ready: barrier arrivals and tile counters back at zero.
@@ -104,10 +93,10 @@ void glu_down_suite(int K, int N, std::uint64_t seed) {
           CHECK(counters_bad == 0);
           if (coop)
             std::printf("[gludown] %-5s %-9s K=%-5d N=%-5d %-28s blocks=%-4d density=%.2f s err/bound=%.3f y err/bound=%.3f\n",
-                        prox::DTypeTraits<T>::kName, A::kName, K, N, P::name().c_str(), blocks, density, worst_s,
+                        prox::DTypeTraits<T>::kName, A::kName, K, N, P::name().c_str(), blocks, density, cs.worst,
                         worst_y);
-          CHECK(bad_s == 0);
-          CHECK(untouched_bad == 0);
+          CHECK(cs.bad == 0);
+          CHECK(cs.untouched_bad == 0);  // unselected channels are written as +0
           CHECK(bad_y == 0);
         }
       }

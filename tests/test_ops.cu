@@ -369,22 +369,11 @@ void glu_suite(int K, int N, std::uint64_t seed) {
       a.s = ds.get();
       REQUIRE(prox::glu_gemv::launch<P, A>(a, nullptr, 0, nullptr) == prox::Status::kSuccess);
       PROX_TEST_CUDA(cudaDeviceSynchronize());
-      const auto s = ds.download();
-      int bad = 0, untouched_bad = 0;
-      double worst = 0.0;
-      for (int j = 0; j < N; ++j) {
-        if (sel[j]) {
-          const double d = std::fabs(static_cast<double>(s[j]) - ref.s[j].v);
-          bad += !(d <= ref.s[j].err);
-          worst = std::max(worst, d / ref.s[j].err);
-        } else {
-          untouched_bad += bits32(s[j]) != 0u;  // unselected channels are written as +0
-        }
-      }
+      const SCompare c = compare_s(ds.download(), sel, ref.s);
       std::printf("[glu]    %-5s %-9s K=%-5d N=%-5d %-18s density=%.1f err/bound=%.3f bad=%d\n",
-                  prox::DTypeTraits<T>::kName, A::kName, K, N, P::name().c_str(), density, worst, bad);
-      CHECK(bad == 0);
-      CHECK(untouched_bad == 0);
+                  prox::DTypeTraits<T>::kName, A::kName, K, N, P::name().c_str(), density, c.worst, c.bad);
+      CHECK(c.bad == 0);
+      CHECK(c.untouched_bad == 0);  // unselected channels are written as +0
     });
   }
 }
