@@ -51,15 +51,50 @@ struct Int4Weights {
   PROX_HOST_DEVICE static constexpr std::size_t col_bytes(int n) noexcept { return static_cast<std::size_t>(n) / 2; }
   //! Word whose every nibble decodes to 0 (fills predicated-off loads).
   static constexpr uint32_t kFill = 0x88888888u;
+  //! Most rows one step may sum in fp16 (see fma_step): kMaxStepRows * 1024 * 8 stays finite.
+  static constexpr int kMaxStepRows = 4;
+  //! x is scaled by 2^-6 before the fp16 products (every finite fp16 |x| <= 65504 becomes <= 1024)
+  //! and the step's sums by 2^6 after: both exact powers of two.
+  static constexpr float kXScale = 0.015625f;
+  static constexpr float kXUnscale = 64.0f;
 #if defined(__CUDACC__)
-  //! acc[c] += x * q_c for the channels of one piece.
-  PROX_DEVICE static PROX_FORCEINLINE void fma(float (&acc)[kChannelsPerVec], const Piece<kVecBytes>& v, float x) {
+  //! A kept x as a step consumes it: x 2^-6 in both halves (converted once, when the step is loaded).
+  using XReg = __half2;
+  PROX_DEVICE static PROX_FORCEINLINE XReg make_x(float x) { return __float2half2_rn(x * kXScale); }
+  PROX_DEVICE static PROX_FORCEINLINE XReg zero_x() { return __float2half2_rn(0.0f); }
+  /**
+   * @brief acc[c] += sum_u xs[u] * q_{u,c} over the kU rows of one step.
+   *
+   * The decode is what limits the INT4 proxy (it moves a quarter of the bytes of an fp16 GEMV per
+   * weight), so the step is summed in fp16 pairs: per 32-bit word, 4 lop3 + 1 shift + 4 half2 ops
+   * decode q exactly and 4 HFMA2 accumulate (x 2^-6) * q, against 8 conversions + 8 FFMA in fp32;
+   * the kU-row partial sums then go to the fp32 accumulators once per step. The fp16 rounding
+   * (relative 2^-11 per operation, kU <= 4 rows) is far below the INT4 quantization error of the
+   * proxy itself, and tests/reference bounds it. |x 2^-6| <= 1024, |q| <= 8, kU <= 4 rows: no
+   * partial sum can overflow for any finite fp16 x (bf16 x above 2^26 in magnitude would).
+   */
+  template <int kU>
+  PROX_DEVICE static PROX_FORCEINLINE void fma_step(float (&acc)[kChannelsPerVec], const Piece<kVecBytes> (&v)[kU],
+                                                    const XReg (&x2)[kU]) {
+    static_assert(kU >= 1 && kU <= kMaxStepRows, "fp16 step sums hold at most kMaxStepRows rows");
+    // One word (8 channels) at a time keeps 4 partial-sum registers live, not 8 (the kernel runs at
+    // 3 blocks of 256 threads per SM: 80 registers).
 #pragma unroll
     for (int i = 0; i < Piece<kVecBytes>::kWords; ++i) {
-      float q[8];
-      int4::dequant_word(v.w[i], q);
+      __half2 h[4];
 #pragma unroll
-      for (int c = 0; c < 8; ++c) acc[8 * i + c] = fmaf(x, q[c], acc[8 * i + c]);
+      for (int u = 0; u < kU; ++u) {
+        __half2 q[4];
+        int4::dequant_word(v[u].w[i], q);  // channel pairs (8i + 2c, 8i + 2c + 1)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) h[c] = u == 0 ? __hmul2(x2[u], q[c]) : __hfma2(x2[u], q[c], h[c]);
+      }
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const float2 f = __half22float2(h[c]);
+        acc[8 * i + 2 * c] = fmaf(f.x, kXUnscale, acc[8 * i + 2 * c]);
+        acc[8 * i + 2 * c + 1] = fmaf(f.y, kXUnscale, acc[8 * i + 2 * c + 1]);
+      }
     }
   }
 #endif
@@ -80,11 +115,20 @@ struct DenseWeights {
   PROX_HOST_DEVICE static constexpr std::size_t col_bytes(int n) noexcept { return static_cast<std::size_t>(n) * sizeof(W); }
   static constexpr uint32_t kFill = 0u;
 #if defined(__CUDACC__)
-  PROX_DEVICE static PROX_FORCEINLINE void fma(float (&acc)[kChannelsPerVec], const Piece<kVecBytes>& v, float x) {
-    float w[8];
-    unpack8<W>(make_uint4(v.w[0], v.w[1], v.w[2], v.w[3]), w);
+  using XReg = float;
+  PROX_DEVICE static PROX_FORCEINLINE XReg make_x(float x) { return x; }
+  PROX_DEVICE static PROX_FORCEINLINE XReg zero_x() { return 0.0f; }
+  //! acc[c] += sum_u xs[u] * w_{u,c} over the kU rows of one step, in fp32.
+  template <int kU>
+  PROX_DEVICE static PROX_FORCEINLINE void fma_step(float (&acc)[kChannelsPerVec], const Piece<kVecBytes> (&v)[kU],
+                                                    const XReg (&xs)[kU]) {
 #pragma unroll
-    for (int c = 0; c < 8; ++c) acc[c] = fmaf(x, w[c], acc[c]);
+    for (int u = 0; u < kU; ++u) {
+      float w[8];
+      unpack8<W>(make_uint4(v[u].w[0], v[u].w[1], v[u].w[2], v[u].w[3]), w);
+#pragma unroll
+      for (int c = 0; c < 8; ++c) acc[c] = fmaf(xs[u], w[c], acc[c]);
+    }
   }
 #endif
 };
@@ -131,9 +175,11 @@ struct ProxyGemvPolicy {
 };
 
 //! Candidates for INT4 weights (index 0 is the fallback/default). 8-byte pieces: 16 threads cover a
-//! 256-channel tile, i.e. 128 contiguous bytes of each kept row per matrix.
-using ProxyGemvPolicies = PolicyList<ProxyGemvPolicy<256, 256, 512, 4, 3>, ProxyGemvPolicy<256, 256, 1024, 4, 3>,
-                                     ProxyGemvPolicy<256, 256, 256, 4, 3>>;
+//! 256-channel tile, i.e. 128 contiguous bytes of each kept row per matrix. Steps of 2-3 rows (fp16
+//! step sums) at 3 blocks per SM: measured on the H100 (Qwen3-8B/14B, s1 = 0..70 %) faster than 4-row
+//! steps, which spill at 80 registers, and than 2 blocks per SM (docs/benchmarks.md).
+using ProxyGemvPolicies = PolicyList<ProxyGemvPolicy<256, 256, 512, 2, 3>, ProxyGemvPolicy<256, 256, 1024, 3, 3>,
+                                     ProxyGemvPolicy<256, 256, 512, 3, 3>, ProxyGemvPolicy<256, 256, 1024, 2, 3>>;
 //! Candidates for fp16/bf16 proxy weights (16-byte pieces of 8 channels).
 using DenseProxyGemvPolicies =
     PolicyList<ProxyGemvPolicy<256, 256, 256, 4, 2>, ProxyGemvPolicy<256, 128, 256, 4, 2>>;
@@ -231,7 +277,7 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void proxy_g
   struct Step {
     P vg[kU];
     P vu[kU];
-    float xs[kU];
+    typename Fmt::XReg xs[kU];
   };
   const int steps = (count + kGroups * kU - 1) / (kGroups * kU);
   const auto load_step = [&](int it, Step& d) {
@@ -243,15 +289,12 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void proxy_g
       const std::size_t off = static_cast<std::size_t>(s_rows[rr]) * row_stride;
       d.vg[u] = ld_stream_piece<Fmt::kVecBytes>(pg + off, ok, Fmt::kFill);
       d.vu[u] = ld_stream_piece<Fmt::kVecBytes>(pu + off, ok, Fmt::kFill);
-      d.xs[u] = ok ? s_x[rr] : 0.0f;
+      d.xs[u] = ok ? Fmt::make_x(s_x[rr]) : Fmt::zero_x();
     }
   };
   const auto compute_step = [&](const Step& d) {
-#pragma unroll
-    for (int u = 0; u < kU; ++u) {
-      Fmt::fma(acc[0], d.vg[u], d.xs[u]);
-      Fmt::fma(acc[1], d.vu[u], d.xs[u]);
-    }
+    Fmt::template fma_step<kU>(acc[0], d.vg, d.xs);
+    Fmt::template fma_step<kU>(acc[1], d.vu, d.xs);
   };
   if (count > 0) {  // block-uniform; s_rows[0] is valid below
     Step b0;

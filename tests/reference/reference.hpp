@@ -38,6 +38,24 @@ constexpr double kActSlope = 1.2;
  */
 inline double gamma(std::size_t n) { return (static_cast<double>(n) + 64.0) * kEps32; }
 
+//! fp16 unit roundoff (2^-11) and the INT4 Stage 1's fp16 step sums (prox::Int4Weights::fma_step:
+//! at most kInt4StepRows rows per step, x scaled by 2^-6 before the products, 2^6 after).
+constexpr double kEps16 = 4.8828125e-04;
+constexpr int kInt4StepRows = 4;
+
+/**
+ * @brief Extra error of the INT4 Stage 1's fp16 step sums for one channel: each fused multiply-add
+ * of a step rounds once (relative 2^-11 of at most the step's sum of |x q|), plus, for tiny x,
+ * subnormal absolute rounding (2^-25 in units of x 2^-6, i.e. 2^-19) of the product and of x itself
+ * (|x| < 2^-8 makes x 2^-6 subnormal; that error is multiplied by |q| <= 8).
+ * @param abs_xq sum over the kept rows of |x_k q_k|; @param kept the kept x values.
+ */
+inline double int4_step_error(double abs_xq, const std::vector<double>& kept_abs_x) {
+  double e = kInt4StepRows * kEps16 * abs_xq;
+  for (double ax : kept_abs_x) e += (ax < 0.00390625 ? 9.0 : 1.0) * 1.9073486328125e-06;  // 2^-19
+  return e;
+}
+
 //! Relative rounding of storing to T (half an ulp).
 template <class T>
 constexpr double store_rel() {
@@ -140,6 +158,9 @@ inline Stage1Result stage1_int4(const std::vector<double>& x, int K, int N, floa
   Stage1Result r;
   r.kept = kept_inputs(x, tau_x);
   r.s.resize(N);
+  std::vector<double> kept_abs_x;
+  for (int k : r.kept) kept_abs_x.push_back(std::fabs(x[k]));
+  const double sub = int4_step_error(0.0, kept_abs_x);  // its x-only part, the same for every channel
   for (int j = 0; j < N; ++j) {
     double g = 0.0, u = 0.0, ag = 0.0, au = 0.0;
     for (int k : r.kept) {
@@ -151,8 +172,10 @@ inline Stage1Result stage1_int4(const std::vector<double>& x, int K, int N, floa
       au += std::fabs(x[k] * quk);
     }
     const double scg = sg[j], scu = su[j];
-    const Bounded bg{g * scg, (gamma(r.kept.size()) * ag + kEps32 * std::fabs(g)) * scg};
-    const Bounded bu{u * scu, (gamma(r.kept.size()) * au + kEps32 * std::fabs(u)) * scu};
+    const double eg = gamma(r.kept.size()) * ag + kInt4StepRows * kEps16 * ag + sub + kEps32 * std::fabs(g);
+    const double eu = gamma(r.kept.size()) * au + kInt4StepRows * kEps16 * au + sub + kEps32 * std::fabs(u);
+    const Bounded bg{g * scg, eg * scg};
+    const Bounded bu{u * scu, eu * scu};
     r.s[j] = glu(a, bg, bu);
   }
   finish_stage1(r, tau_s);

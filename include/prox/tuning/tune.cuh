@@ -763,8 +763,9 @@ class ProxyBench {
   }
 
  private:
-  //! s~ within rounding of policy 0 (split-K changes the fp32 summation order); mask bits may
-  //! differ only where |s~| is within that rounding of tau_s.
+  //! s~ within rounding of policy 0 (split-K changes the fp32 summation order, and the INT4 format's
+  //! fp16 step sums group rows by step, relative 2^-11 per operation); mask bits may differ only where
+  //! |s~| is within that rounding of tau_s.
   bool compare(const std::vector<float>& ref_s, const std::vector<std::uint32_t>& ref_mask, const std::vector<float>& s,
                const std::vector<std::uint32_t>& mask, float tau_s, std::string* why) const {
     double max_abs = 0.0;
@@ -772,7 +773,7 @@ class ProxyBench {
     for (int j = 0; j < N_; ++j) {
       const double r = ref_s[static_cast<std::size_t>(j)];
       const double v = s[static_cast<std::size_t>(j)];
-      const double tol = 1e-3 * std::fabs(r) + 1e-4 * max_abs + 1e-30;
+      const double tol = 4e-3 * std::fabs(r) + 1e-3 * max_abs + 1e-30;
       if (!(std::fabs(v - r) <= tol)) {
         *why = fmt_mismatch("s~", j, v, r, tol);
         return false;
@@ -908,7 +909,7 @@ class GluBench {
         continue;
       }
       const double r = ref[static_cast<std::size_t>(j)];
-      const double tol = 1e-3 * std::fabs(r) + 1e-4 * max_abs + 1e-30;
+      const double tol = 4e-3 * std::fabs(r) + 1e-3 * max_abs + 1e-30;
       if (!(std::fabs(static_cast<double>(v) - r) <= tol)) {
         *why = fmt_mismatch("s", j, v, r, tol);
         return false;
