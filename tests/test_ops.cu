@@ -135,7 +135,11 @@ void proxy_case(const HostLayer<T>& L, const DeviceLayer<T>& D, const std::vecto
         ref.num_selected, c.selected_gpu, c.ambiguous, c.ambiguous_flipped, c.mismatches, worst);
     CHECK(c.mismatches == 0);
     CHECK(s_bad == 0);
-    CHECK(c.ambiguous <= std::max(4, N / 20));  // the band is a worst-case rounding bound: a small share of N
+    // The band is a worst-case rounding bound, so it must stay a modest share of N. INT4 policies may
+    // sum each step in fp16: that bound (4 x 2^-11 of sum |x q|, prox_ref::int4_step_error) is ~20x
+    // the fp32 one, and at s2 = 70 % up to a fifth of the channels lie in it. Every channel is still
+    // checked against its bound (s_bad), which an indexing or decode error would exceed by far.
+    CHECK(c.ambiguous <= (kInt4 ? std::max(4, N / 4) : std::max(4, N / 20)));
     const auto cnt = dcnt.download()[0];
     CHECK(cnt.calls == 2u);
     CHECK(cnt.kept_inputs == 2u * ref.kept.size());

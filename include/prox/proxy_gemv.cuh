@@ -19,6 +19,7 @@
 
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "activation.cuh"
 #include "core/config.hpp"
@@ -57,11 +58,28 @@ struct Int4Weights {
   //! and the step's sums by 2^6 after: both exact powers of two.
   static constexpr float kXScale = 0.015625f;
   static constexpr float kXUnscale = 64.0f;
+  static constexpr bool kHasHalfSteps = true;  //!< fma_step on __half2 x (policies choose, see ProxyGemvPolicy)
 #if defined(__CUDACC__)
-  //! A kept x as a step consumes it: x 2^-6 in both halves (converted once, when the step is loaded).
-  using XReg = __half2;
-  PROX_DEVICE static PROX_FORCEINLINE XReg make_x(float x) { return __float2half2_rn(x * kXScale); }
-  PROX_DEVICE static PROX_FORCEINLINE XReg zero_x() { return __float2half2_rn(0.0f); }
+  //! A kept x as an fp16 step consumes it: x 2^-6 in both halves (converted when the step is loaded).
+  PROX_DEVICE static PROX_FORCEINLINE __half2 make_x(float x, __half2) { return __float2half2_rn(x * kXScale); }
+  PROX_DEVICE static PROX_FORCEINLINE float make_x(float x, float) { return x; }
+
+  //! acc[c] += sum_u xs[u] * q_{u,c} in fp32 (8 conversions + 8 FFMA per word): more rows per step
+  //! fit in registers, which long multi-wave grids prefer (Qwen3-32B at low sparsity).
+  template <int kU>
+  PROX_DEVICE static PROX_FORCEINLINE void fma_step(float (&acc)[kChannelsPerVec], const Piece<kVecBytes> (&v)[kU],
+                                                    const float (&xs)[kU]) {
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+#pragma unroll
+      for (int i = 0; i < Piece<kVecBytes>::kWords; ++i) {
+        float q[8];
+        int4::dequant_word(v[u].w[i], q);
+#pragma unroll
+        for (int c = 0; c < 8; ++c) acc[8 * i + c] = fmaf(xs[u], q[c], acc[8 * i + c]);
+      }
+    }
+  }
   /**
    * @brief acc[c] += sum_u xs[u] * q_{u,c} over the kU rows of one step.
    *
@@ -75,7 +93,7 @@ struct Int4Weights {
    */
   template <int kU>
   PROX_DEVICE static PROX_FORCEINLINE void fma_step(float (&acc)[kChannelsPerVec], const Piece<kVecBytes> (&v)[kU],
-                                                    const XReg (&x2)[kU]) {
+                                                    const __half2 (&x2)[kU]) {
     static_assert(kU >= 1 && kU <= kMaxStepRows, "fp16 step sums hold at most kMaxStepRows rows");
     // One word (8 channels) at a time keeps 4 partial-sum registers live, not 8 (the kernel runs at
     // 3 blocks of 256 threads per SM: 80 registers).
@@ -114,14 +132,13 @@ struct DenseWeights {
   PROX_HOST_DEVICE static constexpr std::size_t row_bytes(int d_ff) noexcept { return static_cast<std::size_t>(d_ff) * sizeof(W); }
   PROX_HOST_DEVICE static constexpr std::size_t col_bytes(int n) noexcept { return static_cast<std::size_t>(n) * sizeof(W); }
   static constexpr uint32_t kFill = 0u;
+  static constexpr bool kHasHalfSteps = false;
 #if defined(__CUDACC__)
-  using XReg = float;
-  PROX_DEVICE static PROX_FORCEINLINE XReg make_x(float x) { return x; }
-  PROX_DEVICE static PROX_FORCEINLINE XReg zero_x() { return 0.0f; }
+  PROX_DEVICE static PROX_FORCEINLINE float make_x(float x, float) { return x; }
   //! acc[c] += sum_u xs[u] * w_{u,c} over the kU rows of one step, in fp32.
   template <int kU>
   PROX_DEVICE static PROX_FORCEINLINE void fma_step(float (&acc)[kChannelsPerVec], const Piece<kVecBytes> (&v)[kU],
-                                                    const XReg (&xs)[kU]) {
+                                                    const float (&xs)[kU]) {
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
       float w[8];
@@ -161,25 +178,30 @@ struct ProxyGemvArgs {
  * @tparam ChunkK    input coordinates per block (split-K); thresholded in shared memory
  * @tparam Unroll    kept rows each thread has in flight (2 x 16-byte loads each)
  */
-template <int Threads, int TileN, int ChunkK, int Unroll, int MinBlocks = 1>
+template <int Threads, int TileN, int ChunkK, int Unroll, int MinBlocks = 1, bool HalfSteps = false>
 struct ProxyGemvPolicy {
   static constexpr int kThreads = Threads;
   static constexpr int kTileN = TileN;
   static constexpr int kChunkK = ChunkK;
   static constexpr int kUnroll = Unroll;
   static constexpr int kMinBlocks = MinBlocks;  //!< __launch_bounds__ minimum resident blocks per SM
+  //! Sum each step's rows in fp16 (formats with kHasHalfSteps: Int4Weights::fma_step on __half2 x);
+  //! otherwise, and for formats without it, in fp32.
+  static constexpr bool kHalfSteps = HalfSteps;
   static std::string name() {
     return "proxy_t" + std::to_string(Threads) + "_n" + std::to_string(TileN) + "_k" + std::to_string(ChunkK) + "_u" +
-           std::to_string(Unroll) + "_m" + std::to_string(MinBlocks);
+           std::to_string(Unroll) + "_m" + std::to_string(MinBlocks) + (HalfSteps ? "_h" : "");
   }
 };
 
 //! Candidates for INT4 weights (index 0 is the fallback/default). 8-byte pieces: 16 threads cover a
-//! 256-channel tile, i.e. 128 contiguous bytes of each kept row per matrix. Steps of 2-3 rows (fp16
-//! step sums) at 3 blocks per SM: measured on the H100 (Qwen3-8B/14B, s1 = 0..70 %) faster than 4-row
-//! steps, which spill at 80 registers, and than 2 blocks per SM (docs/benchmarks.md).
-using ProxyGemvPolicies = PolicyList<ProxyGemvPolicy<256, 256, 512, 2, 3>, ProxyGemvPolicy<256, 256, 1024, 3, 3>,
-                                     ProxyGemvPolicy<256, 256, 512, 3, 3>, ProxyGemvPolicy<256, 256, 1024, 2, 3>>;
+//! 256-channel tile, i.e. 128 contiguous bytes of each kept row per matrix. Measured on the H100
+//! (docs/benchmarks.md): fp16 steps of 2-3 rows at 3 blocks per SM are the fastest on the Qwen3
+//! 1.7B-14B shapes (4-row fp16 steps spill at 80 registers); fp32 4-row steps over 1024-input chunks
+//! on the 32B shape at low sparsity (the tuning cache picks it there; the wave rule picks index 1).
+using ProxyGemvPolicies =
+    PolicyList<ProxyGemvPolicy<256, 256, 512, 2, 3, true>, ProxyGemvPolicy<256, 256, 1024, 3, 3, true>,
+               ProxyGemvPolicy<256, 256, 256, 2, 3, true>, ProxyGemvPolicy<256, 256, 1024, 4, 3, false>>;
 //! Candidates for fp16/bf16 proxy weights (16-byte pieces of 8 channels).
 using DenseProxyGemvPolicies =
     PolicyList<ProxyGemvPolicy<256, 256, 256, 4, 2>, ProxyGemvPolicy<256, 128, 256, 4, 2>>;
@@ -274,10 +296,12 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void proxy_g
   // Step it covers rows group + (it kU + u) kGroups, u < kU. Loads of step it + 1 are issued before
   // the arithmetic of step it (register double buffering, branch-free so ptxas keeps the order).
   using P = Piece<Fmt::kVecBytes>;
+  constexpr bool kHalf = Policy::kHalfSteps && Fmt::kHasHalfSteps;
+  using XReg = std::conditional_t<kHalf, __half2, float>;
   struct Step {
     P vg[kU];
     P vu[kU];
-    typename Fmt::XReg xs[kU];
+    XReg xs[kU];
   };
   const int steps = (count + kGroups * kU - 1) / (kGroups * kU);
   const auto load_step = [&](int it, Step& d) {
@@ -289,7 +313,7 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void proxy_g
       const std::size_t off = static_cast<std::size_t>(s_rows[rr]) * row_stride;
       d.vg[u] = ld_stream_piece<Fmt::kVecBytes>(pg + off, ok, Fmt::kFill);
       d.vu[u] = ld_stream_piece<Fmt::kVecBytes>(pu + off, ok, Fmt::kFill);
-      d.xs[u] = ok ? Fmt::make_x(s_x[rr]) : Fmt::zero_x();
+      d.xs[u] = Fmt::make_x(ok ? s_x[rr] : 0.0f, XReg{});
     }
   };
   const auto compute_step = [&](const Step& d) {
