@@ -198,7 +198,8 @@ struct ProxyGemvPolicy {
 //! 256-channel tile, i.e. 128 contiguous bytes of each kept row per matrix. Measured on the H100
 //! (docs/benchmarks.md): fp16 steps of 2-3 rows at 3 blocks per SM are the fastest on the Qwen3
 //! 1.7B-14B shapes (4-row fp16 steps spill at 80 registers); fp32 4-row steps over 1024-input chunks
-//! on the 32B shape at low sparsity (the tuning cache picks it there; the wave rule picks index 1).
+//! were the fastest on the 32B shape at s1 = 0 in development timings (prox-tune chooses per shape
+//! and density; the plan-time wave rule picks index 1 there).
 using ProxyGemvPolicies =
     PolicyList<ProxyGemvPolicy<256, 256, 512, 2, 3, true>, ProxyGemvPolicy<256, 256, 1024, 3, 3, true>,
                ProxyGemvPolicy<256, 256, 256, 2, 3, true>, ProxyGemvPolicy<256, 256, 1024, 4, 3, false>>;
