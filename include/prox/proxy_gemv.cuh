@@ -19,7 +19,6 @@
 
 #include <cstdint>
 #include <string>
-#include <type_traits>
 
 #include "activation.cuh"
 #include "core/config.hpp"
@@ -58,28 +57,11 @@ struct Int4Weights {
   //! and the step's sums by 2^6 after: both exact powers of two.
   static constexpr float kXScale = 0.015625f;
   static constexpr float kXUnscale = 64.0f;
-  static constexpr bool kHasHalfSteps = true;  //!< fma_step on __half2 x (policies choose, see ProxyGemvPolicy)
 #if defined(__CUDACC__)
-  //! A kept x as an fp16 step consumes it: x 2^-6 in both halves (converted when the step is loaded).
-  PROX_DEVICE static PROX_FORCEINLINE __half2 make_x(float x, __half2) { return __float2half2_rn(x * kXScale); }
-  PROX_DEVICE static PROX_FORCEINLINE float make_x(float x, float) { return x; }
+  //! A kept x as a step consumes it: x 2^-6 in both halves (converted when the step is loaded).
+  using XReg = __half2;
+  PROX_DEVICE static PROX_FORCEINLINE XReg make_x(float x) { return __float2half2_rn(x * kXScale); }
 
-  //! acc[c] += sum_u xs[u] * q_{u,c} in fp32 (8 conversions + 8 FFMA per word): more rows per step
-  //! fit in registers, which long multi-wave grids prefer (Qwen3-32B at low sparsity).
-  template <int kU>
-  PROX_DEVICE static PROX_FORCEINLINE void fma_step(float (&acc)[kChannelsPerVec], const Piece<kVecBytes> (&v)[kU],
-                                                    const float (&xs)[kU]) {
-#pragma unroll
-    for (int u = 0; u < kU; ++u) {
-#pragma unroll
-      for (int i = 0; i < Piece<kVecBytes>::kWords; ++i) {
-        float q[8];
-        int4::dequant_word(v[u].w[i], q);
-#pragma unroll
-        for (int c = 0; c < 8; ++c) acc[8 * i + c] = fmaf(xs[u], q[c], acc[8 * i + c]);
-      }
-    }
-  }
   /**
    * @brief acc[c] += sum_u xs[u] * q_{u,c} over the kU rows of one step.
    *
@@ -132,9 +114,9 @@ struct DenseWeights {
   PROX_HOST_DEVICE static constexpr std::size_t row_bytes(int d_ff) noexcept { return static_cast<std::size_t>(d_ff) * sizeof(W); }
   PROX_HOST_DEVICE static constexpr std::size_t col_bytes(int n) noexcept { return static_cast<std::size_t>(n) * sizeof(W); }
   static constexpr uint32_t kFill = 0u;
-  static constexpr bool kHasHalfSteps = false;
 #if defined(__CUDACC__)
-  PROX_DEVICE static PROX_FORCEINLINE float make_x(float x, float) { return x; }
+  using XReg = float;
+  PROX_DEVICE static PROX_FORCEINLINE XReg make_x(float x) { return x; }
   //! acc[c] += sum_u xs[u] * w_{u,c} over the kU rows of one step, in fp32.
   template <int kU>
   PROX_DEVICE static PROX_FORCEINLINE void fma_step(float (&acc)[kChannelsPerVec], const Piece<kVecBytes> (&v)[kU],
@@ -178,31 +160,33 @@ struct ProxyGemvArgs {
  * @tparam ChunkK    input coordinates per block (split-K); thresholded in shared memory
  * @tparam Unroll    kept rows each thread has in flight (2 x 16-byte loads each)
  */
-template <int Threads, int TileN, int ChunkK, int Unroll, int MinBlocks = 1, bool HalfSteps = false>
+template <int Threads, int TileN, int ChunkK, int Unroll, int MinBlocks = 1, int Stages = 0>
 struct ProxyGemvPolicy {
   static constexpr int kThreads = Threads;
   static constexpr int kTileN = TileN;
   static constexpr int kChunkK = ChunkK;
   static constexpr int kUnroll = Unroll;
   static constexpr int kMinBlocks = MinBlocks;  //!< __launch_bounds__ minimum resident blocks per SM
-  //! Sum each step's rows in fp16 (formats with kHasHalfSteps: Int4Weights::fma_step on __half2 x);
-  //! otherwise, and for formats without it, in fp32.
-  static constexpr bool kHalfSteps = HalfSteps;
+  //! 0: register double buffering (two steps in flight per thread). >= 2: a cp.async pipeline of
+  //! Stages steps through shared memory (Stages - 1 in flight), which holds more bytes in flight
+  //! than the registers can at 3 blocks per SM.
+  static constexpr int kStages = Stages;
+  static_assert(Stages == 0 || Stages >= 2, "a cp.async pipeline needs at least 2 stages");
   static std::string name() {
     return "proxy_t" + std::to_string(Threads) + "_n" + std::to_string(TileN) + "_k" + std::to_string(ChunkK) + "_u" +
-           std::to_string(Unroll) + "_m" + std::to_string(MinBlocks) + (HalfSteps ? "_h" : "");
+           std::to_string(Unroll) + "_m" + std::to_string(MinBlocks) + (Stages > 0 ? "_s" + std::to_string(Stages) : "");
   }
 };
 
 //! Candidates for INT4 weights (index 0 is the fallback/default). 8-byte pieces: 16 threads cover a
 //! 256-channel tile, i.e. 128 contiguous bytes of each kept row per matrix. Measured on the H100
-//! (docs/benchmarks.md): fp16 steps of 2-3 rows at 3 blocks per SM are the fastest on the Qwen3
-//! 1.7B-14B shapes (4-row fp16 steps spill at 80 registers); fp32 4-row steps over 1024-input chunks
-//! were the fastest on the 32B shape at s1 = 0 in development timings (prox-tune chooses per shape
-//! and density; the plan-time wave rule picks index 1 there).
+//! (docs/benchmarks.md): register-buffered steps of 2-3 rows at 3 blocks per SM are the fastest on
+//! the Qwen3 1.7B-14B shapes (4-row steps spill at 80 registers); the 3-stage cp.async pipeline on
+//! the 32B shape, whose grid needs two waves (prox-tune chooses per shape and density; the
+//! plan-time wave rule picks index 1 there).
 using ProxyGemvPolicies =
-    PolicyList<ProxyGemvPolicy<256, 256, 512, 2, 3, true>, ProxyGemvPolicy<256, 256, 1024, 3, 3, true>,
-               ProxyGemvPolicy<256, 256, 256, 2, 3, true>, ProxyGemvPolicy<256, 256, 1024, 4, 3, false>>;
+    PolicyList<ProxyGemvPolicy<256, 256, 512, 2, 3>, ProxyGemvPolicy<256, 256, 1024, 3, 3>,
+               ProxyGemvPolicy<256, 256, 256, 2, 3>, ProxyGemvPolicy<256, 256, 1024, 3, 3, 3>>;
 //! Candidates for fp16/bf16 proxy weights (16-byte pieces of 8 channels).
 using DenseProxyGemvPolicies =
     PolicyList<ProxyGemvPolicy<256, 256, 256, 4, 2>, ProxyGemvPolicy<256, 128, 256, 4, 2>>;
@@ -221,10 +205,18 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void proxy_g
   static_assert(kTileN % kCpv == 0 && kTileN % kWarpSize == 0, "tile must hold whole pieces and mask words");
   using Reducer = detail::TileReducer<kThreads, kTn, kCpv, 2>;
 
+  using P = Piece<Fmt::kVecBytes>;
+  constexpr int kStages = Policy::kStages;
+  // The cp.async stages and the block reduction never live at the same time: one buffer serves both.
+  union StreamOrReduce {
+    P stage[kStages > 0 ? kStages : 1][kU][2][kThreads];
+    typename Reducer::Storage red;
+  };
   __shared__ int s_rows[kChunkK];
   __shared__ float s_x[kChunkK];
   __shared__ int s_warp[kThreads / kWarpSize];
-  __shared__ typename Reducer::Storage s_red;
+  __shared__ StreamOrReduce s_buf;
+  typename Reducer::Storage& s_red = s_buf.red;
 
   const int tid = static_cast<int>(threadIdx.x);
   const int tile = static_cast<int>(blockIdx.x);
@@ -296,9 +288,7 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void proxy_g
 
   // Step it covers rows group + (it kU + u) kGroups, u < kU. Loads of step it + 1 are issued before
   // the arithmetic of step it (register double buffering, branch-free so ptxas keeps the order).
-  using P = Piece<Fmt::kVecBytes>;
-  constexpr bool kHalf = Policy::kHalfSteps && Fmt::kHasHalfSteps;
-  using XReg = std::conditional_t<kHalf, __half2, float>;
+  using XReg = typename Fmt::XReg;
   struct Step {
     P vg[kU];
     P vu[kU];
@@ -314,24 +304,63 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void proxy_g
       const std::size_t off = static_cast<std::size_t>(s_rows[rr]) * row_stride;
       d.vg[u] = ld_stream_piece<Fmt::kVecBytes>(pg + off, ok, Fmt::kFill);
       d.vu[u] = ld_stream_piece<Fmt::kVecBytes>(pu + off, ok, Fmt::kFill);
-      d.xs[u] = Fmt::make_x(ok ? s_x[rr] : 0.0f, XReg{});
+      d.xs[u] = Fmt::make_x(ok ? s_x[rr] : 0.0f);
     }
   };
   const auto compute_step = [&](const Step& d) {
     Fmt::template fma_step<kU>(acc[0], d.vg, d.xs);
     Fmt::template fma_step<kU>(acc[1], d.vu, d.xs);
   };
-  if (count > 0) {  // block-uniform; s_rows[0] is valid below
-    Step b0;
-    Step b1;
-    load_step(0, b0);
+  if constexpr (kStages == 0) {
+    if (count > 0) {  // block-uniform; s_rows[0] is valid below
+      Step b0;
+      Step b1;
+      load_step(0, b0);
 #pragma unroll 1
-    for (int it = 0; it < steps; it += 2) {
-      load_step(it + 1, b1);  // past the end: every predicate is false, nothing is read
-      compute_step(b0);
-      load_step(it + 2, b0);
-      compute_step(b1);       // all-zero pieces past the end add exact zeros
+      for (int it = 0; it < steps; it += 2) {
+        load_step(it + 1, b1);  // past the end: every predicate is false, nothing is read
+        compute_step(b0);
+        load_step(it + 2, b0);
+        compute_step(b1);       // all-zero pieces past the end add exact zeros
+      }
     }
+  } else if (count > 0) {
+    // cp.async pipeline: step it goes to stage it % kStages; kStages - 1 steps are in flight while
+    // one is summed. Each thread reads back only the pieces it copied itself, so a per-thread
+    // wait_group is the only synchronization. Rows past the end are zero-filled and get x = 0
+    // (an INT4 zero word decodes to -8: 0 * -8 adds an exact zero).
+    const auto issue = [&](int it) {
+      P(&st)[kU][2][kThreads] = s_buf.stage[it % kStages];
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        const int r = group + (it * kU + u) * kGroups;
+        const bool ok = col_ok && r < count;
+        const std::size_t off = static_cast<std::size_t>(s_rows[ok ? r : 0]) * row_stride;
+        cp_async<Fmt::kVecBytes>(&st[u][0][tid], pg + off, ok);
+        cp_async<Fmt::kVecBytes>(&st[u][1][tid], pu + off, ok);
+      }
+      cp_async_commit();  // one group per step, empty or not, so wait_group counts steps
+    };
+#pragma unroll
+    for (int it = 0; it < kStages - 1; ++it) issue(it);
+#pragma unroll 1
+    for (int it = 0; it < steps; ++it) {
+      issue(it + kStages - 1);
+      cp_async_wait<kStages - 1>();  // step it has landed
+      const P(&st)[kU][2][kThreads] = s_buf.stage[it % kStages];
+      Step d;
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        const int r = group + (it * kU + u) * kGroups;
+        const bool ok = col_ok && r < count;
+        d.vg[u] = st[u][0][tid];
+        d.vu[u] = st[u][1][tid];
+        d.xs[u] = Fmt::make_x(ok ? s_x[r] : 0.0f);
+      }
+      compute_step(d);
+    }
+    cp_async_wait<0>();
+    __syncthreads();  // the stages become the reduction buffer below
   }
 
   // 3. Block reduction over row groups, then the split-K combine across chunks: at() of s_red then

@@ -44,6 +44,30 @@ PROX_DEVICE PROX_FORCEINLINE uint4 ld_cached_16(const void* p, bool pred = true,
 }
 
 /**
+ * @brief Asynchronous copy of kBytes (8 or 16) from global to shared memory (cp.async, sm_80+).
+ * When `pred` is false no byte is read (src-size 0) and the destination is zero-filled. 16-byte
+ * copies bypass L1 (.cg); 8-byte ones must go through it (.ca).
+ */
+template <int kBytes>
+PROX_DEVICE PROX_FORCEINLINE void cp_async(void* smem, const void* gmem, bool pred) {
+  static_assert(kBytes == 8 || kBytes == 16, "cp.async copies 8 or 16 bytes here");
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  const int src_size = pred ? kBytes : 0;
+  if constexpr (kBytes == 16) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(gmem), "r"(src_size) : "memory");
+  } else {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" ::"r"(dst), "l"(gmem), "r"(src_size) : "memory");
+  }
+}
+//! Close the current group of cp.async copies.
+PROX_DEVICE PROX_FORCEINLINE void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+//! Wait until at most kPending of this thread's cp.async groups are still in flight.
+template <int kPending>
+PROX_DEVICE PROX_FORCEINLINE void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
+}
+
+/**
  * @brief A piece of kBytes (8 or 16) bytes of a weight row, as 32-bit words. The GEMVs read weights
  * in pieces: 16 bytes is the widest load, 8 bytes halves the registers a thread needs per row.
  */
