@@ -428,8 +428,9 @@ void bench_dense_gemv(benchmark::State& st, const std::string& name, FfnShape sh
 // ---------------------------------------------------------------- prox benches
 enum class Op { kFfn, kStage2, kStage2Unfused, kThreshold, kProxy, kProxyEmpty, kGlu, kDown };
 
+//! The GLU GEMV's arguments for launch i (weight copy i mod copies, token i mod tokens).
 template <class T>
-void enqueue_glu(const Context<T>& ctx, const SparseSetup<T>& sp, int i, float* s_out, cudaStream_t s) {
+prox::GluGemvArgs<T> glu_args(const Context<T>& ctx, const SparseSetup<T>& sp, int i, float* s_out) {
   const prox_bench::LayerCopy<T> l = ctx.layer.copy(i % ctx.layer.copies());
   const int t = i % ctx.layer.tokens();
   prox::GluGemvArgs<T> a;
@@ -440,6 +441,12 @@ void enqueue_glu(const Context<T>& ctx, const SparseSetup<T>& sp, int i, float* 
   a.w_up = l.w_up;
   a.channel_mask = sp.token_mask(t);
   a.s = s_out;
+  return a;
+}
+
+template <class T>
+void enqueue_glu(const Context<T>& ctx, const SparseSetup<T>& sp, int i, float* s_out, cudaStream_t s) {
+  prox::GluGemvArgs<T> a = glu_args(ctx, sp, i, s_out);
   a.grid_blocks = sp.ffns[0].glu_blocks();  // the grid SparseFfn plans (SMs x resident blocks)
   PROX_BENCH_PROX(prox::dispatch_policy<prox::GluGemvPolicies>(sp.choice.glu, [&](auto p) {
     return prox::glu_gemv::launch<decltype(p), prox::SiLU>(a, nullptr, 0, s, prox::LaunchOptions{sp.pdl});
@@ -465,19 +472,11 @@ void enqueue_down(const Context<T>& ctx, const SparseSetup<T>& sp, int i, const 
 //! The fused Stage 2 as SparseFfn launches it (the planned policy and grid, PDL-chained).
 template <class T>
 void enqueue_glu_down(const Context<T>& ctx, const SparseSetup<T>& sp, int i, cudaStream_t s) {
-  const prox_bench::LayerCopy<T> l = ctx.layer.copy(i % ctx.layer.copies());
-  const int t = i % ctx.layer.tokens();
   prox::GluDownGemvArgs<T> a;
-  a.x = ctx.layer.token(t);
-  a.d_model = ctx.shape.d_model;
-  a.d_ff = ctx.shape.d_ff;
-  a.w_gate = l.w_gate;
-  a.w_up = l.w_up;
-  a.w_down_t = l.w_down_t;
-  a.channel_mask = sp.token_mask(t);
-  a.s = sp.s_scratch.template as<float>();
-  a.y = sp.y_scratch.template as<T>();
+  static_cast<prox::GluGemvArgs<T>&>(a) = glu_args(ctx, sp, i, sp.s_scratch.template as<float>());
   a.grid_blocks = sp.fused_blocks;
+  a.w_down_t = ctx.layer.copy(i % ctx.layer.copies()).w_down_t;
+  a.y = sp.y_scratch.template as<T>();
   prox::LaunchOptions o;
   o.pdl = sp.pdl;
   PROX_BENCH_PROX(prox::dispatch_policy<prox::GluDownGemvPolicies>(sp.choice.glu_down, [&](auto p) {

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <initializer_list>
 #include <limits>
 #include <type_traits>
 #include <string>
@@ -176,6 +177,37 @@ inline std::vector<std::uint8_t> random_flags(int n, double density, std::uint64
   for (int j = 0; j < n; ++j) f[j] = (0.5 * (1.0 + std::erf(g() / std::sqrt(2.0)))) < density;
   return f;
 }
+
+/**
+ * @brief The inputs of a Stage-2 op test: a synthetic layer on host and device, one token, and per
+ * density a random channel set with its float64 Stage-2 reference.
+ */
+template <class T>
+struct Stage2Case {
+  Stage2Case(int K, int N, std::uint64_t seed)
+      : L(make_host_layer<T>(K, N, seed)), D(L), x(normal_vector<T>(K, seed + 5, 1.0)), dx(x), seed_(seed) {}
+
+  //! fn(density, sel, ref, dmask) for each density: sel drawn with that density, ref = the reference
+  //! on sel, dmask = sel as a device bitmask.
+  template <class Fn>
+  void each_density(std::initializer_list<double> densities, prox_ref::Act act, Fn&& fn) const {
+    const auto dxv = prox_ref::to_double(x);
+    for (double density : densities) {
+      const auto sel = random_flags(L.N, density, seed_ + 9);
+      const auto ref = prox_ref::stage2(dxv, L.dwg, L.dwu, L.dwdt, L.K, L.N, sel, act);
+      DeviceBuffer<std::uint32_t> dmask(flags_to_mask(sel));
+      fn(density, sel, ref, dmask);
+    }
+  }
+
+  HostLayer<T> L;
+  DeviceLayer<T> D;
+  std::vector<T> x;
+  DeviceBuffer<T> dx;
+
+ private:
+  std::uint64_t seed_;
+};
 
 //! Stage-1 channel set of the device against the reference: exact, except channels whose reference
 //! |s~| lies within its rounding bound of tau_s (ambiguous: either decision is right).

@@ -23,17 +23,10 @@ namespace {
 
 template <class T, class A>
 void glu_down_suite(int K, int N, std::uint64_t seed) {
-  const auto L = make_host_layer<T>(K, N, seed);
-  const DeviceLayer<T> D(L);
-  const auto x = normal_vector<T>(K, seed + 5, 1.0);
-  const auto dxv = prox_ref::to_double(x);
-  DeviceBuffer<T> dx(x);
+  const Stage2Case<T> c2(K, N, seed);
   DeviceBuffer<float> ds(N);
   DeviceBuffer<T> dy(K);
-  for (double density : {0.23, 0.0, 1.0}) {
-    const auto sel = random_flags(N, density, seed + 9);
-    const auto ref = prox_ref::stage2(dxv, L.dwg, L.dwu, L.dwdt, K, N, sel, ref_act<A>());
-    DeviceBuffer<std::uint32_t> dmask(flags_to_mask(sel));
+  c2.each_density({0.23, 0.0, 1.0}, ref_act<A>(), [&](double density, const auto& sel, const auto& ref, const auto& dmask) {
     prox::for_each_policy<prox::GluDownGemvPolicies>([&](auto p, int pi) {
       using P = decltype(p);
       int max_blocks = 0;
@@ -44,12 +37,12 @@ void glu_down_suite(int K, int N, std::uint64_t seed) {
         for (bool coop : {true, false}) {
           CAPTURE(K, N, density, pi, P::name(), A::kName, prox::DTypeTraits<T>::kName, blocks, coop);
           prox::GluDownGemvArgs<T> a;
-          a.x = dx.get();
+          a.x = c2.dx.get();
           a.d_model = K;
           a.d_ff = N;
-          a.w_gate = D.wg.get();
-          a.w_up = D.wu.get();
-          a.w_down_t = D.wdt.get();
+          a.w_gate = c2.D.wg.get();
+          a.w_up = c2.D.wu.get();
+          a.w_down_t = c2.D.wdt.get();
           a.channel_mask = dmask.get();
           a.s = ds.get();
           a.y = dy.get();
@@ -101,7 +94,7 @@ void glu_down_suite(int K, int N, std::uint64_t seed) {
         }
       }
     });
-  }
+  });
 }
 
 }  // namespace

@@ -136,7 +136,7 @@ void proxy_case(const HostLayer<T>& L, const DeviceLayer<T>& D, const std::vecto
     CHECK(c.mismatches == 0);
     CHECK(s_bad == 0);
     // The band is a worst-case rounding bound, so it must stay a modest share of N. INT4 policies may
-    // sum each step in fp16: that bound (4 x 2^-11 of sum |x q|, prox_ref::int4_step_error) is ~20x
+    // sum each step in fp16: that bound (4 x 2^-11 of sum |x q|, prox_ref::int4_step_rounding) is ~20x
     // the fp32 one, and at s2 = 70 % up to a fifth of the channels lie in it. Every channel is still
     // checked against its bound (s_bad), which an indexing or decode error would exceed by far.
     CHECK(c.ambiguous <= (kInt4 ? std::max(4, N / 4) : std::max(4, N / 20)));
@@ -349,26 +349,19 @@ TEMPLATE_TEST_CASE("proxy GEMV: the cluster split-K combine is bit-identical to 
 namespace {
 template <class T, class A>
 void glu_suite(int K, int N, std::uint64_t seed) {
-  const auto L = make_host_layer<T>(K, N, seed);
-  const DeviceLayer<T> D(L);
-  const auto x = normal_vector<T>(K, seed + 5, 1.0);
-  const auto dxv = prox_ref::to_double(x);
-  DeviceBuffer<T> dx(x);
+  const Stage2Case<T> c2(K, N, seed);
   DeviceBuffer<float> ds(N);
-  for (double density : {0.3, 0.0, 1.0}) {
-    const auto sel = random_flags(N, density, seed + 9);
-    const auto ref = prox_ref::stage2(dxv, L.dwg, L.dwu, L.dwdt, K, N, sel, ref_act<A>());
-    DeviceBuffer<std::uint32_t> dmask(flags_to_mask(sel));
+  c2.each_density({0.3, 0.0, 1.0}, ref_act<A>(), [&](double density, const auto& sel, const auto& ref, const auto& dmask) {
     prox::for_each_policy<prox::GluGemvPolicies>([&](auto p, int pi) {
       using P = decltype(p);
       CAPTURE(K, N, density, pi, P::name(), A::kName, prox::DTypeTraits<T>::kName);
       ds.poison();
       prox::GluGemvArgs<T> a;
-      a.x = dx.get();
+      a.x = c2.dx.get();
       a.d_model = K;
       a.d_ff = N;
-      a.w_gate = D.wg.get();
-      a.w_up = D.wu.get();
+      a.w_gate = c2.D.wg.get();
+      a.w_up = c2.D.wu.get();
       a.channel_mask = dmask.get();
       a.s = ds.get();
       REQUIRE(prox::glu_gemv::launch<P, A>(a, nullptr, 0, nullptr) == prox::Status::kSuccess);
@@ -379,7 +372,7 @@ void glu_suite(int K, int N, std::uint64_t seed) {
       CHECK(c.bad == 0);
       CHECK(c.untouched_bad == 0);  // unselected channels are written as +0
     });
-  }
+  });
 }
 }  // namespace
 

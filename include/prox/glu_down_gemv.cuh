@@ -44,21 +44,16 @@
 PROX_NAMESPACE_BEGIN
 
 /**
- * @brief Arguments of the fused Stage-2 GEMV. All pointers are device pointers.
+ * @brief Arguments of the fused Stage-2 GEMV: those of the GLU GEMV (x, shape, W_gate, W_up, mask,
+ * s) plus the down GEMV's W_down^T and y. All pointers are device pointers.
+ * `grid_blocks` (inherited): 1..max_grid_blocks(), the grid the workspace is sized for; 0 =
+ * max_grid_blocks().
  * @tparam T `__half` or `__nv_bfloat16`.
  */
 template <class T>
-struct GluDownGemvArgs {
-  const T* x = nullptr;                         //!< [d_model], 16-byte aligned
-  int d_model = 0;                              //!< a multiple of 8, 8..2^20
-  int d_ff = 0;                                 //!< a multiple of 32, 32..2^20
-  const T* w_gate = nullptr;                    //!< [d_ff][d_model] row-major (nn.Linear), 16-byte aligned
-  const T* w_up = nullptr;                      //!< [d_ff][d_model], 16-byte aligned
-  const T* w_down_t = nullptr;                  //!< [d_ff][d_model] = W_down^T, 16-byte aligned
-  const std::uint32_t* channel_mask = nullptr;  //!< [d_ff/32] selected channels (Stage 1's output)
-  float* s = nullptr;                           //!< out [d_ff]: s_j for selected j, +0 elsewhere
-  T* y = nullptr;                               //!< out [d_model]; every element is written
-  int grid_blocks = 0;  //!< blocks, 1..max_grid_blocks(); the workspace is sized for it (0 = max_grid_blocks())
+struct GluDownGemvArgs : GluGemvArgs<T> {
+  const T* w_down_t = nullptr;  //!< [d_ff][d_model] = W_down^T, 16-byte aligned
+  T* y = nullptr;               //!< out [d_model]; every element is written
 };
 
 /**
@@ -151,14 +146,7 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void glu_dow
   const unsigned gen = tid == 0 ? detail::GridBarrier::generation(barrier) : 0u;
 
   // GLU part: this block's rank range of the selected channels.
-  GluGemvArgs<T> g;
-  g.x = a.x;
-  g.d_model = a.d_model;
-  g.d_ff = a.d_ff;
-  g.w_gate = a.w_gate;
-  g.w_up = a.w_up;
-  g.channel_mask = a.channel_mask;
-  g.s = a.s;
+  const GluGemvArgs<T>& g = a;
   const int n_words = a.d_ff / kWarpSize;
   int total = 0;
   const int offset = detail::mask_rank_offset<kThreads>(a.channel_mask, n_words, s_warp, &total);
@@ -213,26 +201,26 @@ namespace glu_down_gemv {
 
 /**
  * @brief Largest grid this policy can run with on the current device: SMs x min(Policy::kMinBlocks,
- * blocks of this kernel that fit on one SM). Host only; the occupancy is queried once per device.
+ * blocks of this kernel that fit on one SM). Host only; the driver is queried once per device.
  */
 template <class Policy, class Act, class T>
 Status max_grid_blocks(int* out) noexcept {
   if (out == nullptr) return Status::kErrorNullPointer;
-  // Blocks per SM of this kernel, per device ordinal: queried once (the launcher checks every grid
-  // against it, so the hot path must not pay an occupancy query per call).
-  constexpr int kMaxDevices = 64;
-  static std::atomic<int> fit_cache[kMaxDevices];
-  int dev = 0;
+  // Both facts are read from the driver once per device (detail::cached_per_device): the launcher
+  // checks every grid against them, and the hot path must not pay a driver query per call.
+  static std::atomic<int> fit_cache[detail::kMaxCachedDevices];
   int sms = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
-    return Status::kErrorCudaRuntime;
-  int fit = dev >= 0 && dev < kMaxDevices ? fit_cache[dev].load(std::memory_order_relaxed) : 0;
-  if (fit <= 0) {
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, glu_down_gemv_kernel<Policy, T, Act>, Policy::kThreads, 0) !=
-        cudaSuccess)
-      return Status::kErrorCudaRuntime;
-    if (dev >= 0 && dev < kMaxDevices) fit_cache[dev].store(fit, std::memory_order_relaxed);
-  }
+  int fit = 0;
+  PROX_RETURN_IF_ERROR(detail::current_device_attribute<cudaDevAttrMultiProcessorCount>(&sms));
+  PROX_RETURN_IF_ERROR(detail::cached_per_device(
+      fit_cache,
+      [](int, int* v) {
+        return cudaOccupancyMaxActiveBlocksPerMultiprocessor(v, glu_down_gemv_kernel<Policy, T, Act>, Policy::kThreads,
+                                                             0) == cudaSuccess
+                   ? Status::kSuccess
+                   : Status::kErrorCudaRuntime;
+      },
+      &fit));
   if (fit <= 0 || sms <= 0) return Status::kErrorUnsupportedDevice;
   *out = sms * (fit < Policy::kMinBlocks ? fit : Policy::kMinBlocks);
   return Status::kSuccess;
@@ -244,20 +232,16 @@ constexpr int num_tiles(int d_model) noexcept {
 }
 
 /**
- * @brief Validate without launching (the grid size is checked against the device at launch).
- * Shape rule: d_model a multiple of 8 in [8, 2^20]; d_ff a multiple of 32 in [32, 2^20]; x and the
- * weights 16-byte aligned; mask and s 4-byte aligned; y element-aligned; grid_blocks >= 0.
+ * @brief Validate without launching (the grid size is checked against the device at launch): the
+ * GLU GEMV's rules (glu_gemv::can_implement), W_down^T 16-byte aligned, y element-aligned,
+ * grid_blocks >= 0.
  */
 template <class T>
 Status can_implement(const GluDownGemvArgs<T>& a) noexcept {
-  if (a.x == nullptr || a.w_gate == nullptr || a.w_up == nullptr || a.w_down_t == nullptr ||
-      a.channel_mask == nullptr || a.s == nullptr || a.y == nullptr)
-    return Status::kErrorNullPointer;
-  PROX_RETURN_IF_ERROR(check_ffn_shape(a.d_model, a.d_ff));
+  PROX_RETURN_IF_ERROR(glu_gemv::can_implement<T>(a));
+  if (a.w_down_t == nullptr || a.y == nullptr) return Status::kErrorNullPointer;
   if (a.grid_blocks < 0) return Status::kErrorInvalidArgument;
-  if (!is_aligned(a.x, 16) || !is_aligned(a.w_gate, 16) || !is_aligned(a.w_up, 16) || !is_aligned(a.w_down_t, 16) ||
-      !is_aligned(a.channel_mask, 4) || !is_aligned(a.s, 4) || !is_aligned(a.y, sizeof(T)))
-    return Status::kErrorMisalignedPointer;
+  if (!is_aligned(a.w_down_t, 16) || !is_aligned(a.y, sizeof(T))) return Status::kErrorMisalignedPointer;
   return Status::kSuccess;
 }
 
@@ -290,7 +274,7 @@ constexpr std::size_t workspace_bytes(int d_model, int grid_blocks) noexcept {
 /**
  * @brief Launch the fused Stage 2 on `stream` (a cooperative launch: every block resident).
  * @code
- * prox::GluDownGemvArgs<__half> a{d_x, K, N, d_wg, d_wu, d_wdt, d_mask, d_s, d_y};
+ * prox::GluDownGemvArgs<__half> a{{d_x, K, N, d_wg, d_wu, d_mask, d_s}, d_wdt, d_y};
  * using P = prox::PolicyAt<0, prox::GluDownGemvPolicies>;
  * prox::glu_down_gemv::max_grid_blocks<P, prox::SiLU, __half>(&a.grid_blocks);      // plan time
  * std::size_t ws = prox::glu_down_gemv::workspace_bytes<P>(K, a.grid_blocks);

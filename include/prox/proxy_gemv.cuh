@@ -472,16 +472,15 @@ Status launch(const ProxyGemvArgs<T>& a, void* workspace, std::size_t workspace_
   if (grid.y > 65535u) return Status::kErrorInvalidShape;
   // Clusters of (1, chunks, 1): all split-K blocks of one column tile. The host cannot see which code
   // the device runs, so it checks that the device can launch clusters at all (an sm_80 device fails
-  // the launch); the kernel reads the cluster shape and falls back to the global combine by itself
-  // (code older than sm_90, e.g. JIT from compute_80 PTX). No occupancy query (it would cost a driver
-  // call per launch): a cluster of <= 8 of these blocks (256 threads, <= 25 KB static shared memory,
+  // the launch; the attribute is read once per device); the kernel reads the cluster shape and falls
+  // back to the global combine by itself (code older than sm_90, e.g. JIT from compute_80 PTX). No
+  // occupancy query: a cluster of <= 8 of these blocks (256 threads, <= 45 KB static shared memory,
   // 2-3 resident per SM) needs 3-4 SMs, far fewer than one GPC of an sm_90 part holds.
   unsigned cluster_y = 0;
   if (opts.cluster && grid.y >= 2u && grid.y <= static_cast<unsigned>(detail::kMaxClusterSplits)) {
-    int dev = 0;
     int has_clusters = 0;
-    if (cudaGetDevice(&dev) == cudaSuccess &&
-        cudaDeviceGetAttribute(&has_clusters, cudaDevAttrClusterLaunch, dev) == cudaSuccess && has_clusters != 0) {
+    if (detail::current_device_attribute<cudaDevAttrClusterLaunch>(&has_clusters) == Status::kSuccess &&
+        has_clusters != 0) {
       cluster_y = grid.y;
     }
   }

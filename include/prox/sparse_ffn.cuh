@@ -198,22 +198,6 @@ class SparseFfn {
     PROX_RETURN_IF_ERROR(launch_stage1(x, mask, nullptr, cfg_.tau_s, ws + off_proxy_, counters, stream));
     LaunchOptions chained;
     chained.pdl = pdl_;
-    if (fused_) {
-      GluDownGemvArgs<T> f;
-      f.x = x;
-      f.d_model = cfg_.d_model;
-      f.d_ff = cfg_.d_ff;
-      f.w_gate = w_.w_gate;
-      f.w_up = w_.w_up;
-      f.w_down_t = w_.w_down_t;
-      f.channel_mask = mask;
-      f.s = s;
-      f.y = y;
-      f.grid_blocks = glu_down_blocks_;
-      return dispatch_policy<GluDownPolicies>(choice_.glu_down, [&](auto p) {
-        return glu_down_gemv::launch<decltype(p), Act>(f, ws + off_down_, ws_down_, stream, chained);
-      });
-    }
     GluGemvArgs<T> a2;
     a2.x = x;
     a2.d_model = cfg_.d_model;
@@ -222,6 +206,16 @@ class SparseFfn {
     a2.w_up = w_.w_up;
     a2.channel_mask = mask;
     a2.s = s;
+    if (fused_) {
+      GluDownGemvArgs<T> f;
+      static_cast<GluGemvArgs<T>&>(f) = a2;
+      f.grid_blocks = glu_down_blocks_;
+      f.w_down_t = w_.w_down_t;
+      f.y = y;
+      return dispatch_policy<GluDownPolicies>(choice_.glu_down, [&](auto p) {
+        return glu_down_gemv::launch<decltype(p), Act>(f, ws + off_down_, ws_down_, stream, chained);
+      });
+    }
     a2.grid_blocks = glu_blocks_;
     PROX_RETURN_IF_ERROR(dispatch_policy<GluPolicies>(choice_.glu, [&](auto p) {
       return glu_gemv::launch<decltype(p), Act>(a2, nullptr, 0, stream, chained);

@@ -44,15 +44,16 @@ constexpr double kEps16 = 4.8828125e-04;
 constexpr int kInt4StepRows = 4;
 
 /**
- * @brief Extra error of the INT4 Stage 1's fp16 step sums for one channel: each fused multiply-add
- * of a step rounds once (relative 2^-11 of at most the step's sum of |x q|), plus, for tiny x,
- * subnormal absolute rounding (2^-25 in units of x 2^-6, i.e. 2^-19) of the product and of x itself
- * (|x| < 2^-8 makes x 2^-6 subnormal; that error is multiplied by |q| <= 8).
- * @param abs_xq sum over the kept rows of |x_k q_k|; @param kept the kept x values.
+ * @brief Extra error of the INT4 Stage 1's fp16 step sums, in two parts. Rounding: each fused
+ * multiply-add of a step rounds once, relative 2^-11 of at most the step's sum of |x q|, so a
+ * channel whose kept rows sum |x q| to abs_xq is off by at most int4_step_rounding(abs_xq).
+ * Subnormals (the same for every channel of a token): absolute 2^-25 in units of x 2^-6, i.e.
+ * 2^-19, per product, and for |x| < 2^-8 (x 2^-6 subnormal) also per x, times |q| <= 8.
  */
-inline double int4_step_error(double abs_xq, const std::vector<double>& kept_abs_x) {
-  double e = kInt4StepRows * kEps16 * abs_xq;
-  for (double ax : kept_abs_x) e += (ax < 0.00390625 ? 9.0 : 1.0) * 1.9073486328125e-06;  // 2^-19
+inline double int4_step_rounding(double abs_xq) { return kInt4StepRows * kEps16 * abs_xq; }
+inline double int4_step_subnormal(const std::vector<double>& x, const std::vector<int>& kept) {
+  double e = 0.0;
+  for (int k : kept) e += (std::fabs(x[k]) < 0.00390625 ? 9.0 : 1.0) * 1.9073486328125e-06;  // 2^-19
   return e;
 }
 
@@ -158,9 +159,7 @@ inline Stage1Result stage1_int4(const std::vector<double>& x, int K, int N, floa
   Stage1Result r;
   r.kept = kept_inputs(x, tau_x);
   r.s.resize(N);
-  std::vector<double> kept_abs_x;
-  for (int k : r.kept) kept_abs_x.push_back(std::fabs(x[k]));
-  const double sub = int4_step_error(0.0, kept_abs_x);  // its x-only part, the same for every channel
+  const double sub = int4_step_subnormal(x, r.kept);
   for (int j = 0; j < N; ++j) {
     double g = 0.0, u = 0.0, ag = 0.0, au = 0.0;
     for (int k : r.kept) {
@@ -172,8 +171,8 @@ inline Stage1Result stage1_int4(const std::vector<double>& x, int K, int N, floa
       au += std::fabs(x[k] * quk);
     }
     const double scg = sg[j], scu = su[j];
-    const double eg = gamma(r.kept.size()) * ag + kInt4StepRows * kEps16 * ag + sub + kEps32 * std::fabs(g);
-    const double eu = gamma(r.kept.size()) * au + kInt4StepRows * kEps16 * au + sub + kEps32 * std::fabs(u);
+    const double eg = gamma(r.kept.size()) * ag + int4_step_rounding(ag) + sub + kEps32 * std::fabs(g);
+    const double eu = gamma(r.kept.size()) * au + int4_step_rounding(au) + sub + kEps32 * std::fabs(u);
     const Bounded bg{g * scg, eg * scg};
     const Bounded bu{u * scu, eu * scu};
     r.s[j] = glu(a, bg, bu);

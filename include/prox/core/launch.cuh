@@ -5,6 +5,7 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <utility>
 #if defined(PROX_DEBUG)
 #include <cstdio>
@@ -33,6 +34,44 @@ struct LaunchOptions {
 };
 
 namespace detail {
+
+constexpr int kMaxCachedDevices = 64;
+
+/**
+ * @brief One int per device for the current device, computed once per device and process by
+ * `compute(device, &value) -> Status` (a driver query) and then read from `cache`: after the first
+ * launch on a device, a launcher that needs a device fact pays a cudaGetDevice and an atomic load.
+ */
+template <class Compute>
+Status cached_per_device(std::atomic<int> (&cache)[kMaxCachedDevices], Compute&& compute, int* out) noexcept {
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return Status::kErrorCudaRuntime;
+  const bool slot = dev >= 0 && dev < kMaxCachedDevices;
+  if (slot) {
+    const int cached = cache[dev].load(std::memory_order_relaxed);  // value + 1; 0 = not read yet
+    if (cached != 0) {
+      *out = cached - 1;
+      return Status::kSuccess;
+    }
+  }
+  int v = 0;
+  PROX_RETURN_IF_ERROR(compute(dev, &v));
+  if (slot) cache[dev].store(v + 1, std::memory_order_relaxed);
+  *out = v;
+  return Status::kSuccess;
+}
+
+//! An attribute of the current device, read from the driver once per device (see cached_per_device).
+template <cudaDeviceAttr kAttr>
+Status current_device_attribute(int* out) noexcept {
+  static std::atomic<int> cache[kMaxCachedDevices];
+  return cached_per_device(
+      cache,
+      [](int dev, int* v) {
+        return cudaDeviceGetAttribute(v, kAttr, dev) == cudaSuccess ? Status::kSuccess : Status::kErrorCudaRuntime;
+      },
+      out);
+}
 
 //! Launch attributes beyond PDL that individual kernels need (L3 launchers set them, not users).
 struct LaunchExtras {

@@ -23,7 +23,7 @@ constexpr int kMaxClusterSplits = 8;
 
 // ---------------------------------------------------------------- thread-block cluster primitives
 // sm_90+ only. Before sm_90 no launch is a cluster: cluster_num_blocks_y() reads 1, so callers'
-// cluster paths are dead code; the barrier and DSMEM primitives trap there should one be reached.
+// cluster paths are never taken there, and the barrier and DSMEM primitives compile to nothing.
 
 //! Blocks of this block's cluster along y, or 0 when the cluster spans more than one block in x or z.
 //! 1 without a cluster launch (a non-cluster launch is a cluster of one block) and before sm_90.
@@ -44,8 +44,6 @@ PROX_DEVICE PROX_FORCEINLINE int cluster_num_blocks_y() {
 PROX_DEVICE PROX_FORCEINLINE void cluster_arrive() {
 #if PROX_ARCH_SM90
   asm volatile("barrier.cluster.arrive.release;" ::: "memory");
-#else
-  __trap();
 #endif
 }
 
@@ -53,8 +51,6 @@ PROX_DEVICE PROX_FORCEINLINE void cluster_arrive() {
 PROX_DEVICE PROX_FORCEINLINE void cluster_wait() {
 #if PROX_ARCH_SM90
   asm volatile("barrier.cluster.wait.acquire;" ::: "memory");
-#else
-  __trap();
 #endif
 }
 
@@ -75,7 +71,6 @@ PROX_DEVICE PROX_FORCEINLINE float ld_shared_cluster(const float* p, int rank) {
 #else
   (void)p;
   (void)rank;
-  __trap();
   return 0.0f;
 #endif
 }

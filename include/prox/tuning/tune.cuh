@@ -563,6 +563,58 @@ inline std::string fmt_mismatch(const char* what, int j, double got, double want
          std::to_string(want) + " (tolerance " + std::to_string(tol) + ")";
 }
 
+//! Grow the rotation buffer `w` of the exact-weight benches to n sets of set_bytes, filled with
+//! uniform [-0.05, 0.05] values of T (`*sets` = sets it holds; a smaller n is already there).
+template <class T>
+Status ensure_weight_sets(DeviceBuffer& w, int* sets, int n, std::size_t set_bytes, std::uint64_t seed,
+                          cudaStream_t stream) {
+  if (n <= *sets) return Status::kSuccess;
+  w.reset();
+  *sets = 0;
+  PROX_RETURN_IF_ERROR(w.alloc(static_cast<std::size_t>(n) * set_bytes));
+  PROX_RETURN_IF_ERROR(fill_uniform(w.as<T>(), w.bytes() / sizeof(T), seed, -0.05f, 0.05f, stream));
+  *sets = n;
+  return cuda_ok(cudaStreamSynchronize(stream));
+}
+
+/**
+ * @brief What every op bench does once its inputs are ready: run each candidate once with its
+ * outputs poisoned, keep candidate 0's outputs as the reference and check every other candidate
+ * against it, then time all of them over the rotation sets and record the winner.
+ * @param check_run  (c) -> Status: run candidate c for the check (rotation set 0)
+ * @param launch     (c, set) -> Status: the launch that is timed
+ * @param poison     () -> Status: mark the outputs unwritten
+ * @param fetch      (is_reference, std::string* why) -> Status: download the outputs, keep them as the
+ *                   reference when is_reference; a non-empty *why rejects the candidate (rejecting
+ *                   candidate 0 leaves nothing to verify against, so the bench stops there)
+ * @param check      (std::string* why) -> bool: the outputs just fetched match the reference
+ */
+template <class CheckRun, class Launch, class Poison, class Fetch, class Check>
+Status verify_time_record(Cache& cache, const Key& key, std::vector<CandidateResult>& res, const TuneOptions& o,
+                          cudaStream_t stream, int nsets, std::size_t set_bytes, CheckRun&& check_run, Launch&& launch,
+                          Poison&& poison, Fetch&& fetch, Check&& check, TuneResult* out) {
+  for (std::size_t c = 0; c < res.size(); ++c) {
+    PROX_RETURN_IF_ERROR(poison());
+    res[c].status = check_run(static_cast<int>(c));
+    if (res[c].status != Status::kSuccess) {
+      res[c].failure = std::string("launch failed: ") + to_string(res[c].status);
+    } else {
+      PROX_RETURN_IF_ERROR(fetch(c == 0, &res[c].failure));
+    }
+    if (!res[c].failure.empty()) {
+      if (c == 0) return finish(cache, key, res, o, out);  // no reference: nothing can be verified
+      continue;
+    }
+    res[c].verified = c == 0 || !o.verify || check(&res[c].failure);
+  }
+  PROX_RETURN_IF_ERROR(time_candidates(res, nsets, o, stream, launch));
+  if (out != nullptr) {
+    out->rotation_sets = nsets;
+    out->rotation_bytes = static_cast<std::size_t>(nsets) * set_bytes;
+  }
+  return finish(cache, key, res, o, out);
+}
+
 // ---------------------------------------------------------------- per-op benches
 //! Threshold op: no weights (nothing to rotate); outputs mask + indices + count are compared exactly.
 template <class T>
@@ -599,49 +651,38 @@ class ThresholdBench {
     std::vector<std::uint32_t> ref_mask, mask;
     std::vector<int> ref_idx, idx, ref_count, count;
     const std::size_t words = static_cast<std::size_t>((n_ + 31) / 32);
-    for (std::size_t c = 0; c < res.size(); ++c) {
+    const auto poison = [&]() {
       PROX_RETURN_IF_ERROR(cuda_ok(cudaMemsetAsync(mask_.bytes_ptr(), 0xFF, mask_.bytes(), stream_)));
-      PROX_RETURN_IF_ERROR(cuda_ok(cudaMemsetAsync(count_.bytes_ptr(), 0xFF, count_.bytes(), stream_)));
-      res[c].status = launch(static_cast<int>(c), 0);
-      if (res[c].status != Status::kSuccess) {
-        res[c].failure = std::string("launch failed: ") + to_string(res[c].status);
-        if (c == 0) return finish(cache, key, res, o_, out);  // no reference: nothing can be verified
-        continue;
-      }
+      return cuda_ok(cudaMemsetAsync(count_.bytes_ptr(), 0xFF, count_.bytes(), stream_));
+    };
+    const auto fetch = [&](bool is_reference, std::string* why) {
       PROX_RETURN_IF_ERROR(download(&mask, mask_.as<std::uint32_t>(), words, stream_));
       PROX_RETURN_IF_ERROR(download(&count, count_.as<int>(), 1, stream_));
       const int kept = count[0];
       if (kept < 0 || kept > n_) {
-        res[c].failure = "count " + std::to_string(kept) + " out of range";
-        if (c == 0) return finish(cache, key, res, o_, out);
-        continue;
+        *why = "count " + std::to_string(kept) + " out of range";
+        return Status::kSuccess;
       }
       PROX_RETURN_IF_ERROR(download(&idx, idx_.as<int>(), static_cast<std::size_t>(kept), stream_));
-      if (c == 0) {
+      if (is_reference) {
         ref_mask = mask;
         ref_idx = idx;
         ref_count = count;
-        res[c].verified = true;
-        continue;
       }
-      if (!o_.verify) {
-        res[c].verified = true;
-      } else if (count != ref_count) {
-        res[c].failure = "count " + std::to_string(kept) + ", policy 0 gives " + std::to_string(ref_count[0]);
+      return Status::kSuccess;
+    };
+    const auto check = [&](std::string* why) {
+      if (count != ref_count) {
+        *why = "count " + std::to_string(count[0]) + ", policy 0 gives " + std::to_string(ref_count[0]);
       } else if (mask != ref_mask) {
-        res[c].failure = "mask differs from policy 0";
+        *why = "mask differs from policy 0";
       } else if (idx != ref_idx) {
-        res[c].failure = "indices differ from policy 0";
-      } else {
-        res[c].verified = true;
+        *why = "indices differ from policy 0";
       }
-    }
-    PROX_RETURN_IF_ERROR(time_candidates(res, 1, o_, stream_, launch));
-    if (out != nullptr) {
-      out->rotation_sets = 1;
-      out->rotation_bytes = 0;
-    }
-    return finish(cache, key, res, o_, out);
+      return why->empty();
+    };
+    return verify_time_record(
+        cache, key, res, o_, stream_, 1, 0, [&](int c) { return launch(c, 0); }, launch, poison, fetch, check, out);
   }
 
  private:
@@ -733,33 +774,27 @@ class ProxyBench {
     }
     std::vector<float> ref_s, s;
     std::vector<std::uint32_t> ref_mask, mask;
-    for (std::size_t c = 0; c < res.size(); ++c) {
+    const auto check_run = [&](int c) {  // values mode, so s~ itself is compared
       ProxyGemvArgs<T> b = with_set(a, 0);
       b.s_proxy = s_.as<float>();
-      PROX_RETURN_IF_ERROR(cuda_ok(cudaMemsetAsync(s_.bytes_ptr(), 0xFF, s_.bytes(), stream_)));  // NaN: unwritten
-      res[c].status = run(b, static_cast<int>(c));
-      if (res[c].status != Status::kSuccess) {
-        res[c].failure = std::string("launch failed: ") + to_string(res[c].status);
-        if (c == 0) return finish(cache, key, res, o_, out);  // no reference: nothing can be verified
-        continue;
-      }
+      return run(b, c);
+    };
+    const auto launch = [&](int c, int set) { return run(with_set(a, set), c); };  // timed: mask mode
+    const auto poison = [&]() {  // NaN: unwritten
+      return cuda_ok(cudaMemsetAsync(s_.bytes_ptr(), 0xFF, s_.bytes(), stream_));
+    };
+    const auto fetch = [&](bool is_reference, std::string*) {
       PROX_RETURN_IF_ERROR(download(&s, s_.as<float>(), static_cast<std::size_t>(N_), stream_));
       PROX_RETURN_IF_ERROR(download(&mask, mask_.as<std::uint32_t>(), static_cast<std::size_t>(N_ / 32), stream_));
-      if (c == 0) {
+      if (is_reference) {
         ref_s = s;
         ref_mask = mask;
-        res[c].verified = true;
-        continue;
       }
-      res[c].verified = !o_.verify || compare(ref_s, ref_mask, s, mask, a.tau_s, &res[c].failure);
-    }
-    const auto launch = [&](int c, int set) { return run(with_set(a, set), c); };
-    PROX_RETURN_IF_ERROR(time_candidates(res, nsets, o_, stream_, launch));
-    if (out != nullptr) {
-      out->rotation_sets = nsets;
-      out->rotation_bytes = static_cast<std::size_t>(nsets) * set_bytes;
-    }
-    return finish(cache, key, res, o_, out);
+      return Status::kSuccess;
+    };
+    const auto check = [&](std::string* why) { return compare(ref_s, ref_mask, s, mask, a.tau_s, why); };
+    return verify_time_record(cache, key, res, o_, stream_, nsets, set_bytes, check_run, launch, poison, fetch, check,
+                              out);
   }
 
  private:
@@ -858,36 +893,22 @@ class GluBench {
     };
     std::vector<CandidateResult> res = fresh_results<List>();
     std::vector<float> ref_s, s;
-    for (std::size_t c = 0; c < res.size(); ++c) {
-      PROX_RETURN_IF_ERROR(cuda_ok(cudaMemsetAsync(s_.bytes_ptr(), 0xFF, s_.bytes(), stream_)));
-      res[c].status = run(static_cast<int>(c), 0);
-      if (res[c].status != Status::kSuccess) {
-        res[c].failure = std::string("launch failed: ") + to_string(res[c].status);
-        if (c == 0) return finish(cache, key, res, o_, out);  // no reference: nothing can be verified
-        continue;
-      }
+    const auto poison = [&]() { return cuda_ok(cudaMemsetAsync(s_.bytes_ptr(), 0xFF, s_.bytes(), stream_)); };
+    const auto fetch = [&](bool is_reference, std::string* why) {
       PROX_RETURN_IF_ERROR(download(&s, s_.as<float>(), static_cast<std::size_t>(N_), stream_));
-      if (c == 0) {
-        ref_s = s;
-        res[c].verified = true;
-        // Policy 0 itself must write every selected channel.
-        for (int j = 0; j < N_ && res[c].failure.empty(); ++j) {
-          if (mask_bit(hmask, j) && float_bits(s[static_cast<std::size_t>(j)]) == 0xFFFFFFFFu) {
-            res[c].verified = false;
-            res[c].failure = "policy 0 did not write selected channel " + std::to_string(j);
-          }
-        }
-        if (!res[c].verified) return finish(cache, key, res, o_, out);
-        continue;
+      if (!is_reference) return Status::kSuccess;
+      ref_s = s;
+      // Policy 0 itself must write every selected channel.
+      for (int j = 0; j < N_ && why->empty(); ++j) {
+        if (mask_bit(hmask, j) && float_bits(s[static_cast<std::size_t>(j)]) == 0xFFFFFFFFu)
+          *why = "policy 0 did not write selected channel " + std::to_string(j);
       }
-      res[c].verified = !o_.verify || compare(ref_s, s, hmask, &res[c].failure);
-    }
-    PROX_RETURN_IF_ERROR(time_candidates(res, nsets, o_, stream_, run));
-    if (out != nullptr) {
-      out->rotation_sets = nsets;
-      out->rotation_bytes = static_cast<std::size_t>(nsets) * set_bytes;
-    }
-    return finish(cache, key, res, o_, out);
+      return Status::kSuccess;
+    };
+    const auto check = [&](std::string* why) { return compare(ref_s, s, hmask, why); };
+    return verify_time_record(
+        cache, key, res, o_, stream_, nsets, set_bytes, [&](int c) { return run(c, 0); }, run, poison, fetch, check,
+        out);
   }
 
  private:
@@ -918,15 +939,7 @@ class GluBench {
     return true;
   }
 
-  Status ensure_sets(int n) {
-    if (n <= sets_) return Status::kSuccess;
-    w_.reset();
-    sets_ = 0;
-    PROX_RETURN_IF_ERROR(w_.alloc(static_cast<std::size_t>(n) * 2 * mat_bytes_));
-    PROX_RETURN_IF_ERROR(fill_uniform(w_.as<T>(), w_.bytes() / sizeof(T), o_.seed + 4, -0.05f, 0.05f, stream_));
-    sets_ = n;
-    return cuda_ok(cudaStreamSynchronize(stream_));
-  }
+  Status ensure_sets(int n) { return ensure_weight_sets<T>(w_, &sets_, n, 2 * mat_bytes_, o_.seed + 4, stream_); }
 
   int K_ = 0, N_ = 0;
   TuneOptions o_{};
@@ -989,28 +1002,18 @@ class DownBench {
     };
     std::vector<CandidateResult> res = fresh_results<List>();
     std::vector<T> ref_y, y;
-    for (std::size_t c = 0; c < res.size(); ++c) {
-      PROX_RETURN_IF_ERROR(cuda_ok(cudaMemsetAsync(y_.bytes_ptr(), 0xFF, y_.bytes(), stream_)));  // NaN: unwritten
-      res[c].status = run(static_cast<int>(c), 0);
-      if (res[c].status != Status::kSuccess) {
-        res[c].failure = std::string("launch failed: ") + to_string(res[c].status);
-        if (c == 0) return finish(cache, key, res, o_, out);  // no reference: nothing can be verified
-        continue;
-      }
+    const auto poison = [&]() {  // NaN: unwritten
+      return cuda_ok(cudaMemsetAsync(y_.bytes_ptr(), 0xFF, y_.bytes(), stream_));
+    };
+    const auto fetch = [&](bool is_reference, std::string*) {
       PROX_RETURN_IF_ERROR(download(&y, y_.as<T>(), static_cast<std::size_t>(K_), stream_));
-      if (c == 0) {
-        ref_y = y;
-        res[c].verified = true;
-        continue;
-      }
-      res[c].verified = !o_.verify || compare(ref_y, y, &res[c].failure);
-    }
-    PROX_RETURN_IF_ERROR(time_candidates(res, nsets, o_, stream_, run));
-    if (out != nullptr) {
-      out->rotation_sets = nsets;
-      out->rotation_bytes = static_cast<std::size_t>(nsets) * set_bytes;
-    }
-    return finish(cache, key, res, o_, out);
+      if (is_reference) ref_y = y;
+      return Status::kSuccess;
+    };
+    const auto check = [&](std::string* why) { return compare(ref_y, y, why); };
+    return verify_time_record(
+        cache, key, res, o_, stream_, nsets, set_bytes, [&](int c) { return run(c, 0); }, run, poison, fetch, check,
+        out);
   }
 
  private:
@@ -1031,15 +1034,7 @@ class DownBench {
     return true;
   }
 
-  Status ensure_sets(int n) {
-    if (n <= sets_) return Status::kSuccess;
-    w_.reset();
-    sets_ = 0;
-    PROX_RETURN_IF_ERROR(w_.alloc(static_cast<std::size_t>(n) * mat_bytes_));
-    PROX_RETURN_IF_ERROR(fill_uniform(w_.as<T>(), w_.bytes() / sizeof(T), o_.seed + 6, -0.05f, 0.05f, stream_));
-    sets_ = n;
-    return cuda_ok(cudaStreamSynchronize(stream_));
-  }
+  Status ensure_sets(int n) { return ensure_weight_sets<T>(w_, &sets_, n, mat_bytes_, o_.seed + 6, stream_); }
 
   int K_ = 0, N_ = 0;
   TuneOptions o_{};
