@@ -10,8 +10,11 @@
 //!   prox_ffn         prox::SparseFfn<T, SiLU> (Int4 proxies), 2 kernels  bytes: Stage 1 + GLU + down
 //!   prox_stage2      Stage 2 as the FFN runs it (glu_down_gemv, fused) on Stage 1's precomputed masks
 //!   stage2_unfused   glu_gemv + down_gemv (two kernels) on the same masks: what the fusion saves
+//!   stage2_empty     Stage 2 as the FFN runs it on an all-zero mask: no weight byte is read, so its
+//!                    time is Stage 2's fixed cost (the counterpart of proxy_int4_empty)
 //!   threshold        threshold op on x (mask + compacted indices)      bytes: d_model 2
 //!   proxy_int4       proxy_gemv<Int4Weights> (Stage 1 alone)           bytes: kept rows d_ff/2 2 + 8 d_ff + x
+//!   proxy_int4_empty Stage 1 with tau_x = +inf (no input kept): Stage 1's fixed cost
 //!   glu              glu_gemv on Stage 1's masks                        bytes: selected d_model 2 2
 //!   down             down_gemv on Stage 1's masks and s                 bytes: selected d_model 2
 //! Every bench reports per-launch time from CUDA-graph replays (UseManualTime) and the counters
@@ -98,6 +101,7 @@ struct SparseSetup {
   DeviceBuffer ws_tok;    //!< one FFN workspace per token: its mask and s feed the Stage-2 benches
   DeviceBuffer counters;  //!< prox::SparsityCounters
   DeviceBuffer mask_scratch, s_scratch, y_scratch;
+  DeviceBuffer empty_mask;  //!< all zero: nothing selected (stage2_empty)
   DeviceBuffer proxy_ws, down_ws, glu_down_ws;
   std::size_t proxy_ws_bytes = 0, down_ws_bytes = 0;
   DeviceBuffer thr_mask, thr_idx, thr_count;
@@ -229,6 +233,8 @@ SparseSetup<T>& sparse_setup(Context<T>& ctx, int e_pct) {
   sp->mask_scratch = DeviceBuffer(sizeof(std::uint32_t) * (N / 32), "mask scratch");
   sp->s_scratch = DeviceBuffer(sizeof(float) * N, "s scratch");
   sp->y_scratch = DeviceBuffer(sizeof(T) * K, "y scratch");
+  sp->empty_mask = DeviceBuffer(sizeof(std::uint32_t) * (N / 32), "all-zero mask");
+  PROX_BENCH_CUDA(cudaMemsetAsync(sp->empty_mask.get(), 0, sp->empty_mask.bytes(), s));
   PROX_BENCH_PROX(prox::initialize_workspace(sp->ws.get(), sp->ws.bytes(), s));
   PROX_BENCH_PROX(prox::initialize_workspace(sp->ws_tok.get(), sp->ws_tok.bytes(), s));
 
@@ -426,11 +432,11 @@ void bench_dense_gemv(benchmark::State& st, const std::string& name, FfnShape sh
 }
 
 // ---------------------------------------------------------------- prox benches
-enum class Op { kFfn, kStage2, kStage2Unfused, kThreshold, kProxy, kProxyEmpty, kGlu, kDown };
+enum class Op { kFfn, kStage2, kStage2Unfused, kStage2Empty, kThreshold, kProxy, kProxyEmpty, kGlu, kDown };
 
 //! The GLU GEMV's arguments for launch i (weight copy i mod copies, token i mod tokens).
 template <class T>
-prox::GluGemvArgs<T> glu_args(const Context<T>& ctx, const SparseSetup<T>& sp, int i, float* s_out) {
+prox::GluGemvArgs<T> glu_args(const Context<T>& ctx, const SparseSetup<T>& sp, int i, float* s_out, bool empty = false) {
   const prox_bench::LayerCopy<T> l = ctx.layer.copy(i % ctx.layer.copies());
   const int t = i % ctx.layer.tokens();
   prox::GluGemvArgs<T> a;
@@ -439,14 +445,14 @@ prox::GluGemvArgs<T> glu_args(const Context<T>& ctx, const SparseSetup<T>& sp, i
   a.d_ff = ctx.shape.d_ff;
   a.w_gate = l.w_gate;
   a.w_up = l.w_up;
-  a.channel_mask = sp.token_mask(t);
+  a.channel_mask = empty ? sp.empty_mask.template as<const std::uint32_t>() : sp.token_mask(t);
   a.s = s_out;
   return a;
 }
 
 template <class T>
-void enqueue_glu(const Context<T>& ctx, const SparseSetup<T>& sp, int i, float* s_out, cudaStream_t s) {
-  prox::GluGemvArgs<T> a = glu_args(ctx, sp, i, s_out);
+void enqueue_glu(const Context<T>& ctx, const SparseSetup<T>& sp, int i, float* s_out, cudaStream_t s, bool empty = false) {
+  prox::GluGemvArgs<T> a = glu_args(ctx, sp, i, s_out, empty);
   a.grid_blocks = sp.ffns[0].glu_blocks();  // the grid SparseFfn plans (SMs x resident blocks)
   PROX_BENCH_PROX(prox::dispatch_policy<prox::GluGemvPolicies>(sp.choice.glu, [&](auto p) {
     return prox::glu_gemv::launch<decltype(p), prox::SiLU>(a, nullptr, 0, s, prox::LaunchOptions{sp.pdl});
@@ -454,12 +460,13 @@ void enqueue_glu(const Context<T>& ctx, const SparseSetup<T>& sp, int i, float* 
 }
 
 template <class T>
-void enqueue_down(const Context<T>& ctx, const SparseSetup<T>& sp, int i, const float* s_in, cudaStream_t s) {
+void enqueue_down(const Context<T>& ctx, const SparseSetup<T>& sp, int i, const float* s_in, cudaStream_t s,
+                  bool empty = false) {
   const prox_bench::LayerCopy<T> l = ctx.layer.copy(i % ctx.layer.copies());
   const int t = i % ctx.layer.tokens();
   prox::DownGemvArgs<T> a;
   a.s = s_in != nullptr ? s_in : sp.token_s(t);
-  a.channel_mask = sp.token_mask(t);
+  a.channel_mask = empty ? sp.empty_mask.template as<const std::uint32_t>() : sp.token_mask(t);
   a.w_down_t = l.w_down_t;
   a.d_model = ctx.shape.d_model;
   a.d_ff = ctx.shape.d_ff;
@@ -471,9 +478,9 @@ void enqueue_down(const Context<T>& ctx, const SparseSetup<T>& sp, int i, const 
 
 //! The fused Stage 2 as SparseFfn launches it (the planned policy and grid, PDL-chained).
 template <class T>
-void enqueue_glu_down(const Context<T>& ctx, const SparseSetup<T>& sp, int i, cudaStream_t s) {
+void enqueue_glu_down(const Context<T>& ctx, const SparseSetup<T>& sp, int i, cudaStream_t s, bool empty = false) {
   prox::GluDownGemvArgs<T> a;
-  static_cast<prox::GluGemvArgs<T>&>(a) = glu_args(ctx, sp, i, sp.s_scratch.template as<float>());
+  static_cast<prox::GluGemvArgs<T>&>(a) = glu_args(ctx, sp, i, sp.s_scratch.template as<float>(), empty);
   a.grid_blocks = sp.fused_blocks;
   a.w_down_t = ctx.layer.copy(i % ctx.layer.copies()).w_down_t;
   a.y = sp.y_scratch.template as<T>();
@@ -517,6 +524,20 @@ void bench_prox(benchmark::State& st, const std::string& name, FfnShape shape, i
         enqueue = [&](int i, cudaStream_t s) {
           enqueue_glu(ctx, sp, i, sp.s_scratch.template as<float>(), s);
           enqueue_down(ctx, sp, i, sp.s_scratch.template as<const float>(), s);
+        };
+        break;
+      case Op::kStage2Empty:
+        // Nothing selected, so no weight byte is read: what Stage 2 costs whatever the density (read
+        // the mask, rank, write s = 0, the grid barrier, the down split-K combine, write y), as the
+        // FFN runs it (fused or not). Bytes: the mask.
+        bytes = static_cast<double>(N) / 8.0;
+        enqueue = [&](int i, cudaStream_t s) {
+          if (sp.fused) {
+            enqueue_glu_down(ctx, sp, i, s, /*empty=*/true);
+          } else {
+            enqueue_glu(ctx, sp, i, sp.s_scratch.template as<float>(), s, /*empty=*/true);
+            enqueue_down(ctx, sp, i, sp.s_scratch.template as<const float>(), s, /*empty=*/true);
+          }
         };
         break;
       case Op::kThreshold:
@@ -616,6 +637,7 @@ void register_shape(const FfnShape& shape, const std::vector<int>& targets) {
   reg("dense_gemv_down/" + base,
       [shape](benchmark::State& st, const std::string& n) { bench_dense_gemv<T>(st, n, shape, false); });
   const std::pair<const char*, Op> ops[] = {{"prox_ffn", Op::kFfn},     {"prox_stage2", Op::kStage2}, {"stage2_unfused", Op::kStage2Unfused},
+                                            {"stage2_empty", Op::kStage2Empty},
                                             {"threshold", Op::kThreshold}, {"proxy_int4", Op::kProxy}, {"proxy_int4_empty", Op::kProxyEmpty},
                                             {"glu", Op::kGlu},           {"down", Op::kDown}};
   for (int e : targets) {

@@ -130,7 +130,9 @@ def fmt_us(v):
 
 
 def fmt_pct(v):
-    return "-" if v is None else f"{100.0 * v:.0f} %"
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    return f"{100.0 * v:.0f} %"
 
 
 def fmt_x(v):
@@ -245,18 +247,29 @@ def section_ffn(runs):
                             continue
                         s2 = r.get("prox_stage2", m, d, e)
                         p = r.get("proxy_int4", m, d, e)
-                        floor = f.get("bytes_needed", 0) / (f.get("copy_GBps", float("nan")) * 1e3)
+                        p0 = r.get("proxy_int4_empty", m, d, e)
+                        s20 = r.get("stage2_empty", m, d, e)
+                        copy = f.get("copy_GBps", float("nan"))
+                        floor = f.get("bytes_needed", 0) / (copy * 1e3)
+                        f1, f2 = cell(p0, "t_us"), cell(s20, "t_us")
+                        fixed = f1 + f2 if f1 is not None and f2 is not None else float("nan")
+                        rest = f.get("t_us", float("nan")) - fixed
+                        rest_frac = floor / rest if rest == rest and rest > 0 else float("nan")
                         rows2.append([m, d, f"{e} %", f"{f.get('s1', 0) * 100:.1f} / {f.get('s2', 0) * 100:.1f}",
                                       fmt_us(f.get("t_us")), fmt_us(cell(p, "t_us")), fmt_us(cell(s2, "t_us")),
+                                      f"{fmt_us(cell(p0, 't_us'))} + {fmt_us(cell(s20, 't_us'))}",
                                       f"{f.get('bytes_needed', 0) / 1e6:.1f}", fmt_us(floor),
-                                      fmt_pct(f.get("frac_copy"))])
+                                      fmt_pct(f.get("frac_copy")), fmt_pct(rest_frac)])
             if rows2:
                 out.append("Breakdown: Stage 1 alone (`proxy_int4`), Stage 2 alone on Stage 1's masks "
-                           "(`prox_stage2`), the bytes that had to be read, and the time those bytes take at the "
-                           "copy bandwidth (the floor).")
+                           "(`prox_stage2`), the two stages' fixed costs (`proxy_int4_empty` + `stage2_empty`: "
+                           "the same launches with nothing kept, so no weight byte is read), the bytes that had "
+                           "to be read, the time those bytes take at the copy bandwidth (the floor), the FFN's "
+                           "fraction of copy, and the fraction of copy of the time left after the fixed costs.")
                 out.append("")
                 out.append(table(["model", "dtype", "e", "s1 / s2 measured %", "FFN µs", "Stage 1 µs",
-                                  "Stage 2 µs", "MB read", "floor µs", "of copy"], rows2))
+                                  "Stage 2 µs", "fixed µs (1 + 2)", "MB read", "floor µs", "of copy",
+                                  "of copy w/o fixed"], rows2))
                 out.append("")
     return "\n".join(out) if out else "_No Prox FFN results in the input._"
 
