@@ -243,10 +243,7 @@ class AlphaTool {
                 Timing* dflt, std::string* dflt_name) {
     const int K = shape.d_model;
     const int N = shape.d_ff;
-    const int default_index = prox::default_policy<List>(dev_.sm_count, [&](auto p) {
-      using P = decltype(p);
-      return long(prox::proxy_gemv::num_tiles<P>(N)) * prox::proxy_gemv::num_chunks<P>(K);
-    });
+    const int default_index = prox::proxy_gemv_default_policy<List>(dev_.sm_count, K, N);
     best->median_s = std::numeric_limits<double>::infinity();
     prox::for_each_policy<List>([&](auto p, int index) {
       using P = decltype(p);

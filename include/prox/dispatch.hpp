@@ -40,25 +40,45 @@ inline Status query_device(DeviceInfo* out) noexcept {
   return Status::kSuccess;
 }
 
+//! default_policy()'s preference for multi-wave grids when none is given: no candidate preferred.
+struct NoWavePreference {
+  template <class P>
+  constexpr bool operator()(P) const noexcept {
+    return false;
+  }
+};
+
 /**
  * @brief Default policy of a list for a shape: the candidate whose grid needs the fewest waves
- * (a wave = SMs x P::kMinBlocks resident blocks); among those, the one with the most blocks (more
- * bytes in flight); ties go to the lower index. `blocks(policy)` returns the grid size of a policy.
- * Measured reason (H100, Qwen3-8B Stage 1): a grid of 1.45 waves ran as slowly as 2 full waves.
+ * (a wave = SMs x P::kMinBlocks resident blocks); when that is more than one wave, a candidate for
+ * which `prefer_multi_wave(policy)` holds; then the one with the most blocks (more bytes in
+ * flight); ties go to the lower index. `blocks(policy)` returns the grid size of a policy.
+ * Measured reasons (H100): a Qwen3-8B Stage-1 grid of 1.45 waves ran as slowly as 2 full waves;
+ * on the Qwen3-32B shape, whose Stage-1 grid needs 2 waves, the cp.async-pipelined candidate was
+ * 3-8 us faster than the register-buffered one with the same grid at every target (benchmarks.md).
  */
-template <class List, class BlocksFn>
-int default_policy(int sm_count, BlocksFn&& blocks) {
+template <class List, class BlocksFn, class PreferFn = NoWavePreference>
+int default_policy(int sm_count, BlocksFn&& blocks, PreferFn&& prefer_multi_wave = PreferFn{}) {
   int best_index = 0;
   long best_waves = -1;
   long best_blocks = -1;
+  bool best_preferred = false;
   for_each_policy<List>([&](auto p, int i) {
     const long b = blocks(p);
     const long slots = static_cast<long>(sm_count) * decltype(p)::kMinBlocks;
     const long waves = slots > 0 ? (b + slots - 1) / slots : b;
-    if (best_waves < 0 || waves < best_waves || (waves == best_waves && b > best_blocks)) {
+    const bool preferred = waves > 1 && prefer_multi_wave(p);
+    bool better = false;
+    if (best_waves < 0 || waves < best_waves) {
+      better = true;
+    } else if (waves == best_waves) {
+      better = preferred != best_preferred ? preferred : b > best_blocks;
+    }
+    if (better) {
       best_index = i;
       best_waves = waves;
       best_blocks = b;
+      best_preferred = preferred;
     }
   });
   return best_index;

@@ -182,8 +182,8 @@ struct ProxyGemvPolicy {
 //! 256-channel tile, i.e. 128 contiguous bytes of each kept row per matrix. Measured on the H100
 //! (docs/benchmarks.md): register-buffered steps of 2-3 rows at 3 blocks per SM are the fastest on
 //! the Qwen3 1.7B-14B shapes (4-row steps spill at 80 registers); the 3-stage cp.async pipeline on
-//! the 32B shape, whose grid needs two waves (prox-tune chooses per shape and density; the
-//! plan-time wave rule picks index 1 there).
+//! the 32B shape, whose grid needs two waves (the plan-time rule, proxy_gemv_default_policy,
+//! picks it there; prox-tune chooses per shape and density).
 using ProxyGemvPolicies =
     PolicyList<ProxyGemvPolicy<256, 256, 512, 2, 3>, ProxyGemvPolicy<256, 256, 1024, 3, 3>,
                ProxyGemvPolicy<256, 256, 256, 2, 3>, ProxyGemvPolicy<256, 256, 1024, 3, 3, 3>>;

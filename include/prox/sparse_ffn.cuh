@@ -42,6 +42,22 @@ struct PolicyChoice {
   int glu_down = -1;  //!< fused Stage 2 (PlanOptions::fuse_stage2)
 };
 
+/**
+ * @brief The Stage-1 policy plan() uses without an explicit choice: default_policy() over the grid
+ * sizes, preferring a cp.async-pipelined candidate (kStages > 0) when the grid needs more than one
+ * wave (measured faster there; docs/benchmarks.md).
+ */
+template <class List>
+int proxy_gemv_default_policy(int sm_count, int d_model, int d_ff) noexcept {
+  return default_policy<List>(
+      sm_count,
+      [&](auto p) {
+        using P = decltype(p);
+        return long(proxy_gemv::num_tiles<P>(d_ff)) * proxy_gemv::num_chunks<P>(d_model);
+      },
+      [](auto p) { return decltype(p)::kStages > 0; });
+}
+
 template <class ProxyFmt>
 struct ProxyPolicyListFor {
   using type = ProxyGemvPolicies;
@@ -126,13 +142,7 @@ class SparseFfn {
     const int K = cfg.d_model;
     const int N = cfg.d_ff;
     PROX_RETURN_IF_ERROR(pick(opts.choice.proxy, ProxyPolicies::kSize,
-                              default_policy<ProxyPolicies>(info.sm_count,
-                                                            [&](auto p) {
-                                                              using P = decltype(p);
-                                                              return long(proxy_gemv::num_tiles<P>(N)) *
-                                                                     proxy_gemv::num_chunks<P>(K);
-                                                            }),
-                              &choice_.proxy));
+                              proxy_gemv_default_policy<ProxyPolicies>(info.sm_count, K, N), &choice_.proxy));
     // The GLU GEMV splits the selected rows evenly by rank, so its grid is sized to fill the GPU in
     // one wave (SMs x resident blocks) and its policy 0 is the default.
     PROX_RETURN_IF_ERROR(pick(opts.choice.glu, GluPolicies::kSize, 0, &choice_.glu));
