@@ -177,6 +177,9 @@ TEMPLATE_TEST_CASE("proxy GEMV (INT4): channel set and s~ match the reference", 
   proxy_suite<T, prox::Int4Weights, prox::SiLU, prox::ProxyGemvPolicies>(1000, 2016, 3, false);
   proxy_suite<T, prox::Int4Weights, prox::SiLU, prox::ProxyGemvPolicies>(2048, 6144, 4, true);    // Qwen3-1.7B
   proxy_suite<T, prox::Int4Weights, prox::GeluTanh, prox::ProxyGemvPolicies>(4096, 12288, 5, false);  // Qwen3-8B
+  // 19 split-K chunks with the 256-input policy: the last block's partial loads run in batches of
+  // 8 splits (TileReducer::split_k), here 8 + 8 + a partial batch of 3.
+  proxy_suite<T, prox::Int4Weights, prox::SiLU, prox::ProxyGemvPolicies>(4700, 544, 6, false);
 }
 
 TEMPLATE_TEST_CASE("proxy GEMV (fp16/bf16 proxies, A1): channel set and s~ match the reference", "[stage1][gpu]",
@@ -444,6 +447,7 @@ TEMPLATE_TEST_CASE("sparse down GEMV: y from the selected rows only, every eleme
   down_suite<T>(8, 32, 42);
   down_suite<T>(1000, 2016, 43);
   down_suite<T>(4096, 12288, 44);  // Qwen3-8B
+  down_suite<T>(64, 17408, 45);    // 34 split-K chunks of 512: partial loads in batches of 32 + 2
 }
 
 // ======================================================================== bad input
