@@ -145,6 +145,16 @@ def table(header, rows):
     return "\n".join(out)
 
 
+def captioned_table(ctx, caption, header, rows):
+    """Lines of one table: its run's provenance (when ctx is given), a caption (when given), the table."""
+    out = []
+    if ctx is not None:
+        out += [provenance(ctx), ""]
+    if caption:
+        out += [caption, ""]
+    return out + [table(header, rows), ""]
+
+
 def provenance(ctx, what="Measured"):
     gpu = ctx.get("gpu", "unknown GPU")
     arch = ctx.get("gpu_arch", "")
@@ -203,11 +213,8 @@ def section_dense(runs):
                              fmt_pct(cell(ffn, "frac_copy")), fmt_us(cell(up, "t_us")), fmt_pct(cell(up, "frac_copy")),
                              fmt_us(cell(down, "t_us")), fmt_pct(cell(down, "frac_copy"))])
         if rows:
-            out.append(provenance(r.context))
-            out.append("")
-            out.append(table(["model", "dtype", "dense FFN µs", "GB/s", "of copy", "GEMV up µs", "of copy",
-                              "GEMV down µs", "of copy"], rows))
-            out.append("")
+            out += captioned_table(r.context, None, ["model", "dtype", "dense FFN µs", "GB/s", "of copy",
+                                                     "GEMV up µs", "of copy", "GEMV down µs", "of copy"], rows)
     return "\n".join(out) if out else "_No dense results in the input._"
 
 
@@ -230,13 +237,10 @@ def section_ffn(runs):
                     dense = r.get("dense_ffn", m, d)
                     rows.append([m, d, fmt_us(cell(dense, "t_us"))] + cells)
         if rows:
-            out.append(provenance(r.context))
-            out.append("")
-            out.append("Each cell: Prox FFN time per token, speed-up over the cuBLAS dense FFN of the same run, "
-                       "and the effective sparsity ê measured from the masks.")
-            out.append("")
-            out.append(table(["model", "dtype", "dense µs"] + [f"e = {e} %" for e in targets], rows))
-            out.append("")
+            out += captioned_table(r.context,
+                                   "Each cell: Prox FFN time per token, speed-up over the cuBLAS dense FFN of the "
+                                   "same run, and the effective sparsity ê measured from the masks.",
+                                   ["model", "dtype", "dense µs"] + [f"e = {e} %" for e in targets], rows)
             # Where the time goes: Stage 2 alone, Stage 1 alone, and the byte floor.
             rows2 = []
             for m in r.models():
@@ -261,16 +265,15 @@ def section_ffn(runs):
                                       f"{f.get('bytes_needed', 0) / 1e6:.1f}", fmt_us(floor),
                                       fmt_pct(f.get("frac_copy")), fmt_pct(rest_frac)])
             if rows2:
-                out.append("Breakdown: Stage 1 alone (`proxy_int4`), Stage 2 alone on Stage 1's masks "
-                           "(`prox_stage2`), the two stages' fixed costs (`proxy_int4_empty` + `stage2_empty`: "
-                           "the same launches with nothing kept, so no weight byte is read), the bytes that had "
-                           "to be read, the time those bytes take at the copy bandwidth (the floor), the FFN's "
-                           "fraction of copy, and the fraction of copy of the time left after the fixed costs.")
-                out.append("")
-                out.append(table(["model", "dtype", "e", "s1 / s2 measured %", "FFN µs", "Stage 1 µs",
-                                  "Stage 2 µs", "fixed µs (1 + 2)", "MB read", "floor µs", "of copy",
-                                  "of copy w/o fixed"], rows2))
-                out.append("")
+                out += captioned_table(
+                    None,
+                    "Breakdown: Stage 1 alone (`proxy_int4`), Stage 2 alone on Stage 1's masks "
+                    "(`prox_stage2`), the two stages' fixed costs (`proxy_int4_empty` + `stage2_empty`: "
+                    "the same launches with nothing kept, so no weight byte is read), the bytes that had "
+                    "to be read, the time those bytes take at the copy bandwidth (the floor), the FFN's "
+                    "fraction of copy, and the fraction of copy of the time left after the fixed costs.",
+                    ["model", "dtype", "e", "s1 / s2 measured %", "FFN µs", "Stage 1 µs", "Stage 2 µs",
+                     "fixed µs (1 + 2)", "MB read", "floor µs", "of copy", "of copy w/o fixed"], rows2)
     return "\n".join(out) if out else "_No Prox FFN results in the input._"
 
 
@@ -290,13 +293,11 @@ def section_kernels(runs):
                     if any(c != "-" for c in cells):
                         rows.append([m, d, f"{e} %"] + cells)
         if rows:
-            out.append(provenance(r.context))
-            out.append("")
-            out.append("Each cell: time per launch / bytes that had to be read per second as a fraction of the "
-                       "copy bandwidth of the same run. The threshold op reads only x and is latency-bound.")
-            out.append("")
-            out.append(table(["model", "dtype", "e"] + [name for _, name in ops], rows))
-            out.append("")
+            out += captioned_table(r.context,
+                                   "Each cell: time per launch / bytes that had to be read per second as a fraction "
+                                   "of the copy bandwidth of the same run. The threshold op reads only x and is "
+                                   "latency-bound.",
+                                   ["model", "dtype", "e"] + [name for _, name in ops], rows)
     return "\n".join(out) if out else "_No per-kernel results in the input._"
 
 

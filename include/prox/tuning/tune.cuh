@@ -420,6 +420,12 @@ std::vector<T> make_input(int n, double density, std::mt19937_64& rng) {
   return x;
 }
 
+//! The random generator of a bench's inputs for one cache key: a function of the tuning seed and
+//! the key's density bucket, so a re-run draws the same inputs.
+inline std::mt19937_64 key_rng(std::uint64_t seed, const Key& key) {
+  return std::mt19937_64(seed ^ static_cast<std::uint64_t>(key.density16) * 0x100000001b3ull);
+}
+
 //! Channel bitmask [ceil(n/32)] with exactly round(density * n) bits set at random.
 inline std::vector<std::uint32_t> make_mask(int n, double density, std::mt19937_64& rng) {
   std::vector<std::uint32_t> m(static_cast<std::size_t>((n + 31) / 32), 0u);
@@ -635,7 +641,7 @@ class ThresholdBench {
 
   Status measure(Cache& cache, double density, TuneResult* out) {
     const Key key = threshold_key<T>(n_, density);
-    std::mt19937_64 rng(o_.seed ^ static_cast<std::uint64_t>(key.density16) * 0x100000001b3ull);
+    std::mt19937_64 rng = key_rng(o_.seed, key);
     PROX_RETURN_IF_ERROR(upload(x_.as<T>(), make_input<T>(n_, bucket_density(key.density16), rng), stream_));
     ThresholdArgs<T> a;
     a.x = x_.as<T>();
@@ -692,19 +698,34 @@ class ThresholdBench {
   DeviceBuffer x_, mask_, idx_, count_;
 };
 
+//! What the benches that rotate weight sets share: the shape, the options, the stream, the bytes of
+//! one weight matrix (256-byte aligned) and how many rotation sets are allocated.
+class WeightBenchBase {
+ protected:
+  void bind(int d_model, int d_ff, std::size_t matrix_bytes, const TuneOptions& o, cudaStream_t stream) noexcept {
+    K_ = d_model;
+    N_ = d_ff;
+    mat_bytes_ = round_up<std::size_t>(matrix_bytes, 256);
+    o_ = o;
+    stream_ = stream;
+  }
+
+  int K_ = 0, N_ = 0;
+  TuneOptions o_{};
+  cudaStream_t stream_ = nullptr;
+  std::size_t mat_bytes_ = 0;
+  int sets_ = 0;
+};
+
 //! Stage-1 proxy GEMV: rotated gate/up proxy weights (+ scales); verifies s~ and the channel mask.
 template <class T, class Fmt, class Act>
-class ProxyBench {
+class ProxyBench : WeightBenchBase {
  public:
   using List = typename ProxyPolicyListFor<Fmt>::type;
 
   Status init(int d_model, int d_ff, const TuneOptions& o, cudaStream_t stream) noexcept {
     PROX_RETURN_IF_ERROR(check_proxy_shape(d_model, d_ff));
-    K_ = d_model;
-    N_ = d_ff;
-    o_ = o;
-    stream_ = stream;
-    mat_bytes_ = round_up<std::size_t>(static_cast<std::size_t>(K_) * Fmt::row_bytes(N_), 256);
+    bind(d_model, d_ff, static_cast<std::size_t>(d_model) * Fmt::row_bytes(d_ff), o, stream);
     scale_stride_ = round_up<std::size_t>(sizeof(float) * static_cast<std::size_t>(N_), 256);
     PROX_RETURN_IF_ERROR(x_.alloc(sizeof(T) * static_cast<std::size_t>(K_)));
     PROX_RETURN_IF_ERROR(mask_.alloc(sizeof(std::uint32_t) * static_cast<std::size_t>(N_ / 32)));
@@ -724,7 +745,7 @@ class ProxyBench {
   Status measure(Cache& cache, double input_density, TuneResult* out) {
     const Key key = proxy_gemv_key<T, Fmt, Act>(K_, N_, input_density);
     const double density = bucket_density(key.density16);
-    std::mt19937_64 rng(o_.seed ^ static_cast<std::uint64_t>(key.density16) * 0x100000001b3ull);
+    std::mt19937_64 rng = key_rng(o_.seed, key);
     PROX_RETURN_IF_ERROR(upload(x_.as<T>(), make_input<T>(K_, density, rng), stream_));
     const std::size_t set_bytes = 2 * mat_bytes_ + (Fmt::kNeedsScales ? 2 * scale_stride_ : 0);
     const std::size_t touched = static_cast<std::size_t>(density * 2.0 * static_cast<double>(mat_bytes_)) +
@@ -838,28 +859,20 @@ class ProxyBench {
     return cuda_ok(cudaStreamSynchronize(stream_));
   }
 
-  int K_ = 0, N_ = 0;
-  TuneOptions o_{};
-  cudaStream_t stream_ = nullptr;
-  std::size_t mat_bytes_ = 0, scale_stride_ = 0, ws_bytes_ = 0;
-  int sets_ = 0;
+  std::size_t scale_stride_ = 0, ws_bytes_ = 0;
   DeviceBuffer x_, mask_, s_, ws_, w_, sc_;
 };
 
 //! Masked GLU GEMV: rotated gate/up weights; verifies s of the selected channels within rounding and
 //! the unselected entries bit for bit against policy 0.
 template <class T, class Act>
-class GluBench {
+class GluBench : WeightBenchBase {
  public:
   using List = GluGemvPolicies;
 
   Status init(int d_model, int d_ff, const TuneOptions& o, cudaStream_t stream) noexcept {
     PROX_RETURN_IF_ERROR(check_ffn_shape(d_model, d_ff));
-    K_ = d_model;
-    N_ = d_ff;
-    o_ = o;
-    stream_ = stream;
-    mat_bytes_ = round_up<std::size_t>(sizeof(T) * static_cast<std::size_t>(K_) * static_cast<std::size_t>(N_), 256);
+    bind(d_model, d_ff, sizeof(T) * static_cast<std::size_t>(d_model) * static_cast<std::size_t>(d_ff), o, stream);
     PROX_RETURN_IF_ERROR(x_.alloc(sizeof(T) * static_cast<std::size_t>(K_)));
     PROX_RETURN_IF_ERROR(mask_.alloc(sizeof(std::uint32_t) * static_cast<std::size_t>(N_ / 32)));
     PROX_RETURN_IF_ERROR(s_.alloc(sizeof(float) * static_cast<std::size_t>(N_)));
@@ -870,7 +883,7 @@ class GluBench {
   Status measure(Cache& cache, double channel_density, TuneResult* out) {
     const Key key = glu_gemv_key<T, Act>(K_, N_, channel_density);
     const double density = bucket_density(key.density16);
-    std::mt19937_64 rng(o_.seed ^ static_cast<std::uint64_t>(key.density16) * 0x100000001b3ull);
+    std::mt19937_64 rng = key_rng(o_.seed, key);
     const std::vector<std::uint32_t> hmask = make_mask(N_, density, rng);
     PROX_RETURN_IF_ERROR(upload(mask_.as<std::uint32_t>(), hmask, stream_));
     const std::size_t set_bytes = 2 * mat_bytes_;
@@ -941,27 +954,18 @@ class GluBench {
 
   Status ensure_sets(int n) { return ensure_weight_sets<T>(w_, &sets_, n, 2 * mat_bytes_, o_.seed + 4, stream_); }
 
-  int K_ = 0, N_ = 0;
-  TuneOptions o_{};
-  cudaStream_t stream_ = nullptr;
-  std::size_t mat_bytes_ = 0;
-  int sets_ = 0;
   DeviceBuffer x_, mask_, s_, w_;
 };
 
 //! Sparse down GEMV: rotated W_down^T; verifies y within the output type's rounding.
 template <class T>
-class DownBench {
+class DownBench : WeightBenchBase {
  public:
   using List = DownGemvPolicies;
 
   Status init(int d_model, int d_ff, const TuneOptions& o, cudaStream_t stream) noexcept {
     PROX_RETURN_IF_ERROR(check_ffn_shape(d_model, d_ff));
-    K_ = d_model;
-    N_ = d_ff;
-    o_ = o;
-    stream_ = stream;
-    mat_bytes_ = round_up<std::size_t>(sizeof(T) * static_cast<std::size_t>(K_) * static_cast<std::size_t>(N_), 256);
+    bind(d_model, d_ff, sizeof(T) * static_cast<std::size_t>(d_model) * static_cast<std::size_t>(d_ff), o, stream);
     PROX_RETURN_IF_ERROR(s_.alloc(sizeof(float) * static_cast<std::size_t>(N_)));
     PROX_RETURN_IF_ERROR(mask_.alloc(sizeof(std::uint32_t) * static_cast<std::size_t>(N_ / 32)));
     PROX_RETURN_IF_ERROR(y_.alloc(sizeof(T) * static_cast<std::size_t>(K_)));
@@ -981,7 +985,7 @@ class DownBench {
   Status measure(Cache& cache, double channel_density, TuneResult* out) {
     const Key key = down_gemv_key<T>(K_, N_, channel_density);
     const double density = bucket_density(key.density16);
-    std::mt19937_64 rng(o_.seed ^ static_cast<std::uint64_t>(key.density16) * 0x100000001b3ull);
+    std::mt19937_64 rng = key_rng(o_.seed, key);
     PROX_RETURN_IF_ERROR(upload(mask_.as<std::uint32_t>(), make_mask(N_, density, rng), stream_));
     const std::size_t set_bytes = mat_bytes_;
     const int nsets = rotation_sets(set_bytes, static_cast<std::size_t>(density * static_cast<double>(set_bytes)), o_,
@@ -1036,11 +1040,7 @@ class DownBench {
 
   Status ensure_sets(int n) { return ensure_weight_sets<T>(w_, &sets_, n, mat_bytes_, o_.seed + 6, stream_); }
 
-  int K_ = 0, N_ = 0;
-  TuneOptions o_{};
-  cudaStream_t stream_ = nullptr;
-  std::size_t mat_bytes_ = 0, ws_bytes_ = 0;
-  int sets_ = 0;
+  std::size_t ws_bytes_ = 0;
   DeviceBuffer s_, mask_, y_, ws_, w_;
 };
 
