@@ -81,8 +81,13 @@ struct GluDownPolicy {
   }
 };
 
+//! Candidates (index 0 is the default). Rows = 1024: a down task of more rows than a block holds runs
+//! in rounds, and each round starts its stream again from one memory latency (the pipeline drains at
+//! its end). With 256 rows, the Qwen3-14B and 32B tasks (300-750 rows at e = 40-70 %) took 2-3 rounds;
+//! 1024 holds them in one. Measured on the H100 (docs/benchmarks.md): Stage 2 0.6-1.2 us faster on
+//! 14B and 1.4-3.8 us on 32B, 8B unchanged (its tasks fit in 256 rows).
 using GluDownGemvPolicies =
-    PolicyList<GluDownPolicy<256, 64, 4, 256, 256, 4, 2>, GluDownPolicy<256, 64, 2, 256, 256, 4, 3>>;
+    PolicyList<GluDownPolicy<256, 64, 4, 256, 1024, 4, 2>, GluDownPolicy<256, 64, 2, 256, 1024, 4, 3>>;
 
 namespace detail {
 
@@ -182,7 +187,20 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void glu_dow
           __syncthreads();
           waited = true;
         }
-        for (int i = tid; i < count; i += kThreads) s_val[i] = __ldcg(a.s + s_rows[i]);
+        // All of a thread's s loads before the first store: one L2 round trip, not one per row
+        // (a loop with the run-time bound count would issue them one after another).
+        constexpr int kValsPerThread = (kRows + kThreads - 1) / kThreads;
+        float sv[kValsPerThread];
+#pragma unroll
+        for (int j = 0; j < kValsPerThread; ++j) {
+          const int i = tid + j * kThreads;
+          sv[j] = i < count ? __ldcg(a.s + s_rows[i]) : 0.0f;
+        }
+#pragma unroll
+        for (int j = 0; j < kValsPerThread; ++j) {
+          const int i = tid + j * kThreads;
+          if (i < count) s_val[i] = sv[j];
+        }
         __syncthreads();
       });
       __syncthreads();  // s_rows / s_val are reused by the next round
