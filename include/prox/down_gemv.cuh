@@ -143,7 +143,8 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void down_ge
 
   __shared__ int s_rows[kChunk];
   __shared__ float s_val[kChunk];
-  __shared__ int s_warp[kThreads / kWarpSize];
+  constexpr int kPerThread = (kChunk + kThreads - 1) / kThreads;  // channels per thread (compaction)
+  __shared__ int s_warp[kPerThread * (kThreads / kWarpSize)];  // block_compact_append
   __shared__ typename Reducer::Storage s_red;
 
   const int tid = static_cast<int>(threadIdx.x);
@@ -156,7 +157,6 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void down_ge
 
   // Mask words and s values of the whole chunk are loaded together (one memory latency), then the
   // selected channels are compacted in order.
-  constexpr int kPerThread = (kChunk + kThreads - 1) / kThreads;
   bool sel[kPerThread];
   float val[kPerThread];
 #pragma unroll

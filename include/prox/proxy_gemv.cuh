@@ -214,7 +214,8 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void proxy_g
   };
   __shared__ int s_rows[kChunkK];
   __shared__ float s_x[kChunkK];
-  __shared__ int s_warp[kThreads / kWarpSize];
+  constexpr int kXPerThread = (kChunkK + kThreads - 1) / kThreads;  // x values per thread (step 1)
+  __shared__ int s_warp[kXPerThread * (kThreads / kWarpSize)];  // block_compact_append
   __shared__ StreamOrReduce s_buf;
   typename Reducer::Storage& s_red = s_buf.red;
 
@@ -255,7 +256,6 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void proxy_g
 
   // 1. Threshold this block's chunk of x and compact the kept coordinates, in order. All loads of x
   //    are issued before the first compaction step: one memory latency, not one per step.
-  constexpr int kXPerThread = (kChunkK + kThreads - 1) / kThreads;
   float xv[kXPerThread];
   bool keep[kXPerThread];
 #pragma unroll
