@@ -316,13 +316,19 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void proxy_g
       Step b0;
       Step b1;
       load_step(0, b0);
+      int it = 0;
 #pragma unroll 1
-      for (int it = 0; it < steps; it += 2) {
-        load_step(it + 1, b1);  // past the end: every predicate is false, nothing is read
+      for (; it + 1 < steps; it += 2) {  // whole pairs of steps
+        load_step(it + 1, b1);
         compute_step(b0);
-        load_step(it + 2, b0);
-        compute_step(b1);       // all-zero pieces past the end add exact zeros
+        load_step(it + 2, b0);  // past the end: every predicate is false, nothing is read
+        compute_step(b1);
       }
+      // An odd last step (loaded into b0 by the last pair) is summed here, after the loop, so no pair
+      // sums an empty step (a sixth of the arithmetic at s1 = 70 %: about 150 kept rows, 5 steps)
+      // and the loop body stays branch-free (a branch inside it cost 0.4-0.7 us at s1 = 0, measured
+      // on the H100).
+      if (it < steps) compute_step(b0);
     }
   } else if (count > 0) {
     // cp.async pipeline: step it goes to stage it % kStages; kStages - 1 steps are in flight while
