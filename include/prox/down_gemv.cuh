@@ -119,13 +119,15 @@ struct DownRows {
     load_step(0, b0);
     load_step(1, b1);
     before_compute();
+    int it = 0;
 #pragma unroll 1
-    for (int it = 0; it < steps; it += 2) {
+    for (; it + 1 < steps; it += 2) {  // whole pairs; the body stays branch-free
       compute_step(it, b0);
       load_step(it + 2, b0);  // past the end: every predicate is false, nothing is read
       compute_step(it + 1, b1);
       load_step(it + 3, b1);
     }
+    if (it < steps) compute_step(it, b0);  // an odd last step: no pair sums an empty one
   }
 };
 
