@@ -84,8 +84,8 @@ struct GluDownPolicy {
 //! Candidates (index 0 is the default). Rows = 1024: a down task of more rows than a block holds runs
 //! in rounds, and each round starts its stream again from one memory latency (the pipeline drains at
 //! its end). With 256 rows, the Qwen3-14B and 32B tasks (300-750 rows at e = 40-70 %) took 2-3 rounds;
-//! 1024 holds them in one. Measured on the H100 (docs/benchmarks.md): Stage 2 0.6-1.2 us faster on
-//! 14B and 1.4-3.8 us on 32B, 8B unchanged (its tasks fit in 256 rows).
+//! 1024 holds them in one. Measured on the H100 (docs/benchmarks.md): Stage 2 1.0-1.7 us faster on
+//! 14B and 1.4-4.2 us on 32B; on 8B 1.5 us at e = 40 % (290-row tasks), unchanged above.
 using GluDownGemvPolicies =
     PolicyList<GluDownPolicy<256, 64, 4, 256, 1024, 4, 2>, GluDownPolicy<256, 64, 2, 256, 1024, 4, 3>>;
 

@@ -326,7 +326,7 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void proxy_g
       }
       // An odd last step (loaded into b0 by the last pair) is summed here, after the loop, so no pair
       // sums an empty step (a sixth of the arithmetic at s1 = 70 %: about 150 kept rows, 5 steps)
-      // and the loop body stays branch-free (a branch inside it cost 0.4-0.7 us at s1 = 0, measured
+      // and the loop body stays branch-free (a branch inside it cost 0.35-0.7 us at s1 = 0, measured
       // on the H100).
       if (it < steps) compute_step(b0);
     }
