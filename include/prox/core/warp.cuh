@@ -63,49 +63,16 @@ PROX_DEVICE PROX_FORCEINLINE float warp_sum_many(float (&v)[V]) {
 }
 
 /**
- * @brief Block-wide stream compaction step, in order: thread t with `flag` set gets the number of
- * flagged threads below it. Returns that position; `*total` gets the block's flagged count.
- * @param warp_counts shared scratch of kThreads/32 ints. Contains a __syncthreads() pair; every
- *        thread of the block must call it.
- */
-template <int kThreads>
-PROX_DEVICE PROX_FORCEINLINE int block_compact_position(bool flag, int* warp_counts, int* total) {
-  static_assert(kThreads % kWarpSize == 0, "block size must be a multiple of 32");
-  constexpr int kWarps = kThreads / kWarpSize;
-  const unsigned ballot = __ballot_sync(0xffffffffu, flag);
-  const int lane = lane_id();
-  const int warp = warp_id();
-  if (lane == 0) warp_counts[warp] = __popc(ballot);
-  __syncthreads();
-  int before = 0;
-  int sum = 0;
-#pragma unroll
-  for (int w = 0; w < kWarps; ++w) {
-    const int c = warp_counts[w];
-    before += (w < warp) ? c : 0;
-    sum += c;
-  }
-  __syncthreads();
-  *total = sum;
-  return before + __popc(ballot & ((1u << lane) - 1u));
-}
-
-/**
- * @brief Append, in order, the flagged items of a block to shared lists: item i of thread t has index
- * `first + i * kThreads + t` and payload val[i]; flagged ones go to out_idx / out_val in index order.
- * Returns the number appended. Used by the input-sparse GEMVs to compact their chunk of x or of the
- * channel mask.
- *
- * One block barrier for all kPer items: every warp publishes its kPer ballot counts at once and each
- * thread adds up the counts below it. (One block_compact_position() per item, as before, took two
- * barriers per item: 8 for the 1024-input chunks of the Stage-1 proxy GEMV.) The order and so the
- * lists are the same.
- * @param warp_scratch shared scratch of kPer * kThreads/32 ints. Contains __syncthreads(); every
- *        thread calls; the caller syncs before reading the lists or reusing the scratch.
+ * @brief Block-wide stream compaction of kPer items per thread, in order (item i of thread t comes
+ * at i * kThreads + t): pos[i] gets the number of flagged items of round i below this thread's,
+ * total[i] the round's flagged count. One block barrier for all kPer rounds: every warp publishes
+ * its kPer ballot counts at once and each thread adds up the counts below it.
+ * @param warp_counts shared scratch of kPer * kThreads/32 ints. Contains one __syncthreads(); every
+ *        thread of the block must call it, and the block syncs again before reusing the scratch.
  */
 template <int kThreads, int kPer>
-PROX_DEVICE PROX_FORCEINLINE int block_compact_append(const bool (&flag)[kPer], int first, const float (&val)[kPer],
-                                                      int* out_idx, float* out_val, int* warp_scratch) {
+PROX_DEVICE PROX_FORCEINLINE void block_compact_positions(const bool (&flag)[kPer], int* warp_counts, int (&pos)[kPer],
+                                                          int (&total)[kPer]) {
   static_assert(kThreads % kWarpSize == 0, "block size must be a multiple of 32");
   constexpr int kWarps = kThreads / kWarpSize;
   const int lane = lane_id();
@@ -114,27 +81,64 @@ PROX_DEVICE PROX_FORCEINLINE int block_compact_append(const bool (&flag)[kPer], 
 #pragma unroll
   for (int i = 0; i < kPer; ++i) {
     ballot[i] = __ballot_sync(0xffffffffu, flag[i]);
-    if (lane == 0) warp_scratch[i * kWarps + warp] = __popc(ballot[i]);
+    if (lane == 0) warp_counts[i * kWarps + warp] = __popc(ballot[i]);
   }
   __syncthreads();
   const unsigned below = (1u << lane) - 1u;
-  int count = 0;
 #pragma unroll
   for (int i = 0; i < kPer; ++i) {
     int before = 0;
-    int total = 0;
+    int sum = 0;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) {
-      const int c = warp_scratch[i * kWarps + w];
+      const int c = warp_counts[i * kWarps + w];
       before += (w < warp) ? c : 0;
-      total += c;
+      sum += c;
     }
+    pos[i] = before + __popc(ballot[i] & below);
+    total[i] = sum;
+  }
+}
+
+/**
+ * @brief One compaction step (block_compact_positions of one item): thread t with `flag` set gets
+ * the number of flagged threads below it. Returns that position; `*total` gets the block's flagged
+ * count. The scratch (kThreads/32 ints) may be reused on return: contains a __syncthreads() pair.
+ */
+template <int kThreads>
+PROX_DEVICE PROX_FORCEINLINE int block_compact_position(bool flag, int* warp_counts, int* total) {
+  const bool f[1] = {flag};
+  int pos[1];
+  int tot[1];
+  block_compact_positions<kThreads, 1>(f, warp_counts, pos, tot);
+  __syncthreads();
+  *total = tot[0];
+  return pos[0];
+}
+
+/**
+ * @brief Append, in order, the flagged items of a block to shared lists: item i of thread t has index
+ * `first + i * kThreads + t` and payload val[i]; flagged ones go to out_idx / out_val in index order.
+ * Returns the number appended. Used by the input-sparse GEMVs to compact their chunk of x or of the
+ * channel mask. One block barrier for all kPer items (block_compact_positions; one compaction step
+ * per item took two barriers per item: 8 for the 1024-input chunks of the Stage-1 proxy GEMV).
+ * @param warp_scratch shared scratch of kPer * kThreads/32 ints. Contains __syncthreads(); every
+ *        thread calls; the caller syncs before reading the lists or reusing the scratch.
+ */
+template <int kThreads, int kPer>
+PROX_DEVICE PROX_FORCEINLINE int block_compact_append(const bool (&flag)[kPer], int first, const float (&val)[kPer],
+                                                      int* out_idx, float* out_val, int* warp_scratch) {
+  int pos[kPer];
+  int total[kPer];
+  block_compact_positions<kThreads, kPer>(flag, warp_scratch, pos, total);
+  int count = 0;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
     if (flag[i]) {
-      const int pos = count + before + __popc(ballot[i] & below);
-      out_idx[pos] = first + i * kThreads + static_cast<int>(threadIdx.x);
-      out_val[pos] = val[i];
+      out_idx[count + pos[i]] = first + i * kThreads + static_cast<int>(threadIdx.x);
+      out_val[count + pos[i]] = val[i];
     }
-    count += total;
+    count += total[i];
   }
   return count;
 }
