@@ -100,14 +100,12 @@ struct GridBarrier {
     asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(g) : "l"(bar + 1) : "memory");
     return g;
   }
-  //! Thread 0, after a block barrier that follows the block's stores: publish them and count in.
+  //! Thread 0, after a block barrier that follows the block's stores: publish them and count in
+  //! (atom.acq_rel: a release cumulative over the block's stores, as in TileReducer::split_k).
   //! The last block to arrive resets the count and releases the new generation.
   PROX_DEVICE static PROX_FORCEINLINE void arrive(unsigned* bar, unsigned gen, unsigned blocks) {
     unsigned prev;
-    asm volatile("fence.acq_rel.gpu;\n\tatom.relaxed.gpu.global.add.u32 %0, [%1], 1;"
-                 : "=r"(prev)
-                 : "l"(bar)
-                 : "memory");
+    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(prev) : "l"(bar) : "memory");
     if (prev == blocks - 1u) {
       asm volatile("st.relaxed.gpu.global.u32 [%0], 0;" ::"l"(bar) : "memory");
       asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(bar + 1), "r"(gen + 1u) : "memory");
