@@ -48,7 +48,7 @@ struct Args {
   bool f16 = true, bf16 = true;
   bool silu = true, gelu = false;
   bool int4 = true, dense = false;
-  bool op_threshold = true, op_proxy = true, op_glu = true, op_down = true;
+  bool op_threshold = true, op_proxy = true, op_glu = true, op_down = true, op_glu_down = true;
   std::vector<double> input_densities = kDefaultInputDensities;
   std::vector<double> channel_densities = kDefaultChannelDensities;
   std::string out;
@@ -69,10 +69,12 @@ void usage(std::FILE* f) {
              "  --dtypes LIST            f16,bf16 (default: both)\n"
              "  --act NAME               silu | gelu_tanh | both (default: silu)\n"
              "  --proxy NAME             int4 | dense | both: proxy-weight format (default: int4)\n"
-             "  --ops LIST               threshold,proxy,glu,down (default: all)\n"
+             "  --ops LIST               threshold,proxy,glu,down,glu_down (default: all; glu_down is the\n"
+             "                           fused Stage 2 that SparseFfn runs by default)\n"
              "  --input-densities LIST   fractions of x kept (proxy, threshold), rounded up to 1/16\n"
              "                           (default: 1,0.9,0.45,0.3 = the paper's allocation at e = 40..70%)\n"
-             "  --channel-densities LIST fractions of channels selected (glu, down) (default: 0.378,0.3,0.233)\n"
+             "  --channel-densities LIST fractions of channels selected (glu, down, glu_down)\n"
+             "                           (default: 0.378,0.3,0.233)\n"
              "  --all-buckets            every bucket 1/16 .. 16/16 for both densities\n"
              "  --out PATH               cache file (default: $PROX_AUTOTUNE_CACHE, else prox-<signature>.tsv in\n"
              "                           $PROX_CACHE_DIR, $XDG_CACHE_HOME/prox or ~/.cache/prox)\n"
@@ -171,14 +173,15 @@ int parse(int argc, char** argv, Args* a) {
         return 2;
       }
     } else if (arg == "--ops" && value(&v)) {
-      a->op_threshold = a->op_proxy = a->op_glu = a->op_down = false;
+      a->op_threshold = a->op_proxy = a->op_glu = a->op_down = a->op_glu_down = false;
       for (const auto& p : split(v, ',')) {
         if (p == "threshold") a->op_threshold = true;
         else if (p == "proxy") a->op_proxy = true;
         else if (p == "glu") a->op_glu = true;
         else if (p == "down") a->op_down = true;
+        else if (p == "glu_down") a->op_glu_down = true;
         else {
-          fmt::print(stderr, "prox-tune: unknown op '{}' (threshold, proxy, glu, down)\n", p);
+          fmt::print(stderr, "prox-tune: unknown op '{}' (threshold, proxy, glu, down, glu_down)\n", p);
           return 2;
         }
       }
@@ -286,6 +289,11 @@ struct Run {
       rs.clear();
       report(pt::tune_glu_gemv<T, Act>(cache, s.d_model, s.d_ff, args.channel_densities, stream, args.tune, &rs), rs,
              "glu_gemv " + where);
+    }
+    if (args.op_glu_down) {  // the fused Stage 2 (GLU + down in one cooperative grid)
+      rs.clear();
+      report(pt::tune_glu_down_gemv<T, Act>(cache, s.d_model, s.d_ff, args.channel_densities, stream, args.tune, &rs),
+             rs, "glu_down_gemv " + where);
     }
   }
 

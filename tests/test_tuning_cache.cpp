@@ -508,6 +508,56 @@ TEST_CASE("tuning cache: a foreign file is never overwritten; a corrupt one is m
   }
 }
 
+TEST_CASE("tuning cache: a table that gains an op (the fused glu_down_gemv) invalidates older files", "[tuning]") {
+  // What happened when the fused Stage 2 became a tuned op: the policy table gained a list, so the
+  // policy hash changed; a file written before is ignored with one warning and never overwritten
+  // (regenerating it means removing it first); rows of the new op then round-trip by name.
+  WarningCapture warnings;
+  TempDir dir;
+  const std::string p = dir.file("before-fused.tsv");
+  {
+    pt::Cache old(test_signature(), test_table(), file_options(p));
+    REQUIRE(old.record(glu_key(4096, 12288, 5), entry("glu_b", 17.5)) == prox::Status::kSuccess);
+    pt::Key fused = glu_key(4096, 12288, 5);
+    fused.op = "glu_down_gemv";
+    CHECK(old.record(fused, entry("glud_a", 30.0)) == prox::Status::kErrorInvalidArgument);  // not in its table
+    REQUIRE(old.save() == prox::Status::kSuccess);
+  }
+  const std::string before = read_text(p);
+  pt::PolicyTable with_fused = test_table();
+  with_fused["glu_down_gemv"] = {"glud_a", "glud_b"};
+  CHECK(pt::policy_table_hash(with_fused) != pt::policy_table_hash(test_table()));
+  CHECK(pt::Cache(test_signature(), with_fused, file_options("")).signature().hash_hex() !=
+        pt::Cache(test_signature(), test_table(), file_options("")).signature().hash_hex());  // another default file name
+
+  pt::Cache c(test_signature(), with_fused, file_options(p));
+  CHECK(c.load() == prox::Status::kSuccess);
+  CHECK(c.last_load().state == pt::FileState::kSignatureMismatch);
+  CHECK(c.warnings() == 1);
+  CHECK(warnings.messages().size() == 1);
+  CHECK(c.size() == 0);
+  CHECK(c.index_of(glu_key(4096, 12288, 5)) == -1);  // the old rows do not apply
+  pt::Key fused = glu_key(4096, 12288, 5);
+  fused.op = "glu_down_gemv";
+  REQUIRE(c.record(fused, entry("glud_b", 30.0)) == prox::Status::kSuccess);
+  CHECK(c.index_of(fused) == 1);
+  CHECK(c.index_of(glu_key(4096, 12288, 5)) == -1);  // same shape and bucket, another op: a miss
+  CHECK(c.save() == prox::Status::kErrorCacheIo);     // the older file is not clobbered
+  CHECK(read_text(p) == before);
+  CHECK(c.warnings() == 1);
+
+  REQUIRE(fs::remove(p));
+  CHECK(c.save() == prox::Status::kSuccess);
+  pt::Cache r(test_signature(), with_fused, file_options(p));
+  CHECK(r.load() == prox::Status::kSuccess);
+  CHECK(r.last_load().state == pt::FileState::kLoaded);
+  CHECK(r.warnings() == 0);
+  CHECK(r.size() == 1);
+  CHECK(r.index_of(fused) == 1);
+  CHECK(r.find(fused)->policy == "glud_b");
+  CHECK(read_text(p).find("\nglu_down_gemv\tf16\tf16\tsilu\t4096\t12288\t5\t1\tglud_b\t") != std::string::npos);
+}
+
 TEST_CASE("tuning cache: record validates and the first entry of a key wins", "[tuning]") {
   pt::Cache c(test_signature(), test_table(), file_options(""));
   CHECK(c.path().empty());  // no location: in-memory only

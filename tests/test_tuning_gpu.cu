@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-//! @file test_tuning_gpu.cu  The device-side tuner: every op tunes a small shape to a valid,
-//! verified choice; choices persist across save/load and feed SparseFfn::plan(); choose() follows
-//! the mode (off / read-only / tune-on-miss, fixed once chosen); nothing tunes during stream capture.
+//! @file test_tuning_gpu.cu  The device-side tuner: every op (the fused Stage 2 glu_down_gemv
+//! included) tunes a small shape to a valid, verified choice; choices persist across save/load and
+//! feed SparseFfn::plan() (the fused and the unfused Stage 2); choose() follows the mode (off /
+//! read-only / tune-on-miss, fixed once chosen); nothing tunes during stream capture.
 #include <catch2/catch.hpp>
 
 #include <cuda_runtime.h>
@@ -15,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include <prox/glu_down_gemv.cuh>
 #include <prox/int4_format.hpp>
 #include <prox/sparse_ffn.cuh>
 #include <prox/tuning/tune.cuh>
@@ -126,6 +128,17 @@ void check_result(const pt::TuneResult& r, const std::vector<std::string>& names
   CHECK(cache.index_of(r.key) == r.chosen);
 }
 
+//! The fused Stage-2 grid SparseFfn::plan gives policy `index` of GluDownGemvPolicies (SiLU).
+template <class T>
+int glu_down_grid(int index) {
+  int blocks = -1;
+  const prox::Status st = prox::dispatch_policy<prox::GluDownGemvPolicies>(index, [&](auto p) {
+    return prox::glu_down_gemv::max_grid_blocks<decltype(p), prox::SiLU, T>(&blocks);
+  });
+  PROX_TEST_OK(st);
+  return blocks;
+}
+
 //! Device buffers of one SparseFfn layer (zeros: plan() and one run() only check the choice works).
 template <class T>
 struct ZeroLayer {
@@ -150,6 +163,26 @@ struct ZeroLayer {
     return {wg.get(), wu.get(), wdt.get(), qg.get(), qu.get(), sg.get(), su.get()};
   }
 };
+
+//! Plan a SparseFfn with `opts` on a zero layer, run one token and check y = 0 was written everywhere.
+template <class T>
+void plan_and_run_zero_layer(int K, int N, const typename prox::SparseFfn<T>::PlanOptions& opts,
+                             prox::SparseFfn<T>* ffn) {
+  ZeroLayer<T> layer(K, N);
+  const typename prox::SparseFfn<T>::Config cfg{K, N, 0.75f, 0.0f};
+  REQUIRE(ffn->plan(cfg, layer.weights(), opts) == prox::Status::kSuccess);
+  DeviceBuffer<char> ws(ffn->workspace_bytes());
+  DeviceBuffer<T> x(prox_test::random_vector<T>(K, 11));
+  DeviceBuffer<T> y(K);
+  y.poison();
+  REQUIRE(prox::initialize_workspace(ws.get(), ws.bytes(), nullptr) == prox::Status::kSuccess);
+  REQUIRE(ffn->run(x.get(), y.get(), ws.get(), ws.bytes(), nullptr) == prox::Status::kSuccess);
+  PROX_TEST_CUDA(cudaDeviceSynchronize());
+  const auto hy = y.download();
+  std::size_t nonzero = 0;
+  for (const auto& v : hy) nonzero += prox_test::bits16(v) != 0 && prox_test::bits16(v) != 0x8000;
+  CHECK(nonzero == 0);  // zero weights: y = 0 (and every element written)
+}
 
 }  // namespace
 
@@ -203,6 +236,34 @@ TEST_CASE("tuning: every op tunes a small shape to a valid, verified choice", "[
     check_result(rb, pt::policy_names<prox::DownGemvPolicies>(), *cache);
     CHECK(cache->size() == 2);
   }
+  SECTION("fused Stage 2 (glu_down_gemv), on the FFN's cooperative grid") {
+    pt::TuneResult r;
+    REQUIRE((pt::tune_glu_down_gemv<__half, prox::SiLU>(*cache, K, N, 0.3, nullptr, opts, &r)) ==
+            prox::Status::kSuccess);
+    CHECK(r.key.op == "glu_down_gemv");
+    CHECK(r.key.dtype == "f16");
+    CHECK(r.key.weights == "f16");
+    CHECK(r.key.act == "silu");
+    CHECK(r.key.d_model == K);
+    CHECK(r.key.d_ff == N);
+    CHECK(r.key.density16 == 5);
+    CHECK(r.key == pt::glu_down_gemv_key<__half, prox::SiLU>(K, N, 0.3));
+    check_result(r, pt::policy_names<prox::GluDownGemvPolicies>(), *cache);
+    CHECK(cache->size() == 1);
+    // Empty and full masks (y = 0 must still be written; every s is +0 or computed).
+    pt::TuneResult r0;
+    REQUIRE((pt::tune_glu_down_gemv<__half, prox::SiLU>(*cache, K, N, 0.0, nullptr, opts, &r0)) ==
+            prox::Status::kSuccess);
+    CHECK(r0.key.density16 == 0);
+    check_result(r0, pt::policy_names<prox::GluDownGemvPolicies>(), *cache);
+    std::vector<pt::TuneResult> r1;  // the multi-density form
+    REQUIRE((pt::tune_glu_down_gemv<__half, prox::SiLU>(*cache, K, N, std::vector<double>{1.0, 0.99}, nullptr, opts,
+                                                        &r1)) == prox::Status::kSuccess);
+    REQUIRE(r1.size() == 1);  // 1.0 and 0.99 share bucket 16
+    CHECK(r1[0].key.density16 == 16);
+    check_result(r1[0], pt::policy_names<prox::GluDownGemvPolicies>(), *cache);
+    CHECK(cache->size() == 3);
+  }
   SECTION("density 0 and 1 (empty and full masks) tune too") {
     pt::TuneResult r0, r1;
     REQUIRE(pt::tune_down_gemv<__half>(*cache, K, N, 0.0, nullptr, opts, &r0) == prox::Status::kSuccess);
@@ -217,6 +278,8 @@ TEST_CASE("tuning: every op tunes a small shape to a valid, verified choice", "[
     CHECK((pt::tune_glu_gemv<__half, prox::SiLU>(*cache, 100, N, 0.3, nullptr, opts, &r)) ==
           prox::Status::kErrorInvalidShape);
     CHECK(pt::tune_down_gemv<__half>(*cache, K, 33, 0.3, nullptr, opts, &r) == prox::Status::kErrorInvalidShape);
+    CHECK((pt::tune_glu_down_gemv<__half, prox::SiLU>(*cache, 100, N, 0.3, nullptr, opts, &r)) ==
+          prox::Status::kErrorInvalidShape);
     CHECK(cache->size() == 0);
   }
   PROX_TEST_CUDA(cudaDeviceSynchronize());
@@ -231,18 +294,29 @@ TEST_CASE("tuning: a tuned layer persists across save and load and plans a Spars
   const std::string path = dir.file("prox-tuning-test.tsv");
   constexpr int K = 1024;
   constexpr int N = 4096;
+  const std::vector<std::string> fused_names = pt::policy_names<prox::GluDownGemvPolicies>();
+  REQUIRE(fused_names.size() >= 2);
+  // A hand-made entry (bucket 12) naming the fused list's last policy, so one plan below must take
+  // a non-default fused policy from the file (the tuned winners may well all be policy 0).
+  const int forced = static_cast<int>(fused_names.size()) - 1;
+  const pt::Key forced_key = pt::glu_down_gemv_key<__half, prox::SiLU>(K, N, 0.75);
   std::vector<pt::TuneResult> results;
   {
     auto a = make_cache(pt::Mode::kReadOnly, path);
     // 0.5 and 0.45 share bucket 8: tuned once. Channel densities 0.3 -> 5, 0.25 -> 4.
     REQUIRE(pt::tune_ffn<Ffn>(*a, K, N, {0.5, 0.45, 1.0}, {0.3, 0.25}, nullptr, quick(), &results) ==
             prox::Status::kSuccess);
-    REQUIRE(results.size() == 6);
+    REQUIRE(results.size() == 8);  // proxy x 2, glu x 2, down x 2, glu_down x 2
+    int fused_results = 0;
     for (const auto& r : results) {
       const auto& names = a->policies().at(r.key.op);
       check_result(r, names, *a);
+      fused_results += r.key.op == "glu_down_gemv";
     }
-    CHECK(a->size() == 6);
+    CHECK(fused_results == 2);
+    CHECK(a->size() == 8);
+    REQUIRE(a->record(forced_key, {fused_names[static_cast<std::size_t>(forced)], 9.0, 8.9, 9.1, 20}) ==
+            prox::Status::kSuccess);
     REQUIRE(a->save() == prox::Status::kSuccess);
     CHECK(a->warnings() == 0);
   }
@@ -252,8 +326,9 @@ TEST_CASE("tuning: a tuned layer persists across save and load and plans a Spars
   INFO("last warning: " << b->last_warning());
   CHECK(b->warnings() == 0);
   CHECK(b->last_load().state == pt::FileState::kLoaded);
-  CHECK(b->size() == 6);
+  CHECK(b->size() == 9);
   for (const auto& r : results) CHECK(b->index_of(r.key) == r.chosen);
+  CHECK(b->index_of(forced_key) == forced);
 
   const auto chosen_for = [&](const std::string& op, int bucket) {
     for (const auto& r : results)
@@ -261,36 +336,71 @@ TEST_CASE("tuning: a tuned layer persists across save and load and plans a Spars
     return -2;
   };
   const Ffn::Config cfg{K, N, 0.75f, 0.0f};
+
+  // The default plan fuses Stage 2: proxy and glu_down come from the file, glu/down are not needed.
   prox::PolicyChoice pc;
   REQUIRE(pt::choose<Ffn>(*b, cfg, 0.5, 0.3, &pc) == prox::Status::kSuccess);
   CHECK(pc.proxy == chosen_for("proxy_gemv", 8));
-  CHECK(pc.glu == chosen_for("glu_gemv", 5));
-  CHECK(pc.down == chosen_for("down_gemv", 5));
+  CHECK(pc.glu_down == chosen_for("glu_down_gemv", 5));
+  CHECK(pc.glu_down >= 0);
+  CHECK(pc.glu == -1);
+  CHECK(pc.down == -1);
+  // The unfused plan: glu and down from the file, no fused choice.
+  prox::PolicyChoice pu;
+  REQUIRE(pt::choose<Ffn>(*b, cfg, 0.5, 0.25, &pu, nullptr, {}, /*fuse_stage2=*/false) == prox::Status::kSuccess);
+  CHECK(pu.proxy == chosen_for("proxy_gemv", 8));
+  CHECK(pu.glu == chosen_for("glu_gemv", 4));
+  CHECK(pu.down == chosen_for("down_gemv", 4));
+  CHECK(pu.glu_down == -1);
   prox::PolicyChoice miss;
   REQUIRE(pt::choose<Ffn>(*b, cfg, 0.2, 0.9, &miss) == prox::Status::kSuccess);  // read-only: misses stay -1
   CHECK(miss.proxy == -1);
+  CHECK(miss.glu_down == -1);
+  REQUIRE(pt::choose<Ffn>(*b, cfg, 0.2, 0.9, &miss, nullptr, {}, false) == prox::Status::kSuccess);
   CHECK(miss.glu == -1);
   CHECK(miss.down == -1);
 
-  // The choice plans and runs a layer.
-  ZeroLayer<__half> layer(K, N);
-  Ffn ffn;
-  Ffn::PlanOptions opts;
-  opts.choice = pc;
-  REQUIRE(ffn.plan(cfg, layer.weights(), opts) == prox::Status::kSuccess);
-  CHECK(ffn.choice().proxy == pc.proxy);
-  CHECK(ffn.choice().glu == pc.glu);
-  CHECK(ffn.choice().down == pc.down);
-  DeviceBuffer<char> ws(ffn.workspace_bytes());
-  DeviceBuffer<__half> x(prox_test::random_vector<__half>(K, 11));
-  DeviceBuffer<__half> y(K);
-  y.poison();
-  REQUIRE(prox::initialize_workspace(ws.get(), ws.bytes(), nullptr) == prox::Status::kSuccess);
-  REQUIRE(ffn.run(x.get(), y.get(), ws.get(), ws.bytes(), nullptr) == prox::Status::kSuccess);
-  const auto hy = y.download();
-  std::size_t nonzero = 0;
-  for (const auto& v : hy) nonzero += prox_test::bits16(v) != 0 && prox_test::bits16(v) != 0x8000;
-  CHECK(nonzero == 0);  // zero weights: y = 0 (and every element written)
+  // (Plain scopes, not SECTIONs: Catch2 would re-run the tuning above once per section.)
+  {
+    INFO("the fused plan launches the tuned glu_down policy on its grid");
+    Ffn::PlanOptions opts;
+    REQUIRE(opts.fuse_stage2);
+    opts.choice = pc;
+    Ffn ffn;
+    plan_and_run_zero_layer<__half>(K, N, opts, &ffn);
+    CHECK(ffn.fused_stage2());
+    CHECK(ffn.choice().proxy == pc.proxy);
+    CHECK(ffn.choice().glu_down == pc.glu_down);
+    CHECK(ffn.glu_down_blocks() == glu_down_grid<__half>(pc.glu_down));
+  }
+  {
+    INFO("the PlanOptions form takes a non-default fused policy from the file");
+    Ffn::PlanOptions opts;
+    REQUIRE(pt::choose<Ffn>(*b, cfg, 0.5, 0.75, &opts) == prox::Status::kSuccess);  // 0.75 -> bucket 12
+    CHECK(opts.choice.proxy == chosen_for("proxy_gemv", 8));
+    CHECK(opts.choice.glu_down == forced);
+    CHECK(opts.choice.glu == -1);
+    CHECK(opts.choice.down == -1);
+    Ffn ffn;
+    plan_and_run_zero_layer<__half>(K, N, opts, &ffn);
+    CHECK(ffn.choice().glu_down == forced);
+    CHECK(ffn.glu_down_blocks() == glu_down_grid<__half>(forced));
+  }
+  {
+    INFO("the unfused plan launches the tuned glu and down policies");
+    Ffn::PlanOptions opts;
+    opts.fuse_stage2 = false;
+    REQUIRE(pt::choose<Ffn>(*b, cfg, 0.5, 0.25, &opts) == prox::Status::kSuccess);
+    CHECK(opts.choice.glu == pu.glu);
+    CHECK(opts.choice.down == pu.down);
+    CHECK(opts.choice.glu_down == -1);
+    Ffn ffn;
+    plan_and_run_zero_layer<__half>(K, N, opts, &ffn);
+    CHECK_FALSE(ffn.fused_stage2());
+    CHECK(ffn.choice().proxy == pu.proxy);
+    CHECK(ffn.choice().glu == pu.glu);
+    CHECK(ffn.choice().down == pu.down);
+  }
   CHECK(warnings.messages().empty());
 }
 
@@ -312,10 +422,11 @@ TEST_CASE("tuning: nothing is tuned during stream capture", "[tuning][gpu]") {
   PROX_TEST_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
   const prox::Status st_glu = pt::tune_glu_gemv<__half, prox::SiLU>(*cache, 512, 2048, 0.3, stream, opts);
   const prox::Status st_thr = pt::tune_threshold<__half>(*cache, 512, 0.5, stream, opts);
+  const prox::Status st_fused = pt::tune_glu_down_gemv<__half, prox::SiLU>(*cache, 512, 2048, 0.3, stream, opts);
   std::vector<pt::TuneResult> rs;
   const prox::Status st_ffn = pt::tune_ffn<Ffn>(*cache, 512, 2048, {0.5}, {0.3}, stream, opts, &rs);
   prox::PolicyChoice pc;
-  pc.proxy = pc.glu = pc.down = 7;
+  pc.proxy = pc.glu = pc.down = pc.glu_down = 7;
   const prox::Status st_choose = pt::choose<Ffn>(*cache, cfg, 0.5, 0.3, &pc, stream, opts);
   cudaGraph_t graph = nullptr;
   const cudaError_t end = cudaStreamEndCapture(stream, &graph);
@@ -323,24 +434,28 @@ TEST_CASE("tuning: nothing is tuned during stream capture", "[tuning][gpu]") {
 
   CHECK(st_glu == prox::Status::kErrorCapturing);
   CHECK(st_thr == prox::Status::kErrorCapturing);
+  CHECK(st_fused == prox::Status::kErrorCapturing);
   CHECK(st_ffn == prox::Status::kErrorCapturing);
   CHECK(rs.empty());
   CHECK(st_choose == prox::Status::kSuccess);  // falls back to the defaults, counts the miss
   CHECK(pc.proxy == -1);
   CHECK(pc.glu == -1);
   CHECK(pc.down == -1);
+  CHECK(pc.glu_down == -1);
   CHECK(cache->capture_misses() == 1);
   CHECK(cache->size() == 0);
   INFO("cudaStreamEndCapture: " << cudaGetErrorString(end));
   CHECK(end == cudaSuccess);  // the capture was not invalidated
   CHECK(cudaGetLastError() == cudaSuccess);
 
-  // Outside capture, the same call tunes.
+  // Outside capture, the same call tunes what the default (fused) plan runs: proxy and glu_down.
   REQUIRE(pt::choose<Ffn>(*cache, cfg, 0.5, 0.3, &pc, stream, opts) == prox::Status::kSuccess);
   CHECK(pc.proxy >= 0);
-  CHECK(pc.glu >= 0);
-  CHECK(pc.down >= 0);
-  CHECK(cache->size() == 3);
+  CHECK(pc.glu_down >= 0);
+  CHECK(pc.glu == -1);
+  CHECK(pc.down == -1);
+  CHECK(cache->size() == 2);
+  CHECK(cache->index_of(pt::glu_down_gemv_key<__half, prox::SiLU>(512, 2048, 0.3)) == pc.glu_down);
   CHECK(warnings.messages().empty());
 }
 
@@ -353,9 +468,14 @@ TEST_CASE("tuning: choose() follows the mode; a choice once made is fixed", "[tu
     auto c = make_cache(pt::Mode::kOff);
     const pt::Key k = pt::glu_gemv_key<__half, prox::SiLU>(512, 2048, 0.3);
     REQUIRE(c->record(k, {pt::policy_names<prox::GluGemvPolicies>()[1], 5.0, 4.9, 5.1, 20}) == prox::Status::kSuccess);
+    const pt::Key kf = pt::glu_down_gemv_key<__half, prox::SiLU>(512, 2048, 0.3);
+    REQUIRE(c->record(kf, {pt::policy_names<prox::GluDownGemvPolicies>()[1], 5.0, 4.9, 5.1, 20}) ==
+            prox::Status::kSuccess);
     prox::PolicyChoice pc;
     REQUIRE(pt::choose<Ffn>(*c, cfg, 0.5, 0.3, &pc) == prox::Status::kSuccess);
     CHECK(pc.proxy == -1);
+    CHECK(pc.glu_down == -1);
+    REQUIRE(pt::choose<Ffn>(*c, cfg, 0.5, 0.3, &pc, nullptr, {}, false) == prox::Status::kSuccess);
     CHECK(pc.glu == -1);
     CHECK(pc.down == -1);
   }
@@ -363,32 +483,53 @@ TEST_CASE("tuning: choose() follows the mode; a choice once made is fixed", "[tu
     auto c = make_cache(pt::Mode::kReadOnly);
     const pt::Key k = pt::glu_gemv_key<__half, prox::SiLU>(512, 2048, 0.3);
     REQUIRE(c->record(k, {pt::policy_names<prox::GluGemvPolicies>()[1], 5.0, 4.9, 5.1, 20}) == prox::Status::kSuccess);
+    const pt::Key kf = pt::glu_down_gemv_key<__half, prox::SiLU>(512, 2048, 0.3);
+    REQUIRE(c->record(kf, {pt::policy_names<prox::GluDownGemvPolicies>()[1], 5.0, 4.9, 5.1, 20}) ==
+            prox::Status::kSuccess);
     prox::PolicyChoice pc;
     REQUIRE(pt::choose<Ffn>(*c, cfg, 0.5, 0.26, &pc) == prox::Status::kSuccess);  // 0.26 -> bucket 5, like 0.3
     CHECK(pc.proxy == -1);
-    CHECK(pc.glu == 1);
+    CHECK(pc.glu_down == 1);  // the default plan fuses Stage 2
+    CHECK(pc.glu == -1);
     CHECK(pc.down == -1);
-    CHECK(c->size() == 1);
+    prox::PolicyChoice pu;
+    REQUIRE(pt::choose<Ffn>(*c, cfg, 0.5, 0.26, &pu, nullptr, {}, false) == prox::Status::kSuccess);
+    CHECK(pu.proxy == -1);
+    CHECK(pu.glu == 1);
+    CHECK(pu.down == -1);
+    CHECK(pu.glu_down == -1);
+    CHECK(c->size() == 2);
   }
   SECTION("tune-on-miss: tunes once, saves, then reuses") {
     TempDir dir;
     const std::string path = dir.file("auto.tsv");
     auto c = make_cache(pt::Mode::kTuneOnMiss, path);
-    prox::PolicyChoice first;
+    prox::PolicyChoice first;  // the default (fused) plan: proxy + glu_down
     REQUIRE(pt::choose<Ffn>(*c, cfg, 0.5, 0.3, &first, nullptr, opts) == prox::Status::kSuccess);
     CHECK(first.proxy >= 0);
-    CHECK(first.glu >= 0);
-    CHECK(first.down >= 0);
-    CHECK(c->size() == 3);
+    CHECK(first.glu_down >= 0);
+    CHECK(c->size() == 2);
     CHECK(fs::exists(path));  // mode 2 saves what it tuned
+    // The unfused plan tunes its own two ops on their miss; the proxy entry is reused.
+    prox::PolicyChoice unfused;
+    REQUIRE(pt::choose<Ffn>(*c, cfg, 0.5, 0.3, &unfused, nullptr, opts, false) == prox::Status::kSuccess);
+    CHECK(unfused.proxy == first.proxy);
+    CHECK(unfused.glu >= 0);
+    CHECK(unfused.down >= 0);
+    CHECK(unfused.glu_down == -1);
+    first.glu = unfused.glu;
+    first.down = unfused.down;
+    CHECK(c->size() == 4);
     for (int i = 0; i < 3; ++i) {
-      prox::PolicyChoice again;
+      prox::PolicyChoice again, again_unfused;
       REQUIRE(pt::choose<Ffn>(*c, cfg, 0.5, 0.3, &again, nullptr, opts) == prox::Status::kSuccess);
+      REQUIRE(pt::choose<Ffn>(*c, cfg, 0.5, 0.3, &again_unfused, nullptr, opts, false) == prox::Status::kSuccess);
       CHECK(again.proxy == first.proxy);
-      CHECK(again.glu == first.glu);
-      CHECK(again.down == first.down);
+      CHECK(again.glu_down == first.glu_down);
+      CHECK(again_unfused.glu == first.glu);
+      CHECK(again_unfused.down == first.down);
     }
-    CHECK(c->size() == 3);  // no re-tuning
+    CHECK(c->size() == 4);  // no re-tuning
     // An explicit re-tune measures again but cannot change the recorded choice.
     pt::TuneResult r;
     REQUIRE((pt::tune_glu_gemv<__half, prox::SiLU>(*c, 512, 2048, 0.3, nullptr, opts, &r)) == prox::Status::kSuccess);
@@ -397,11 +538,13 @@ TEST_CASE("tuning: choose() follows the mode; a choice once made is fixed", "[tu
     // Another process's view: a read-only cache on the same file gives the same choice.
     auto ro = make_cache(pt::Mode::kReadOnly, path);
     REQUIRE(ro->load() == prox::Status::kSuccess);
-    prox::PolicyChoice seen;
+    prox::PolicyChoice seen, seen_unfused;
     REQUIRE(pt::choose<Ffn>(*ro, cfg, 0.5, 0.3, &seen) == prox::Status::kSuccess);
+    REQUIRE(pt::choose<Ffn>(*ro, cfg, 0.5, 0.3, &seen_unfused, nullptr, {}, false) == prox::Status::kSuccess);
     CHECK(seen.proxy == first.proxy);
-    CHECK(seen.glu == first.glu);
-    CHECK(seen.down == first.down);
+    CHECK(seen.glu_down == first.glu_down);
+    CHECK(seen_unfused.glu == first.glu);
+    CHECK(seen_unfused.down == first.down);
   }
   CHECK(warnings.messages().empty());
 }

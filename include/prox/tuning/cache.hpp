@@ -125,7 +125,8 @@ inline int choose_index(const std::vector<double>& medians, double tolerance = k
 /**
  * @brief Cache key. All fields are strict (equal or miss).
  * Ops name candidate lists: "threshold", "proxy_gemv" (INT4 proxy), "proxy_gemv_dense"
- * (fp16/bf16 proxy), "glu_gemv", "down_gemv". tuning/tune.cuh builds keys from types.
+ * (fp16/bf16 proxy), "glu_gemv", "down_gemv", "glu_down_gemv" (fused Stage 2). tuning/tune.cuh
+ * builds keys from types.
  */
 struct Key {
   std::string op;       //!< candidate list, a key of the PolicyTable
@@ -135,7 +136,8 @@ struct Key {
   int d_model = 0;      //!< input size (threshold: vector length)
   int d_ff = 0;         //!< channels (0 for ops without one)
   int density16 = kDensityBuckets;  //!< density bucket (sixteenths, 0..16): input density for
-                                    //!< proxy_gemv/threshold, selected-channel density for glu/down
+                                    //!< proxy_gemv/threshold, selected-channel density for
+                                    //!< glu_gemv/down_gemv/glu_down_gemv
   int batch = 1;        //!< tokens (1: decoding)
 
   bool operator==(const Key& o) const {

@@ -11,6 +11,9 @@
 //! Candidates whose output differs from policy 0 beyond rounding, or that fail to launch, get an
 //! infinite time and are never chosen or persisted. Winner: the lowest index within 2% of the best.
 //!
+//! Ops tuned: threshold, proxy_gemv (INT4 and dense proxies), glu_gemv, down_gemv and the fused
+//! Stage 2 glu_down_gemv (what SparseFfn runs by default), each with its own candidate list and keys.
+//!
 //! Tuning is never capturable: every entry point returns Status::kErrorCapturing when
 //! cudaStreamIsCapturing says the stream captures (or cannot tell). It allocates and frees device
 //! memory and synchronizes the stream; call it at start-up, before graph capture.
@@ -37,7 +40,9 @@
 #include "../core/policy.hpp"
 #include "../core/status.hpp"
 #include "../core/types.cuh"
+#include "../dispatch.hpp"
 #include "../down_gemv.cuh"
+#include "../glu_down_gemv.cuh"
 #include "../glu_gemv.cuh"
 #include "../int4_format.hpp"
 #include "../proxy_gemv.cuh"
@@ -55,6 +60,7 @@ constexpr const char* kOpProxyGemv = "proxy_gemv";             //!< INT4 proxy w
 constexpr const char* kOpProxyGemvDense = "proxy_gemv_dense";  //!< fp16/bf16 proxy weights
 constexpr const char* kOpGluGemv = "glu_gemv";
 constexpr const char* kOpDownGemv = "down_gemv";
+constexpr const char* kOpGluDownGemv = "glu_down_gemv";        //!< fused Stage 2 (GLU + down, one grid)
 
 //! Minimum timed launches per candidate.
 constexpr int kMinReps = 20;
@@ -87,7 +93,8 @@ inline PolicyTable policy_table() {
           {kOpProxyGemv, policy_names<ProxyGemvPolicies>()},
           {kOpProxyGemvDense, policy_names<DenseProxyGemvPolicies>()},
           {kOpGluGemv, policy_names<GluGemvPolicies>()},
-          {kOpDownGemv, policy_names<DownGemvPolicies>()}};
+          {kOpDownGemv, policy_names<DownGemvPolicies>()},
+          {kOpGluDownGemv, policy_names<GluDownGemvPolicies>()}};
 }
 
 //! Key of the threshold op on a vector of n elements of T at input density `density`.
@@ -140,6 +147,20 @@ Key down_gemv_key(int d_model, int d_ff, double channel_density) {
   k.dtype = DTypeTraits<T>::kName;
   k.weights = DTypeTraits<T>::kName;
   k.act = "-";
+  k.d_model = d_model;
+  k.d_ff = d_ff;
+  k.density16 = density_bucket(channel_density);
+  return k;
+}
+
+//! Key of the fused Stage-2 GEMV (glu_down_gemv) at selected-channel density `channel_density`.
+template <class T, class Act>
+Key glu_down_gemv_key(int d_model, int d_ff, double channel_density) {
+  Key k;
+  k.op = kOpGluDownGemv;
+  k.dtype = DTypeTraits<T>::kName;
+  k.weights = DTypeTraits<T>::kName;
+  k.act = Act::kName;
   k.d_model = d_model;
   k.d_ff = d_ff;
   k.density16 = density_bucket(channel_density);
@@ -569,6 +590,53 @@ inline std::string fmt_mismatch(const char* what, int j, double got, double want
          std::to_string(want) + " (tolerance " + std::to_string(tol) + ")";
 }
 
+//! GLU output s against policy 0 (glu_gemv and glu_down_gemv): selected channels within rounding
+//! (the policies sum the K products in different orders), unselected entries bit for bit (+0 under
+//! the "every entry written" contract of GluGemvArgs::s).
+inline bool compare_glu_s(const std::vector<float>& ref, const std::vector<float>& s, const std::vector<std::uint32_t>& m,
+                          int n, std::string* why) {
+  double max_abs = 0.0;
+  for (int j = 0; j < n; ++j)
+    if (mask_bit(m, j)) max_abs = std::max(max_abs, static_cast<double>(std::fabs(ref[static_cast<std::size_t>(j)])));
+  for (int j = 0; j < n; ++j) {
+    const float v = s[static_cast<std::size_t>(j)];
+    if (!mask_bit(m, j)) {
+      if (float_bits(v) != float_bits(ref[static_cast<std::size_t>(j)])) {
+        *why = "s[" + std::to_string(j) + "] of an unselected channel is " + std::to_string(v) + ", policy 0 leaves " +
+               std::to_string(ref[static_cast<std::size_t>(j)]);
+        return false;
+      }
+      continue;
+    }
+    const double r = ref[static_cast<std::size_t>(j)];
+    const double tol = 4e-3 * std::fabs(r) + 1e-3 * max_abs + 1e-30;
+    if (!(std::fabs(static_cast<double>(v) - r) <= tol)) {
+      *why = fmt_mismatch("s", j, v, r, tol);
+      return false;
+    }
+  }
+  return true;
+}
+
+//! Down output y against policy 0 (down_gemv and glu_down_gemv): y is rounded to T once from fp32
+//! sums taken in policy-dependent order, so allow a few ulps of T.
+template <class T>
+bool compare_down_y(const std::vector<T>& ref, const std::vector<T>& y, int n, std::string* why) {
+  const double rtol = std::is_same<T, __half>::value ? 4e-3 : 2e-2;
+  double max_abs = 0.0;
+  for (const T& v : ref) max_abs = std::max(max_abs, static_cast<double>(std::fabs(to_float(v))));
+  for (int d = 0; d < n; ++d) {
+    const double r = to_float(ref[static_cast<std::size_t>(d)]);
+    const double v = to_float(y[static_cast<std::size_t>(d)]);
+    const double tol = rtol * std::fabs(r) + 1e-3 * max_abs + 1e-30;
+    if (!(std::fabs(v - r) <= tol)) {
+      *why = fmt_mismatch("y", d, v, r, tol);
+      return false;
+    }
+  }
+  return true;
+}
+
 //! Grow the rotation buffer `w` of the exact-weight benches to n sets of set_bytes, filled with
 //! uniform [-0.05, 0.05] values of T (`*sets` = sets it holds; a smaller n is already there).
 template <class T>
@@ -918,40 +986,13 @@ class GluBench : WeightBenchBase {
       }
       return Status::kSuccess;
     };
-    const auto check = [&](std::string* why) { return compare(ref_s, s, hmask, why); };
+    const auto check = [&](std::string* why) { return compare_glu_s(ref_s, s, hmask, N_, why); };
     return verify_time_record(
         cache, key, res, o_, stream_, nsets, set_bytes, [&](int c) { return run(c, 0); }, run, poison, fetch, check,
         out);
   }
 
  private:
-  bool compare(const std::vector<float>& ref, const std::vector<float>& s, const std::vector<std::uint32_t>& m,
-               std::string* why) const {
-    double max_abs = 0.0;
-    for (int j = 0; j < N_; ++j)
-      if (mask_bit(m, j)) max_abs = std::max(max_abs, static_cast<double>(std::fabs(ref[static_cast<std::size_t>(j)])));
-    for (int j = 0; j < N_; ++j) {
-      const float v = s[static_cast<std::size_t>(j)];
-      if (!mask_bit(m, j)) {
-        // Unselected entries: exactly what policy 0 leaves there (+0 under the "every entry
-        // written" contract of GluGemvArgs::s).
-        if (float_bits(v) != float_bits(ref[static_cast<std::size_t>(j)])) {
-          *why = "s[" + std::to_string(j) + "] of an unselected channel is " + std::to_string(v) + ", policy 0 leaves " +
-                 std::to_string(ref[static_cast<std::size_t>(j)]);
-          return false;
-        }
-        continue;
-      }
-      const double r = ref[static_cast<std::size_t>(j)];
-      const double tol = 4e-3 * std::fabs(r) + 1e-3 * max_abs + 1e-30;
-      if (!(std::fabs(static_cast<double>(v) - r) <= tol)) {
-        *why = fmt_mismatch("s", j, v, r, tol);
-        return false;
-      }
-    }
-    return true;
-  }
-
   Status ensure_sets(int n) { return ensure_weight_sets<T>(w_, &sets_, n, 2 * mat_bytes_, o_.seed + 4, stream_); }
 
   DeviceBuffer x_, mask_, s_, w_;
@@ -1014,34 +1055,145 @@ class DownBench : WeightBenchBase {
       if (is_reference) ref_y = y;
       return Status::kSuccess;
     };
-    const auto check = [&](std::string* why) { return compare(ref_y, y, why); };
+    const auto check = [&](std::string* why) { return compare_down_y(ref_y, y, K_, why); };
     return verify_time_record(
         cache, key, res, o_, stream_, nsets, set_bytes, [&](int c) { return run(c, 0); }, run, poison, fetch, check,
         out);
   }
 
  private:
-  //! y is rounded to T once from fp32 sums taken in policy-dependent order: allow a few ulps.
-  bool compare(const std::vector<T>& ref, const std::vector<T>& y, std::string* why) const {
-    const double rtol = std::is_same<T, __half>::value ? 4e-3 : 2e-2;
-    double max_abs = 0.0;
-    for (const T& v : ref) max_abs = std::max(max_abs, static_cast<double>(std::fabs(to_float(v))));
-    for (int d = 0; d < K_; ++d) {
-      const double r = to_float(ref[static_cast<std::size_t>(d)]);
-      const double v = to_float(y[static_cast<std::size_t>(d)]);
-      const double tol = rtol * std::fabs(r) + 1e-3 * max_abs + 1e-30;
-      if (!(std::fabs(v - r) <= tol)) {
-        *why = fmt_mismatch("y", d, v, r, tol);
-        return false;
-      }
-    }
-    return true;
-  }
-
   Status ensure_sets(int n) { return ensure_weight_sets<T>(w_, &sets_, n, mat_bytes_, o_.seed + 6, stream_); }
 
   std::size_t ws_bytes_ = 0;
   DeviceBuffer s_, mask_, y_, ws_, w_;
+};
+
+//! Bits of a 16-bit element (__half / __nv_bfloat16): all ones is the poison of an unwritten element.
+template <class T>
+std::uint16_t bits16(const T& v) {
+  static_assert(sizeof(T) == 2, "16-bit element type");
+  std::uint16_t u;
+  std::memcpy(&u, &v, 2);
+  return u;
+}
+
+/**
+ * @brief Fused Stage 2 (glu_down_gemv) as SparseFfn runs it: every candidate gets the grid plan()
+ * gives it (glu_down_gemv::max_grid_blocks: SMs x resident blocks, every block co-resident), one
+ * workspace sized for the largest of those grids and zeroed once (prox::initialize_workspace; the
+ * kernel leaves its barrier and tile counters ready), and SparseFfn::run's launch options (PDL where
+ * the device has it, cooperative). Rotated gate/up/down weights; verifies s like the GLU bench and y
+ * like the down bench, against policy 0.
+ */
+template <class T, class Act>
+class GluDownBench : WeightBenchBase {
+ public:
+  using List = GluDownGemvPolicies;
+
+  //! (May throw std::bad_alloc for its host vectors; run_bench_locked catches it.)
+  Status init(int d_model, int d_ff, const TuneOptions& o, cudaStream_t stream) {
+    PROX_RETURN_IF_ERROR(check_ffn_shape(d_model, d_ff));
+    bind(d_model, d_ff, sizeof(T) * static_cast<std::size_t>(d_model) * static_cast<std::size_t>(d_ff), o, stream);
+    DeviceInfo info;
+    PROX_RETURN_IF_ERROR(query_device(&info));
+    // SparseFfn::run's Stage-2 launch under the default PlanOptions: LaunchOptions::pdl = pdl && the
+    // device supports it, LaunchOptions::cooperative left on.
+    launch_opts_ = LaunchOptions{};
+    launch_opts_.pdl = typename SparseFfn<T, Act>::PlanOptions{}.pdl && info.supports_pdl();
+    // SparseFfn::plan's grid per policy; a policy the device cannot run keeps its status and fails
+    // as a candidate (policy 0 failing stops the bench, as plan() would refuse).
+    blocks_.assign(static_cast<std::size_t>(List::kSize), 0);
+    grid_status_.assign(static_cast<std::size_t>(List::kSize), Status::kSuccess);
+    ws_bytes_ = 0;
+    for_each_policy<List>([&](auto p, int i) {
+      using P = decltype(p);
+      int blocks = 0;
+      const Status st = glu_down_gemv::max_grid_blocks<P, Act, T>(&blocks);
+      grid_status_[static_cast<std::size_t>(i)] = st;
+      if (st != Status::kSuccess) return;
+      blocks_[static_cast<std::size_t>(i)] = blocks;
+      ws_bytes_ = std::max(ws_bytes_, glu_down_gemv::workspace_bytes<P>(K_, blocks));
+    });
+    PROX_RETURN_IF_ERROR(x_.alloc(sizeof(T) * static_cast<std::size_t>(K_)));
+    PROX_RETURN_IF_ERROR(mask_.alloc(sizeof(std::uint32_t) * static_cast<std::size_t>(N_ / 32)));
+    PROX_RETURN_IF_ERROR(s_.alloc(sizeof(float) * static_cast<std::size_t>(N_)));
+    PROX_RETURN_IF_ERROR(y_.alloc(sizeof(T) * static_cast<std::size_t>(K_)));
+    PROX_RETURN_IF_ERROR(ws_.alloc(std::max<std::size_t>(ws_bytes_, 256)));
+    // Grid barrier and tile counters start at zero; every launch leaves them ready for the next.
+    PROX_RETURN_IF_ERROR(initialize_workspace(ws_.bytes_ptr(), ws_.bytes(), stream_));
+    PROX_RETURN_IF_ERROR(fill_uniform(x_.as<T>(), static_cast<std::size_t>(K_), o_.seed + 7, -1.0f, 1.0f, stream_));
+    return cuda_ok(cudaStreamSynchronize(stream_));
+  }
+
+  Status measure(Cache& cache, double channel_density, TuneResult* out) {
+    const Key key = glu_down_gemv_key<T, Act>(K_, N_, channel_density);
+    const double density = bucket_density(key.density16);
+    std::mt19937_64 rng = key_rng(o_.seed, key);
+    const std::vector<std::uint32_t> hmask = make_mask(N_, density, rng);
+    PROX_RETURN_IF_ERROR(upload(mask_.as<std::uint32_t>(), hmask, stream_));
+    const std::size_t set_bytes = 3 * mat_bytes_;  // W_gate, W_up, W_down^T
+    const int nsets = rotation_sets(set_bytes, static_cast<std::size_t>(density * static_cast<double>(set_bytes)), o_,
+                                    stream_);
+    PROX_RETURN_IF_ERROR(ensure_sets(nsets));
+    GluDownGemvArgs<T> a;
+    a.x = x_.as<T>();
+    a.d_model = K_;
+    a.d_ff = N_;
+    a.channel_mask = mask_.as<std::uint32_t>();
+    a.s = s_.as<float>();
+    a.y = y_.as<T>();
+    const auto run = [&](int c, int set) {
+      const Status grid = grid_status_[static_cast<std::size_t>(c)];
+      if (grid != Status::kSuccess) return grid;
+      GluDownGemvArgs<T> b = a;
+      const char* base = w_.bytes_ptr() + 3 * static_cast<std::size_t>(set) * mat_bytes_;
+      b.w_gate = reinterpret_cast<const T*>(base);
+      b.w_up = reinterpret_cast<const T*>(base + mat_bytes_);
+      b.w_down_t = reinterpret_cast<const T*>(base + 2 * mat_bytes_);
+      b.grid_blocks = blocks_[static_cast<std::size_t>(c)];
+      return dispatch_policy<List>(c, [&](auto p) {
+        return glu_down_gemv::launch<decltype(p), Act>(b, ws_.bytes_ptr(), ws_.bytes(), stream_, launch_opts_);
+      });
+    };
+    std::vector<CandidateResult> res = fresh_results<List>();
+    std::vector<float> ref_s, s;
+    std::vector<T> ref_y, y;
+    const auto poison = [&]() {  // NaN: unwritten
+      PROX_RETURN_IF_ERROR(cuda_ok(cudaMemsetAsync(s_.bytes_ptr(), 0xFF, s_.bytes(), stream_)));
+      return cuda_ok(cudaMemsetAsync(y_.bytes_ptr(), 0xFF, y_.bytes(), stream_));
+    };
+    const auto fetch = [&](bool is_reference, std::string* why) {
+      PROX_RETURN_IF_ERROR(download(&s, s_.as<float>(), static_cast<std::size_t>(N_), stream_));
+      PROX_RETURN_IF_ERROR(download(&y, y_.as<T>(), static_cast<std::size_t>(K_), stream_));
+      if (!is_reference) return Status::kSuccess;
+      ref_s = s;
+      ref_y = y;
+      // Policy 0 itself must write every selected channel of s and every element of y.
+      for (int j = 0; j < N_ && why->empty(); ++j) {
+        if (mask_bit(hmask, j) && float_bits(s[static_cast<std::size_t>(j)]) == 0xFFFFFFFFu)
+          *why = "policy 0 did not write selected channel " + std::to_string(j);
+      }
+      for (int d = 0; d < K_ && why->empty(); ++d) {
+        if (bits16(y[static_cast<std::size_t>(d)]) == 0xFFFFu) *why = "policy 0 did not write y[" + std::to_string(d) + "]";
+      }
+      return Status::kSuccess;
+    };
+    const auto check = [&](std::string* why) {
+      return compare_glu_s(ref_s, s, hmask, N_, why) && compare_down_y(ref_y, y, K_, why);
+    };
+    return verify_time_record(
+        cache, key, res, o_, stream_, nsets, set_bytes, [&](int c) { return run(c, 0); }, run, poison, fetch, check,
+        out);
+  }
+
+ private:
+  Status ensure_sets(int n) { return ensure_weight_sets<T>(w_, &sets_, n, 3 * mat_bytes_, o_.seed + 8, stream_); }
+
+  LaunchOptions launch_opts_{};
+  std::vector<int> blocks_;
+  std::vector<Status> grid_status_;
+  std::size_t ws_bytes_ = 0;
+  DeviceBuffer x_, mask_, s_, y_, ws_, w_;
 };
 
 //! Run a bench over densities (deduplicated by bucket). The caller holds cache.tuning_mutex().
@@ -1162,6 +1314,26 @@ Status tune_down_gemv(Cache& cache, int d_model, int d_ff, double channel_densit
 }
 
 /**
+ * @brief Tune the fused Stage 2 (glu_down_gemv, what SparseFfn runs by default) for (d_model, d_ff)
+ * at selected-channel density `channel_density`. Each candidate runs on the grid SparseFfn::plan
+ * gives it (SMs x resident blocks, launched cooperatively with the FFN's launch options); s and y are
+ * verified against policy 0 with the GLU and down benches' tolerances.
+ * @code
+ * prox::tuning::TuneResult r;
+ * auto st = prox::tuning::tune_glu_down_gemv<__half, prox::SiLU>(*cache, 4096, 12288, 0.3, stream, {}, &r);
+ * @endcode
+ */
+template <class T, class Act>
+Status tune_glu_down_gemv(Cache& cache, int d_model, int d_ff, double channel_density, cudaStream_t stream,
+                          const TuneOptions& options = {}, TuneResult* result = nullptr) noexcept {
+  std::vector<TuneResult> r;
+  const Status st =
+      detail::run_bench<detail::GluDownBench<T, Act>>(cache, {channel_density}, stream, options, &r, d_model, d_ff);
+  if (result != nullptr && !r.empty()) *result = r.front();
+  return st;
+}
+
+/**
  * @brief Multi-density forms: tune one op at several densities (deduplicated by bucket), with its
  * weight buffers allocated once; one TuneResult per bucket is appended to *results (optional).
  * @code
@@ -1193,12 +1365,21 @@ Status tune_down_gemv(Cache& cache, int d_model, int d_ff, const std::vector<dou
                       std::vector<TuneResult>* results = nullptr) noexcept {
   return detail::run_bench<detail::DownBench<T>>(cache, channel_densities, stream, options, results, d_model, d_ff);
 }
+template <class T, class Act>
+Status tune_glu_down_gemv(Cache& cache, int d_model, int d_ff, const std::vector<double>& channel_densities,
+                          cudaStream_t stream, const TuneOptions& options = {},
+                          std::vector<TuneResult>* results = nullptr) noexcept {
+  return detail::run_bench<detail::GluDownBench<T, Act>>(cache, channel_densities, stream, options, results, d_model,
+                                                         d_ff);
+}
 
 /**
- * @brief Tune the three ops of a SparseFfn<T, Act, ProxyFmt> layer shape: the proxy GEMV at every
- * input density, the GLU and down GEMVs at every channel density (each deduplicated by bucket).
- * Weight buffers are allocated once per op and reused across densities. Appends one TuneResult per
- * key to *results (optional). Records into `cache`; call cache.save() to persist.
+ * @brief Tune the ops of a SparseFfn<T, Act, ProxyFmt> layer shape, for both Stage-2 forms: the
+ * proxy GEMV at every input density; the fused Stage 2 (glu_down_gemv, PlanOptions::fuse_stage2 =
+ * true, the default) and the separate GLU and down GEMVs (fuse_stage2 = false) at every channel
+ * density (each deduplicated by bucket). Weight buffers are allocated once per op and reused across
+ * densities. Appends one TuneResult per key to *results (optional), in the order proxy, GLU, down,
+ * fused. Records into `cache`; call cache.save() to persist.
  */
 template <class Ffn>
 Status tune_ffn(Cache& cache, int d_model, int d_ff, const std::vector<double>& input_densities,
@@ -1212,22 +1393,31 @@ Status tune_ffn(Cache& cache, int d_model, int d_ff, const std::vector<double>& 
                                                                            results, d_model, d_ff)));
   PROX_RETURN_IF_ERROR((detail::run_bench<detail::GluBench<T, Act>>(cache, channel_densities, stream, options, results,
                                                                     d_model, d_ff)));
-  return detail::run_bench<detail::DownBench<T>>(cache, channel_densities, stream, options, results, d_model, d_ff);
+  PROX_RETURN_IF_ERROR(
+      detail::run_bench<detail::DownBench<T>>(cache, channel_densities, stream, options, results, d_model, d_ff));
+  return detail::run_bench<detail::GluDownBench<T, Act>>(cache, channel_densities, stream, options, results, d_model,
+                                                         d_ff);
 }
 
 /**
  * @brief The policies for a SparseFfn layer from the tuning cache, for SparseFfn::plan().
  *
+ * Fills the fields of the kernels plan() will launch: `proxy` always; with `fuse_stage2` (the
+ * default, as PlanOptions::fuse_stage2) `glu_down`, otherwise `glu` and `down`. The other fields stay
+ * -1 (plan() launches nothing with them).
+ *
  * Mode kOff: every field -1 (plan() uses its defaults). kReadOnly: cached choices, -1 for a miss.
  * kTuneOnMiss: a miss is tuned now (serialized by the cache's tuning mutex, then saved if the
  * cache has a file) unless `stream` captures, in which case it stays -1 and
- * cache.capture_misses() is incremented. Keys: the proxy GEMV at `input_density`, GLU and down at
- * `channel_density`, each rounded up to its 1/16 bucket. Cached names are mapped to indices of the
- * compiled candidate lists, so an entry naming a policy this build lacks is a miss.
+ * cache.capture_misses() is incremented. Keys: the proxy GEMV at `input_density`; the fused Stage 2,
+ * or the GLU and down GEMVs, at `channel_density`; each rounded up to its 1/16 bucket. Cached names
+ * are mapped to indices of the compiled candidate lists, so an entry naming a policy this build
+ * lacks is a miss.
  *
  * @tparam Ffn SparseFfn<T, Act, ProxyFmt>
  * @param input_density   expected fraction of x kept by tau_x (1 - s1)
  * @param channel_density expected fraction of channels selected by tau_s (1 - s2)
+ * @param fuse_stage2     the PlanOptions::fuse_stage2 the plan will use (default: PlanOptions' default)
  * @return kSuccess, or (mode 2 only) the tuner's error; *out is valid (-1s on failure) either way.
  *
  * @code
@@ -1239,7 +1429,8 @@ Status tune_ffn(Cache& cache, int d_model, int d_ff, const std::vector<double>& 
  */
 template <class Ffn>
 Status choose(Cache& cache, const typename Ffn::Config& cfg, double input_density, double channel_density,
-              PolicyChoice* out, cudaStream_t stream = nullptr, const TuneOptions& options = {}) noexcept {
+              PolicyChoice* out, cudaStream_t stream = nullptr, const TuneOptions& options = {},
+              bool fuse_stage2 = typename Ffn::PlanOptions{}.fuse_stage2) noexcept {
   if (out == nullptr) return Status::kErrorNullPointer;
   *out = PolicyChoice{};
   if (cache.mode() == Mode::kOff) return Status::kSuccess;
@@ -1247,18 +1438,24 @@ Status choose(Cache& cache, const typename Ffn::Config& cfg, double input_densit
   using T = typename Tr::Type;
   using Act = typename Tr::Activation;
   using Fmt = typename Tr::ProxyFormat;
+  const bool fused = fuse_stage2;
   try {
     const Key kp = proxy_gemv_key<T, Fmt, Act>(cfg.d_model, cfg.d_ff, input_density);
     const Key kg = glu_gemv_key<T, Act>(cfg.d_model, cfg.d_ff, channel_density);
     const Key kd = down_gemv_key<T>(cfg.d_model, cfg.d_ff, channel_density);
+    const Key kf = glu_down_gemv_key<T, Act>(cfg.d_model, cfg.d_ff, channel_density);
     const auto look = [&] {
       out->proxy = detail::cached_index<typename Ffn::ProxyPolicies>(cache, kp);
-      out->glu = detail::cached_index<typename Ffn::GluPolicies>(cache, kg);
-      out->down = detail::cached_index<typename Ffn::DownPolicies>(cache, kd);
+      if (fused) {
+        out->glu_down = detail::cached_index<typename Ffn::GluDownPolicies>(cache, kf);
+      } else {
+        out->glu = detail::cached_index<typename Ffn::GluPolicies>(cache, kg);
+        out->down = detail::cached_index<typename Ffn::DownPolicies>(cache, kd);
+      }
     };
+    const auto missing = [&] { return out->proxy < 0 || (fused ? out->glu_down < 0 : out->glu < 0 || out->down < 0); };
     look();
-    const bool miss = out->proxy < 0 || out->glu < 0 || out->down < 0;
-    if (!miss || cache.mode() != Mode::kTuneOnMiss) return Status::kSuccess;
+    if (!missing() || cache.mode() != Mode::kTuneOnMiss) return Status::kSuccess;
     if (detail::check_not_capturing(stream) != Status::kSuccess) {
       cache.count_capture_miss();
       return Status::kSuccess;
@@ -1271,10 +1468,13 @@ Status choose(Cache& cache, const typename Ffn::Config& cfg, double input_densit
     if (out->proxy < 0)
       PROX_RETURN_IF_ERROR((detail::run_bench_locked<detail::ProxyBench<T, Fmt, Act>>(
           cache, {input_density}, stream, options, nullptr, cfg.d_model, cfg.d_ff)));
-    if (out->glu < 0)
+    if (fused && out->glu_down < 0)
+      PROX_RETURN_IF_ERROR((detail::run_bench_locked<detail::GluDownBench<T, Act>>(
+          cache, {channel_density}, stream, options, nullptr, cfg.d_model, cfg.d_ff)));
+    if (!fused && out->glu < 0)
       PROX_RETURN_IF_ERROR((detail::run_bench_locked<detail::GluBench<T, Act>>(cache, {channel_density}, stream, options,
                                                                                nullptr, cfg.d_model, cfg.d_ff)));
-    if (out->down < 0)
+    if (!fused && out->down < 0)
       PROX_RETURN_IF_ERROR((detail::run_bench_locked<detail::DownBench<T>>(cache, {channel_density}, stream, options,
                                                                            nullptr, cfg.d_model, cfg.d_ff)));
     look();
@@ -1284,6 +1484,22 @@ Status choose(Cache& cache, const typename Ffn::Config& cfg, double input_densit
     *out = PolicyChoice{};
     return Status::kErrorCudaRuntime;
   }
+}
+
+/**
+ * @brief choose() for a whole PlanOptions: reads opts->fuse_stage2 and fills opts->choice, so the
+ * choice matches the Stage-2 form the plan will run.
+ * @code
+ * Ffn::PlanOptions opts;                    // fuse_stage2 = true: proxy + glu_down are chosen
+ * prox::tuning::choose<Ffn>(*prox::tuning::default_cache(), cfg, 0.30, 0.233, &opts, stream);
+ * ffn.plan(cfg, weights, opts);
+ * @endcode
+ */
+template <class Ffn>
+Status choose(Cache& cache, const typename Ffn::Config& cfg, double input_density, double channel_density,
+              typename Ffn::PlanOptions* opts, cudaStream_t stream = nullptr, const TuneOptions& options = {}) noexcept {
+  if (opts == nullptr) return Status::kErrorNullPointer;
+  return choose<Ffn>(cache, cfg, input_density, channel_density, &opts->choice, stream, options, opts->fuse_stage2);
 }
 
 }  // namespace tuning
