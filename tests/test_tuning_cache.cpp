@@ -558,6 +558,25 @@ TEST_CASE("tuning cache: a table that gains an op (the fused glu_down_gemv) inva
   CHECK(read_text(p).find("\nglu_down_gemv\tf16\tf16\tsilu\t4096\t12288\t5\t1\tglud_b\t") != std::string::npos);
 }
 
+TEST_CASE("tuning cache: the largest accepted timing survives save and load", "[tuning]") {
+  TempDir dir;
+  const std::string p = dir.file("big.tsv");
+  const pt::Entry big{"glu_a", pt::detail::kMaxTimingUs / 2, pt::detail::kMaxTimingUs / 4, pt::detail::kMaxTimingUs, 25};
+  {
+    pt::Cache c(test_signature(), test_table(), file_options(p));
+    REQUIRE(c.record(glu_key(64, 128, 4), big) == prox::Status::kSuccess);
+    REQUIRE(c.save() == prox::Status::kSuccess);
+  }
+  pt::Cache r(test_signature(), test_table(), file_options(p));
+  CHECK(r.load() == prox::Status::kSuccess);
+  CHECK(r.warnings() == 0);
+  CHECK(r.last_load().loaded == 1);
+  const auto e = r.find(glu_key(64, 128, 4));
+  REQUIRE(e.has_value());
+  CHECK(e->p80_us == Approx(pt::detail::kMaxTimingUs));
+  CHECK(e->median_us == Approx(pt::detail::kMaxTimingUs / 2));
+}
+
 TEST_CASE("tuning cache: record validates and the first entry of a key wins", "[tuning]") {
   pt::Cache c(test_signature(), test_table(), file_options(""));
   CHECK(c.path().empty());  // no location: in-memory only
@@ -576,6 +595,8 @@ TEST_CASE("tuning cache: record validates and the first entry of a key wins", "[
   CHECK(c.record(glu_key(0, 128, 4), entry("glu_a", 1.0)) == prox::Status::kErrorInvalidArgument);
   CHECK(c.record(glu_key(64, 128, 4), pt::Entry{"glu_a", HUGE_VAL, 1.0, HUGE_VAL, 25}) ==
         prox::Status::kErrorInvalidArgument);  // failed candidates are not persisted
+  // A timing the file could not read back is refused (the largest accepted one round-trips: next test).
+  CHECK(c.record(glu_key(64, 128, 4), pt::Entry{"glu_a", 1.0, 1.0, 2e12, 25}) == prox::Status::kErrorInvalidArgument);
   CHECK(c.size() == 1);
   CHECK(c.save() == prox::Status::kErrorCacheIo);  // nowhere to write
   CHECK(c.load() == prox::Status::kSuccess);

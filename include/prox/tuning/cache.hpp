@@ -479,6 +479,10 @@ inline const std::vector<std::string>& columns() {
   return kColumns;
 }
 
+//! Largest timing (µs) an entry may hold: the file stores nanoseconds as integers and reads at most 15
+//! integer digits, so a larger value could be recorded and saved but not read back (11.6 days here).
+constexpr double kMaxTimingUs = 1e12;
+
 //! Validate an entry against the table and basic ranges; empty string if fine.
 inline std::string check_entry(const Key& k, const Entry& e, const PolicyTable& table, bool* unknown_policy) {
   *unknown_policy = false;
@@ -489,6 +493,7 @@ inline std::string check_entry(const Key& k, const Entry& e, const PolicyTable& 
   if (!(std::isfinite(e.median_us) && std::isfinite(e.p20_us) && std::isfinite(e.p80_us)) || e.p20_us < 0.0 ||
       e.p20_us > e.median_us || e.median_us > e.p80_us)
     return "timings not finite or not ordered p20 <= median <= p80";
+  if (e.p80_us > kMaxTimingUs) return "timing above kMaxTimingUs";
   if (e.reps < 1) return "reps < 1";
   const auto it = table.find(k.op);
   if (it == table.end()) {

@@ -944,6 +944,10 @@ class GluBench : WeightBenchBase {
     PROX_RETURN_IF_ERROR(x_.alloc(sizeof(T) * static_cast<std::size_t>(K_)));
     PROX_RETURN_IF_ERROR(mask_.alloc(sizeof(std::uint32_t) * static_cast<std::size_t>(N_ / 32)));
     PROX_RETURN_IF_ERROR(s_.alloc(sizeof(float) * static_cast<std::size_t>(N_)));
+    // SparseFfn::plan runs the GLU GEMV on SMs x resident blocks (one balanced wave): time it there.
+    DeviceInfo info;
+    PROX_RETURN_IF_ERROR(query_device(&info));
+    sms_ = info.sm_count;
     PROX_RETURN_IF_ERROR(fill_uniform(x_.as<T>(), static_cast<std::size_t>(K_), o_.seed + 3, -1.0f, 1.0f, stream_));
     return cuda_ok(cudaStreamSynchronize(stream_));
   }
@@ -969,6 +973,7 @@ class GluBench : WeightBenchBase {
       b.w_gate = reinterpret_cast<const T*>(w_.bytes_ptr() + (2 * static_cast<std::size_t>(set)) * mat_bytes_);
       b.w_up = reinterpret_cast<const T*>(w_.bytes_ptr() + (2 * static_cast<std::size_t>(set) + 1) * mat_bytes_);
       return dispatch_policy<List>(c, [&](auto p) {
+        b.grid_blocks = sms_ * decltype(p)::kMinBlocks;  // the grid SparseFfn::plan gives this policy
         return glu_gemv::launch<decltype(p), Act>(b, nullptr, 0, stream_);
       });
     };
@@ -995,6 +1000,7 @@ class GluBench : WeightBenchBase {
  private:
   Status ensure_sets(int n) { return ensure_weight_sets<T>(w_, &sets_, n, 2 * mat_bytes_, o_.seed + 4, stream_); }
 
+  int sms_ = 0;
   DeviceBuffer x_, mask_, s_, w_;
 };
 
