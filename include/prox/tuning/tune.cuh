@@ -97,74 +97,50 @@ inline PolicyTable policy_table() {
           {kOpGluDownGemv, policy_names<GluDownGemvPolicies>()}};
 }
 
+//! A key from its fields, the density rounded up to its 1/16 bucket (the op key builders below).
+inline Key make_key(const char* op, std::string dtype, std::string weights, std::string act, int d_model, int d_ff,
+                    double density) {
+  Key k;
+  k.op = op;
+  k.dtype = std::move(dtype);
+  k.weights = std::move(weights);
+  k.act = std::move(act);
+  k.d_model = d_model;
+  k.d_ff = d_ff;
+  k.density16 = density_bucket(density);
+  return k;
+}
+
 //! Key of the threshold op on a vector of n elements of T at input density `density`.
 template <class T>
 Key threshold_key(int n, double density) {
-  Key k;
-  k.op = kOpThreshold;
-  k.dtype = DTypeTraits<T>::kName;
-  k.weights = "-";
-  k.act = "-";
-  k.d_model = n;
-  k.d_ff = 0;
-  k.density16 = density_bucket(density);
-  return k;
+  return make_key(kOpThreshold, DTypeTraits<T>::kName, "-", "-", n, 0, density);
 }
 
 //! Key of the Stage-1 proxy GEMV at input density `input_density` (fraction of x kept).
 template <class T, class Fmt, class Act>
 Key proxy_gemv_key(int d_model, int d_ff, double input_density) {
-  Key k;
-  k.op = ProxyFormatTraits<Fmt>::kOp;
-  k.dtype = DTypeTraits<T>::kName;
-  k.weights = ProxyFormatTraits<Fmt>::weights();
-  k.act = Act::kName;
-  k.d_model = d_model;
-  k.d_ff = d_ff;
-  k.density16 = density_bucket(input_density);
-  return k;
+  return make_key(ProxyFormatTraits<Fmt>::kOp, DTypeTraits<T>::kName, ProxyFormatTraits<Fmt>::weights(), Act::kName,
+                  d_model, d_ff, input_density);
 }
 
 //! Key of the masked GLU GEMV at selected-channel density `channel_density`.
 template <class T, class Act>
 Key glu_gemv_key(int d_model, int d_ff, double channel_density) {
-  Key k;
-  k.op = kOpGluGemv;
-  k.dtype = DTypeTraits<T>::kName;
-  k.weights = DTypeTraits<T>::kName;
-  k.act = Act::kName;
-  k.d_model = d_model;
-  k.d_ff = d_ff;
-  k.density16 = density_bucket(channel_density);
-  return k;
+  return make_key(kOpGluGemv, DTypeTraits<T>::kName, DTypeTraits<T>::kName, Act::kName, d_model, d_ff, channel_density);
 }
 
 //! Key of the sparse down GEMV at selected-channel density `channel_density`.
 template <class T>
 Key down_gemv_key(int d_model, int d_ff, double channel_density) {
-  Key k;
-  k.op = kOpDownGemv;
-  k.dtype = DTypeTraits<T>::kName;
-  k.weights = DTypeTraits<T>::kName;
-  k.act = "-";
-  k.d_model = d_model;
-  k.d_ff = d_ff;
-  k.density16 = density_bucket(channel_density);
-  return k;
+  return make_key(kOpDownGemv, DTypeTraits<T>::kName, DTypeTraits<T>::kName, "-", d_model, d_ff, channel_density);
 }
 
 //! Key of the fused Stage-2 GEMV (glu_down_gemv) at selected-channel density `channel_density`.
 template <class T, class Act>
 Key glu_down_gemv_key(int d_model, int d_ff, double channel_density) {
-  Key k;
-  k.op = kOpGluDownGemv;
-  k.dtype = DTypeTraits<T>::kName;
-  k.weights = DTypeTraits<T>::kName;
-  k.act = Act::kName;
-  k.d_model = d_model;
-  k.d_ff = d_ff;
-  k.density16 = density_bucket(channel_density);
-  return k;
+  return make_key(kOpGluDownGemv, DTypeTraits<T>::kName, DTypeTraits<T>::kName, Act::kName, d_model, d_ff,
+                  channel_density);
 }
 
 // ---------------------------------------------------------------- caches for devices
@@ -778,6 +754,19 @@ class WeightBenchBase {
     stream_ = stream;
   }
 
+  //! The Stage-2 benches' inputs for `key`: a random channel mask at the key's bucket density (seeded
+  //! by the key) into *hmask and uploaded to `mask`, and the rotation sets of `set_bytes` whose
+  //! selected rows touch more than 2 x L2 (*nsets).
+  Status masked_sets(const Key& key, std::uint32_t* mask, std::size_t set_bytes, std::vector<std::uint32_t>* hmask,
+                     int* nsets) {
+    const double density = bucket_density(key.density16);
+    std::mt19937_64 rng = key_rng(o_.seed, key);
+    *hmask = make_mask(N_, density, rng);
+    PROX_RETURN_IF_ERROR(upload(mask, *hmask, stream_));
+    *nsets = rotation_sets(set_bytes, static_cast<std::size_t>(density * static_cast<double>(set_bytes)), o_, stream_);
+    return Status::kSuccess;
+  }
+
   int K_ = 0, N_ = 0;
   TuneOptions o_{};
   cudaStream_t stream_ = nullptr;
@@ -954,13 +943,10 @@ class GluBench : WeightBenchBase {
 
   Status measure(Cache& cache, double channel_density, TuneResult* out) {
     const Key key = glu_gemv_key<T, Act>(K_, N_, channel_density);
-    const double density = bucket_density(key.density16);
-    std::mt19937_64 rng = key_rng(o_.seed, key);
-    const std::vector<std::uint32_t> hmask = make_mask(N_, density, rng);
-    PROX_RETURN_IF_ERROR(upload(mask_.as<std::uint32_t>(), hmask, stream_));
     const std::size_t set_bytes = 2 * mat_bytes_;
-    const int nsets = rotation_sets(set_bytes, static_cast<std::size_t>(density * static_cast<double>(set_bytes)), o_,
-                                    stream_);
+    std::vector<std::uint32_t> hmask;
+    int nsets = 0;
+    PROX_RETURN_IF_ERROR(masked_sets(key, mask_.as<std::uint32_t>(), set_bytes, &hmask, &nsets));
     PROX_RETURN_IF_ERROR(ensure_sets(nsets));
     GluGemvArgs<T> a;
     a.x = x_.as<T>();
@@ -1031,12 +1017,10 @@ class DownBench : WeightBenchBase {
 
   Status measure(Cache& cache, double channel_density, TuneResult* out) {
     const Key key = down_gemv_key<T>(K_, N_, channel_density);
-    const double density = bucket_density(key.density16);
-    std::mt19937_64 rng = key_rng(o_.seed, key);
-    PROX_RETURN_IF_ERROR(upload(mask_.as<std::uint32_t>(), make_mask(N_, density, rng), stream_));
     const std::size_t set_bytes = mat_bytes_;
-    const int nsets = rotation_sets(set_bytes, static_cast<std::size_t>(density * static_cast<double>(set_bytes)), o_,
-                                    stream_);
+    std::vector<std::uint32_t> hmask;
+    int nsets = 0;
+    PROX_RETURN_IF_ERROR(masked_sets(key, mask_.as<std::uint32_t>(), set_bytes, &hmask, &nsets));
     PROX_RETURN_IF_ERROR(ensure_sets(nsets));
     DownGemvArgs<T> a;
     a.s = s_.as<float>();
@@ -1133,13 +1117,10 @@ class GluDownBench : WeightBenchBase {
 
   Status measure(Cache& cache, double channel_density, TuneResult* out) {
     const Key key = glu_down_gemv_key<T, Act>(K_, N_, channel_density);
-    const double density = bucket_density(key.density16);
-    std::mt19937_64 rng = key_rng(o_.seed, key);
-    const std::vector<std::uint32_t> hmask = make_mask(N_, density, rng);
-    PROX_RETURN_IF_ERROR(upload(mask_.as<std::uint32_t>(), hmask, stream_));
     const std::size_t set_bytes = 3 * mat_bytes_;  // W_gate, W_up, W_down^T
-    const int nsets = rotation_sets(set_bytes, static_cast<std::size_t>(density * static_cast<double>(set_bytes)), o_,
-                                    stream_);
+    std::vector<std::uint32_t> hmask;
+    int nsets = 0;
+    PROX_RETURN_IF_ERROR(masked_sets(key, mask_.as<std::uint32_t>(), set_bytes, &hmask, &nsets));
     PROX_RETURN_IF_ERROR(ensure_sets(nsets));
     GluDownGemvArgs<T> a;
     a.x = x_.as<T>();
