@@ -247,6 +247,13 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void glu_gem
 // ---------------------------------------------------------------- L3: op
 namespace glu_gemv {
 
+//! The grid SparseFfn (and the tuner) give this policy: SMs x its resident blocks, so the balanced
+//! split by rank fills the GPU in one wave.
+template <class Policy>
+constexpr int wave_blocks(int sm_count) noexcept {
+  return sm_count * Policy::kMinBlocks;
+}
+
 /**
  * @brief Validate without launching. Shape rule: d_model a multiple of 8 in [8, 2^20]; d_ff a
  * multiple of 32 in [32, 2^20]; x, w_gate, w_up 16-byte aligned; mask and s 4-byte aligned.

@@ -155,7 +155,7 @@ class SparseFfn {
                                                            }),
                               &choice_.down));
     dispatch_policy<GluPolicies>(choice_.glu, [&](auto p) {
-      glu_blocks_ = info.sm_count * decltype(p)::kMinBlocks;
+      glu_blocks_ = glu_gemv::wave_blocks<decltype(p)>(info.sm_count);
       return Status::kSuccess;
     });
     // The fused Stage 2 needs every block resident: its grid is what fits (SMs x resident blocks).

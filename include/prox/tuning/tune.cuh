@@ -438,6 +438,32 @@ inline std::uint32_t float_bits(float v) {
   return u;
 }
 
+//! Bits of a 16-bit element (__half / __nv_bfloat16).
+template <class T>
+std::uint16_t bits16(const T& v) {
+  static_assert(sizeof(T) == 2, "16-bit element type");
+  std::uint16_t u;
+  std::memcpy(&u, &v, 2);
+  return u;
+}
+
+//! The Stage-2 benches poison their outputs with all-one bytes: the reason, if policy 0 left a
+//! selected channel of s unwritten (empty string otherwise).
+inline std::string unwritten_selected_s(const std::vector<std::uint32_t>& m, const std::vector<float>& s, int n) {
+  for (int j = 0; j < n; ++j)
+    if (mask_bit(m, j) && float_bits(s[static_cast<std::size_t>(j)]) == 0xFFFFFFFFu)
+      return "policy 0 did not write selected channel " + std::to_string(j);
+  return std::string();
+}
+
+//! The same for y: every element must be written.
+template <class T>
+std::string unwritten_y(const std::vector<T>& y, int n) {
+  for (int d = 0; d < n; ++d)
+    if (bits16(y[static_cast<std::size_t>(d)]) == 0xFFFFu) return "policy 0 did not write y[" + std::to_string(d) + "]";
+  return std::string();
+}
+
 //! Buffers to rotate so that >= target touched bytes pass between two uses of one buffer.
 inline int rotation_sets(std::size_t set_bytes, std::size_t touched_bytes, const TuneOptions& o, cudaStream_t) {
   constexpr int kMaxSets = 64;
@@ -959,7 +985,7 @@ class GluBench : WeightBenchBase {
       b.w_gate = reinterpret_cast<const T*>(w_.bytes_ptr() + (2 * static_cast<std::size_t>(set)) * mat_bytes_);
       b.w_up = reinterpret_cast<const T*>(w_.bytes_ptr() + (2 * static_cast<std::size_t>(set) + 1) * mat_bytes_);
       return dispatch_policy<List>(c, [&](auto p) {
-        b.grid_blocks = sms_ * decltype(p)::kMinBlocks;  // the grid SparseFfn::plan gives this policy
+        b.grid_blocks = glu_gemv::wave_blocks<decltype(p)>(sms_);  // the grid SparseFfn::plan gives it
         return glu_gemv::launch<decltype(p), Act>(b, nullptr, 0, stream_);
       });
     };
@@ -970,11 +996,7 @@ class GluBench : WeightBenchBase {
       PROX_RETURN_IF_ERROR(download(&s, s_.as<float>(), static_cast<std::size_t>(N_), stream_));
       if (!is_reference) return Status::kSuccess;
       ref_s = s;
-      // Policy 0 itself must write every selected channel.
-      for (int j = 0; j < N_ && why->empty(); ++j) {
-        if (mask_bit(hmask, j) && float_bits(s[static_cast<std::size_t>(j)]) == 0xFFFFFFFFu)
-          *why = "policy 0 did not write selected channel " + std::to_string(j);
-      }
+      *why = unwritten_selected_s(hmask, s, N_);  // policy 0 itself must write every selected channel
       return Status::kSuccess;
     };
     const auto check = [&](std::string* why) { return compare_glu_s(ref_s, s, hmask, N_, why); };
@@ -1040,9 +1062,11 @@ class DownBench : WeightBenchBase {
     const auto poison = [&]() {  // NaN: unwritten
       return cuda_ok(cudaMemsetAsync(y_.bytes_ptr(), 0xFF, y_.bytes(), stream_));
     };
-    const auto fetch = [&](bool is_reference, std::string*) {
+    const auto fetch = [&](bool is_reference, std::string* why) {
       PROX_RETURN_IF_ERROR(download(&y, y_.as<T>(), static_cast<std::size_t>(K_), stream_));
-      if (is_reference) ref_y = y;
+      if (!is_reference) return Status::kSuccess;
+      ref_y = y;
+      *why = unwritten_y(y, K_);  // policy 0 itself must write every element of y
       return Status::kSuccess;
     };
     const auto check = [&](std::string* why) { return compare_down_y(ref_y, y, K_, why); };
@@ -1058,14 +1082,6 @@ class DownBench : WeightBenchBase {
   DeviceBuffer s_, mask_, y_, ws_, w_;
 };
 
-//! Bits of a 16-bit element (__half / __nv_bfloat16): all ones is the poison of an unwritten element.
-template <class T>
-std::uint16_t bits16(const T& v) {
-  static_assert(sizeof(T) == 2, "16-bit element type");
-  std::uint16_t u;
-  std::memcpy(&u, &v, 2);
-  return u;
-}
 
 /**
  * @brief Fused Stage 2 (glu_down_gemv) as SparseFfn runs it: every candidate gets the grid plan()
@@ -1156,13 +1172,8 @@ class GluDownBench : WeightBenchBase {
       ref_s = s;
       ref_y = y;
       // Policy 0 itself must write every selected channel of s and every element of y.
-      for (int j = 0; j < N_ && why->empty(); ++j) {
-        if (mask_bit(hmask, j) && float_bits(s[static_cast<std::size_t>(j)]) == 0xFFFFFFFFu)
-          *why = "policy 0 did not write selected channel " + std::to_string(j);
-      }
-      for (int d = 0; d < K_ && why->empty(); ++d) {
-        if (bits16(y[static_cast<std::size_t>(d)]) == 0xFFFFu) *why = "policy 0 did not write y[" + std::to_string(d) + "]";
-      }
+      *why = unwritten_selected_s(hmask, s, N_);
+      if (why->empty()) *why = unwritten_y(y, K_);
       return Status::kSuccess;
     };
     const auto check = [&](std::string* why) {
