@@ -24,7 +24,8 @@
 //! Own flags (before or after Google Benchmark's): --prox_shapes=8B,14B --prox_dtypes=f16,bf16
 //! --prox_targets=40,50,60,70 --prox_iterations=N --prox_warmup=N --prox_tokens=N
 //! --prox_min_launches=N --prox_rotate_gb=G --prox_max_device_gb=G --prox_policy=P,G,D[,F]
-//! --prox_fuse=0|1 --prox_cluster=0|1 --prox_commit=SHA. Use --benchmark_filter=REGEX for subsets.
+//! --prox_fuse=0|1 --prox_cluster=0|1 --prox_tuning=FILE --prox_commit=SHA. Use --benchmark_filter=REGEX
+//! for subsets.
 
 #include <benchmark/benchmark.h>
 
@@ -40,6 +41,7 @@
 
 #include "bench_common.cuh"
 #include "dense_baseline.cuh"
+#include "prox/tuning/tune.cuh"
 
 namespace {
 
@@ -64,6 +66,9 @@ struct Options {
   prox::PolicyChoice policy{};  //!< -1 = SparseFfn's default for the shape
   bool fuse = true;             //!< PlanOptions::fuse_stage2
   bool cluster = false;         //!< PlanOptions::cluster
+  //! A prox-tune cache file: the plans take their policies from it (prox::tuning::choose(), read-only,
+  //! at the target's densities 1 - s1 and 1 - s2); a miss keeps SparseFfn's default.
+  std::string tuning;
   std::string commit;
 };
 Options g_opt;
@@ -73,6 +78,7 @@ struct Globals {
   prox_bench::CopyBandwidth copy;
   cudaStream_t stream = nullptr;
   cublasHandle_t cublas = nullptr;
+  std::unique_ptr<prox::tuning::Cache> tuning;  //!< --prox_tuning
 };
 Globals g;
 
@@ -207,6 +213,14 @@ SparseSetup<T>& sparse_setup(Context<T>& ctx, int e_pct) {
     po.choice = g_opt.policy;
     po.fuse_stage2 = g_opt.fuse;
     po.cluster = g_opt.cluster;
+    if (g.tuning) {  // the tuned choice at this target's densities, then any --prox_policy index on top
+      prox::PolicyChoice tuned;
+      PROX_BENCH_PROX(prox::tuning::choose<prox::SparseFfn<T, prox::SiLU>>(
+          *g.tuning, {K, N, sp->tau_x, 0.0f}, 1.0 - sp->target.s1, 1.0 - sp->target.s2, &tuned, s, {}, g_opt.fuse));
+      for (auto [field, t] : {std::pair{&po.choice.proxy, tuned.proxy}, std::pair{&po.choice.glu, tuned.glu},
+                              std::pair{&po.choice.down, tuned.down}, std::pair{&po.choice.glu_down, tuned.glu_down}})
+        if (*field < 0) *field = t;
+    }
     PROX_BENCH_PROX(probe.plan({K, N, sp->tau_x, 0.0f}, weights_of(0), po));
     sp->choice = probe.choice();
   }
@@ -685,6 +699,8 @@ void usage() {
       "  --prox_policy=P,G,D[,F]   policy indices (proxy,glu,down[,fused]), -1 = default\n"
       "  --prox_fuse=0|1           Stage 2 as one fused kernel          [%d]\n"
       "  --prox_cluster=0|1        Stage-1 split-K through clusters     [%d]\n"
+      "  --prox_tuning=FILE        plan with the policies of this prox-tune cache (read-only;\n"
+      "                            a miss or a file of another GPU/build keeps the defaults)\n"
       "  --prox_commit=SHA         commit to record (else $PROX_COMMIT, else configure-time)\n"
       "plus Google Benchmark's flags, e.g. --benchmark_filter=REGEX --benchmark_out=FILE\n"
       "--benchmark_out_format=json --benchmark_list_tests\n",
@@ -729,6 +745,8 @@ void parse_flags(int* argc, char** argv) {
       g_opt.policy.proxy = std::stoi(p[0]);
       g_opt.policy.glu = std::stoi(p[1]);
       g_opt.policy.down = std::stoi(p[2]);
+    } else if (val("prox_tuning", &v)) {
+      g_opt.tuning = v;
     } else if (val("prox_commit", &v)) {
       g_opt.commit = v;
     } else if (a.rfind("--prox_", 0) == 0) {
@@ -798,6 +816,16 @@ int main(int argc, char** argv) {
     benchmark::AddCustomContext("prox_version", PROX_VERSION_STRING);
     benchmark::AddCustomContext("prox_commit", commit);
     benchmark::AddCustomContext("prox_command", command);
+    if (!g_opt.tuning.empty()) {
+      prox::tuning::CacheOptions co;
+      co.path = g_opt.tuning;
+      co.mode = prox::tuning::Mode::kReadOnly;
+      co.use_environment = false;
+      const prox::Status st = prox::tuning::open_cache(&g.tuning, co);
+      if (g.tuning == nullptr) throw std::runtime_error("--prox_tuning: " + std::string(prox::to_string(st)));
+      std::fprintf(stderr, "[prox_bench] tuning cache %s: %zu entries\n", g_opt.tuning.c_str(), g.tuning->size());
+      benchmark::AddCustomContext("prox_tuning", g_opt.tuning);
+    }
     benchmark::AddCustomContext("prox_cuda_archs", PROX_BENCH_CUDA_ARCHS);
     char opts[160];
     std::snprintf(opts, sizeof(opts), "iterations=%d warmup=%d tokens=%d min_launches=%d rotate_gb=%.2f fuse=%d cluster=%d",

@@ -79,7 +79,9 @@ void usage(std::FILE* f) {
              "  --out PATH               cache file (default: $PROX_AUTOTUNE_CACHE, else prox-<signature>.tsv in\n"
              "                           $PROX_CACHE_DIR, $XDG_CACHE_HOME/prox or ~/.cache/prox)\n"
              "  --device N               CUDA device (default: the current one)\n"
-             "  --reps N                 timed launches per candidate (>= 20; default 25)\n"
+             "  --reps N                 timed reps per candidate (>= 20; default 25)\n"
+             "  --chain N                launches per rep, back to back with PDL as in the FFN (default 8;\n"
+             "                           1 times each launch alone)\n"
              "  --warmup N               untimed launches per candidate and round (default 3)\n"
              "  --rounds N               rounds over the candidates (default 2)\n"
              "  --rotate-mb N            weight MiB touched between two uses of a buffer (default: 2 x L2)\n"
@@ -208,6 +210,8 @@ int parse(int argc, char** argv, Args* a) {
         fmt::print(stderr, "prox-tune: --reps must be >= {}\n", pt::kMinReps);
         return 2;
       }
+    } else if (arg == "--chain" && value(&v)) {
+      if (!parse_int_arg(v, 1, 1000, &a->tune.chain)) return 2;
     } else if (arg == "--warmup" && value(&v)) {
       if (!parse_int_arg(v, 0, 10000, &a->tune.warmup)) return 2;
     } else if (arg == "--rounds" && value(&v)) {

@@ -287,6 +287,40 @@ TEST_CASE("tuning: every op tunes a small shape to a valid, verified choice", "[
   CHECK(warnings.messages().empty());
 }
 
+TEST_CASE("tuning: a rep times a chain of launches and reports one launch's share", "[tuning][gpu]") {
+  // chain = 1 times every launch alone (its launch and ramp-up included); chain = 8 times eight
+  // launches back to back, chained with PDL where the device has it, as SparseFfn::run launches
+  // them, so a launch's share is shorter. Were the rep not divided by its launches, it would be
+  // about 8x longer instead.
+  WarningCapture warnings;
+  auto alone_cache = make_cache(pt::Mode::kReadOnly);
+  auto chained_cache = make_cache(pt::Mode::kReadOnly);
+  pt::TuneOptions alone = quick();
+  alone.chain = 1;
+  pt::TuneOptions chained = quick();
+  chained.chain = 8;
+  constexpr int K = 2048;
+  constexpr int N = 6144;
+  pt::TuneResult ra, rc;
+  REQUIRE((pt::tune_glu_down_gemv<__half, prox::SiLU>(*alone_cache, K, N, 0.3, nullptr, alone, &ra)) ==
+          prox::Status::kSuccess);
+  REQUIRE((pt::tune_glu_down_gemv<__half, prox::SiLU>(*chained_cache, K, N, 0.3, nullptr, chained, &rc)) ==
+          prox::Status::kSuccess);
+  const auto names = pt::policy_names<prox::GluDownGemvPolicies>();
+  check_result(ra, names, *alone_cache);
+  check_result(rc, names, *chained_cache);
+  prox::DeviceInfo info;
+  REQUIRE(prox::query_device(&info) == prox::Status::kSuccess);
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    INFO(describe(ra) << describe(rc));
+    CHECK(rc.candidates[i].reps == ra.candidates[i].reps);
+    CHECK(rc.candidates[i].median_us < 2.0 * ra.candidates[i].median_us);
+    if (info.supports_pdl()) CHECK(rc.candidates[i].median_us < ra.candidates[i].median_us);
+  }
+  PROX_TEST_CUDA(cudaDeviceSynchronize());
+  CHECK(warnings.messages().empty());
+}
+
 TEST_CASE("tuning: a tuned layer persists across save and load and plans a SparseFfn", "[tuning][gpu]") {
   using Ffn = prox::SparseFfn<__half>;
   WarningCapture warnings;

@@ -7,7 +7,9 @@
 //! edge, so every density of the bucket is covered); weights rotated over enough buffers that more
 //! than 2 x L2 of touched weight bytes pass between two uses of one buffer (HBM-cold timings, as in
 //! decoding); per candidate `warmup` untimed launches, then a delay kernel so the timed launches
-//! queue up behind it, then >= 20 launches each bracketed by CUDA events; median, p20, p80.
+//! queue up behind it, then >= 20 reps of `chain` (8) launches, each rep bracketed by CUDA events and
+//! the launches chained with PDL as SparseFfn::run launches them; median, p20, p80 of the per-launch
+//! mean of each rep.
 //! Candidates whose output differs from policy 0 beyond rounding, or that fail to launch, get an
 //! infinite time and are never chosen or persisted. Winner: the lowest index within 2% of the best.
 //!
@@ -62,7 +64,7 @@ constexpr const char* kOpGluGemv = "glu_gemv";
 constexpr const char* kOpDownGemv = "down_gemv";
 constexpr const char* kOpGluDownGemv = "glu_down_gemv";        //!< fused Stage 2 (GLU + down, one grid)
 
-//! Minimum timed launches per candidate.
+//! Minimum timed reps per candidate.
 constexpr int kMinReps = 20;
 
 /**
@@ -199,8 +201,12 @@ inline Cache* default_cache() noexcept {
 //! How the tuner measures.
 struct TuneOptions {
   int warmup = 3;               //!< untimed launches per candidate and round
-  int reps = 25;                //!< timed launches per candidate (at least kMinReps)
+  int reps = 25;                //!< timed reps per candidate (at least kMinReps), each `chain` launches
   int rounds = 2;               //!< the reps are split into rounds that visit candidates in turn (drift)
+  //! Launches per timed rep, back to back between one pair of events and chained with PDL where the
+  //! device has it (as SparseFfn::run launches): a rep's time is their mean, so each launch's ramp-up
+  //! and tail overlap its neighbours' as in a decoding step's graph. 1 = each launch timed alone.
+  int chain = 8;
   double tie_tolerance = kTieTolerance;  //!< near-tie rule
   std::size_t rotate_bytes = 0;          //!< touched weight bytes between two uses of a buffer; 0: 2 x L2
   std::size_t max_rotate_bytes = std::size_t{4} << 30;  //!< cap on the rotation buffers (also <= half the free memory)
@@ -497,8 +503,9 @@ inline double percentile(const std::vector<double>& sorted, double q) {
 
 /**
  * @brief Time every verified candidate: per round and candidate, `warmup` launches, a delay
- * kernel, then the timed launches bracketed by events. `launch(c, set)` launches candidate c on
- * rotation buffer `set`. Fills median/p20/p80/reps of res; a launch failure marks the candidate.
+ * kernel, then the timed reps, each `chain` launches bracketed by one pair of events (a rep's time is
+ * their mean). `launch(c, set)` launches candidate c on rotation buffer `set`. Fills
+ * median/p20/p80/reps of res; a launch failure marks the candidate.
  */
 template <class LaunchFn>
 Status time_candidates(std::vector<CandidateResult>& res, int nsets, const TuneOptions& o, cudaStream_t stream,
@@ -506,6 +513,7 @@ Status time_candidates(std::vector<CandidateResult>& res, int nsets, const TuneO
   const int total = std::max(o.reps, kMinReps);
   const int rounds = std::max(1, std::min(o.rounds, total));
   const int per = ceil_div(total, rounds);
+  const int chain = std::max(1, o.chain);
   EventSet ev;
   PROX_RETURN_IF_ERROR(ev.create(2 * static_cast<std::size_t>(per)));
   std::vector<std::vector<double>> times(res.size());
@@ -516,12 +524,13 @@ Status time_candidates(std::vector<CandidateResult>& res, int nsets, const TuneO
       Status st = Status::kSuccess;
       for (int w = 0; w < o.warmup && st == Status::kSuccess; ++w) st = launch(static_cast<int>(c), set++ % nsets);
       // ~5 us of host work per timed launch: the delay covers the enqueueing of all of them.
-      const unsigned long long delay_ns = 200000ull + 20000ull * static_cast<unsigned long long>(per);
+      const unsigned long long delay_ns =
+          200000ull + 20000ull * static_cast<unsigned long long>(per) * static_cast<unsigned long long>(chain);
       if (st == Status::kSuccess)
         st = prox::detail::launch_kernel(tune_spin_kernel<>, dim3(1), dim3(1), 0, stream, LaunchOptions{}, delay_ns);
       for (int i = 0; i < per && st == Status::kSuccess; ++i) {
         if (cudaEventRecord(ev[2 * static_cast<std::size_t>(i)], stream) != cudaSuccess) return Status::kErrorCudaRuntime;
-        st = launch(static_cast<int>(c), set++ % nsets);
+        for (int j = 0; j < chain && st == Status::kSuccess; ++j) st = launch(static_cast<int>(c), set++ % nsets);
         if (cudaEventRecord(ev[2 * static_cast<std::size_t>(i) + 1], stream) != cudaSuccess)
           return Status::kErrorCudaRuntime;
       }
@@ -536,7 +545,7 @@ Status time_candidates(std::vector<CandidateResult>& res, int nsets, const TuneO
         if (cudaEventElapsedTime(&ms, ev[2 * static_cast<std::size_t>(i)], ev[2 * static_cast<std::size_t>(i) + 1]) !=
             cudaSuccess)
           return Status::kErrorCudaRuntime;
-        times[c].push_back(1000.0 * static_cast<double>(ms));
+        times[c].push_back(1000.0 * static_cast<double>(ms) / chain);
       }
     }
   }
@@ -692,6 +701,18 @@ Status verify_time_record(Cache& cache, const Key& key, std::vector<CandidateRes
 }
 
 // ---------------------------------------------------------------- per-op benches
+//! The launch options SparseFfn::run gives every kernel under the default PlanOptions: PDL where the
+//! device has it, cooperative left on. The benches launch their candidates so, which makes the
+//! launches of a timed chain (TuneOptions::chain) overlap as in the FFN.
+template <class T, class Act = SiLU>
+Status ffn_launch_options(LaunchOptions* out) {
+  DeviceInfo info;
+  PROX_RETURN_IF_ERROR(query_device(&info));
+  *out = LaunchOptions{};
+  out->pdl = typename SparseFfn<T, Act>::PlanOptions{}.pdl && info.supports_pdl();
+  return Status::kSuccess;
+}
+
 //! Threshold op: no weights (nothing to rotate); outputs mask + indices + count are compared exactly.
 template <class T>
 class ThresholdBench {
@@ -703,6 +724,7 @@ class ThresholdBench {
     n_ = n;
     o_ = o;
     stream_ = stream;
+    PROX_RETURN_IF_ERROR(ffn_launch_options<T>(&launch_opts_));
     PROX_RETURN_IF_ERROR(x_.alloc(sizeof(T) * static_cast<std::size_t>(n)));
     PROX_RETURN_IF_ERROR(mask_.alloc(sizeof(std::uint32_t) * static_cast<std::size_t>((n + 31) / 32)));
     PROX_RETURN_IF_ERROR(idx_.alloc(sizeof(int) * static_cast<std::size_t>(n)));
@@ -721,7 +743,7 @@ class ThresholdBench {
     a.indices = idx_.as<int>();
     a.count = count_.as<int>();
     const auto launch = [&](int c, int) {
-      return dispatch_policy<List>(c, [&](auto p) { return threshold::launch<decltype(p)>(a, nullptr, stream_); });
+      return dispatch_policy<List>(c, [&](auto p) { return threshold::launch<decltype(p)>(a, nullptr, stream_, launch_opts_); });
     };
     std::vector<CandidateResult> res = fresh_results<List>();
     std::vector<std::uint32_t> ref_mask, mask;
@@ -765,6 +787,7 @@ class ThresholdBench {
   int n_ = 0;
   TuneOptions o_{};
   cudaStream_t stream_ = nullptr;
+  LaunchOptions launch_opts_{};
   DeviceBuffer x_, mask_, idx_, count_;
 };
 
@@ -796,6 +819,7 @@ class WeightBenchBase {
   int K_ = 0, N_ = 0;
   TuneOptions o_{};
   cudaStream_t stream_ = nullptr;
+  LaunchOptions launch_opts_{};  //!< ffn_launch_options(), set by each bench's init()
   std::size_t mat_bytes_ = 0;
   int sets_ = 0;
 };
@@ -809,6 +833,7 @@ class ProxyBench : WeightBenchBase {
   Status init(int d_model, int d_ff, const TuneOptions& o, cudaStream_t stream) noexcept {
     PROX_RETURN_IF_ERROR(check_proxy_shape(d_model, d_ff));
     bind(d_model, d_ff, static_cast<std::size_t>(d_model) * Fmt::row_bytes(d_ff), o, stream);
+    PROX_RETURN_IF_ERROR((ffn_launch_options<T, Act>(&launch_opts_)));
     scale_stride_ = round_up<std::size_t>(sizeof(float) * static_cast<std::size_t>(N_), 256);
     PROX_RETURN_IF_ERROR(x_.alloc(sizeof(T) * static_cast<std::size_t>(K_)));
     PROX_RETURN_IF_ERROR(mask_.alloc(sizeof(std::uint32_t) * static_cast<std::size_t>(N_ / 32)));
@@ -855,7 +880,7 @@ class ProxyBench : WeightBenchBase {
     };
     const auto run = [&](const ProxyGemvArgs<T>& b, int c) {
       return dispatch_policy<List>(c, [&](auto p) {
-        return proxy_gemv::launch<decltype(p), Fmt, Act>(b, ws_.bytes_ptr(), ws_bytes_, stream_);
+        return proxy_gemv::launch<decltype(p), Fmt, Act>(b, ws_.bytes_ptr(), ws_bytes_, stream_, launch_opts_);
       });
     };
     std::vector<CandidateResult> res = fresh_results<List>();
@@ -963,6 +988,7 @@ class GluBench : WeightBenchBase {
     DeviceInfo info;
     PROX_RETURN_IF_ERROR(query_device(&info));
     sms_ = info.sm_count;
+    PROX_RETURN_IF_ERROR((ffn_launch_options<T, Act>(&launch_opts_)));
     PROX_RETURN_IF_ERROR(fill_uniform(x_.as<T>(), static_cast<std::size_t>(K_), o_.seed + 3, -1.0f, 1.0f, stream_));
     return cuda_ok(cudaStreamSynchronize(stream_));
   }
@@ -986,7 +1012,7 @@ class GluBench : WeightBenchBase {
       b.w_up = reinterpret_cast<const T*>(w_.bytes_ptr() + (2 * static_cast<std::size_t>(set) + 1) * mat_bytes_);
       return dispatch_policy<List>(c, [&](auto p) {
         b.grid_blocks = glu_gemv::wave_blocks<decltype(p)>(sms_);  // the grid SparseFfn::plan gives it
-        return glu_gemv::launch<decltype(p), Act>(b, nullptr, 0, stream_);
+        return glu_gemv::launch<decltype(p), Act>(b, nullptr, 0, stream_, launch_opts_);
       });
     };
     std::vector<CandidateResult> res = fresh_results<List>();
@@ -1021,6 +1047,7 @@ class DownBench : WeightBenchBase {
   Status init(int d_model, int d_ff, const TuneOptions& o, cudaStream_t stream) noexcept {
     PROX_RETURN_IF_ERROR(check_ffn_shape(d_model, d_ff));
     bind(d_model, d_ff, sizeof(T) * static_cast<std::size_t>(d_model) * static_cast<std::size_t>(d_ff), o, stream);
+    PROX_RETURN_IF_ERROR(ffn_launch_options<T>(&launch_opts_));
     PROX_RETURN_IF_ERROR(s_.alloc(sizeof(float) * static_cast<std::size_t>(N_)));
     PROX_RETURN_IF_ERROR(mask_.alloc(sizeof(std::uint32_t) * static_cast<std::size_t>(N_ / 32)));
     PROX_RETURN_IF_ERROR(y_.alloc(sizeof(T) * static_cast<std::size_t>(K_)));
@@ -1054,7 +1081,7 @@ class DownBench : WeightBenchBase {
       DownGemvArgs<T> b = a;
       b.w_down_t = reinterpret_cast<const T*>(w_.bytes_ptr() + static_cast<std::size_t>(set) * mat_bytes_);
       return dispatch_policy<List>(c, [&](auto p) {
-        return down_gemv::launch<decltype(p)>(b, ws_.bytes_ptr(), ws_bytes_, stream_);
+        return down_gemv::launch<decltype(p)>(b, ws_.bytes_ptr(), ws_bytes_, stream_, launch_opts_);
       });
     };
     std::vector<CandidateResult> res = fresh_results<List>();
@@ -1100,12 +1127,7 @@ class GluDownBench : WeightBenchBase {
   Status init(int d_model, int d_ff, const TuneOptions& o, cudaStream_t stream) {
     PROX_RETURN_IF_ERROR(check_ffn_shape(d_model, d_ff));
     bind(d_model, d_ff, sizeof(T) * static_cast<std::size_t>(d_model) * static_cast<std::size_t>(d_ff), o, stream);
-    DeviceInfo info;
-    PROX_RETURN_IF_ERROR(query_device(&info));
-    // SparseFfn::run's Stage-2 launch under the default PlanOptions: LaunchOptions::pdl = pdl && the
-    // device supports it, LaunchOptions::cooperative left on.
-    launch_opts_ = LaunchOptions{};
-    launch_opts_.pdl = typename SparseFfn<T, Act>::PlanOptions{}.pdl && info.supports_pdl();
+    PROX_RETURN_IF_ERROR((ffn_launch_options<T, Act>(&launch_opts_)));
     // SparseFfn::plan's grid per policy; a policy the device cannot run keeps its status and fails
     // as a candidate (policy 0 failing stops the bench, as plan() would refuse).
     blocks_.assign(static_cast<std::size_t>(List::kSize), 0);
@@ -1187,7 +1209,6 @@ class GluDownBench : WeightBenchBase {
  private:
   Status ensure_sets(int n) { return ensure_weight_sets<T>(w_, &sets_, n, 3 * mat_bytes_, o_.seed + 8, stream_); }
 
-  LaunchOptions launch_opts_{};
   std::vector<int> blocks_;
   std::vector<Status> grid_status_;
   std::size_t ws_bytes_ = 0;
