@@ -24,7 +24,7 @@
 //! Own flags (before or after Google Benchmark's): --prox_shapes=8B,14B --prox_dtypes=f16,bf16
 //! --prox_targets=40,50,60,70 --prox_iterations=N --prox_warmup=N --prox_tokens=N
 //! --prox_min_launches=N --prox_rotate_gb=G --prox_max_device_gb=G --prox_policy=P,G,D[,F]
-//! --prox_fuse=0|1 --prox_cluster=0|1 --prox_tuning=FILE --prox_commit=SHA. Use --benchmark_filter=REGEX
+//! --prox_fuse=0|1 --prox_cluster=0|1 --prox_spread=0|1 --prox_tuning=FILE --prox_commit=SHA. Use --benchmark_filter=REGEX
 //! for subsets.
 
 #include <benchmark/benchmark.h>
@@ -66,6 +66,7 @@ struct Options {
   prox::PolicyChoice policy{};  //!< -1 = SparseFfn's default for the shape
   bool fuse = true;             //!< PlanOptions::fuse_stage2
   bool cluster = false;         //!< PlanOptions::cluster
+  bool spread = true;           //!< PlanOptions::spread
   //! A prox-tune cache file: the plans take their policies from it (prox::tuning::choose(), read-only,
   //! at the target's densities 1 - s1 and 1 - s2); a miss keeps SparseFfn's default.
   std::string tuning;
@@ -213,6 +214,7 @@ SparseSetup<T>& sparse_setup(Context<T>& ctx, int e_pct) {
     po.choice = g_opt.policy;
     po.fuse_stage2 = g_opt.fuse;
     po.cluster = g_opt.cluster;
+    po.spread = g_opt.spread;
     if (g.tuning) {  // the tuned choice at this target's densities, then any --prox_policy index on top
       prox::PolicyChoice tuned;
       PROX_BENCH_PROX(prox::tuning::choose<prox::SparseFfn<T, prox::SiLU>>(
@@ -232,6 +234,7 @@ SparseSetup<T>& sparse_setup(Context<T>& ctx, int e_pct) {
     po.choice = sp->choice;
     po.fuse_stage2 = g_opt.fuse;
     po.cluster = g_opt.cluster;
+    po.spread = g_opt.spread;
     PROX_BENCH_PROX(sp->ffns[c].plan({K, N, sp->tau_x, sp->tau_s}, weights_of(c), po));
   }
   sp->pdl = sp->ffns[0].uses_pdl();
@@ -586,10 +589,11 @@ void bench_prox(benchmark::State& st, const std::string& name, FfnShape shape, i
           a.scale_gate = l.sc_gate;
           a.scale_up = l.sc_up;
           a.channel_mask = sp.mask_scratch.template as<std::uint32_t>();
-          // Launched as SparseFfn launches Stage 1 (PDL, clusters where the plan uses them).
+          // Launched as SparseFfn launches Stage 1 (PDL, clusters where the plan uses them, spread).
           prox::LaunchOptions o;
           o.pdl = sp.pdl;
           o.cluster = sp.cluster;
+          o.spread = g_opt.spread;
           PROX_BENCH_PROX(prox::dispatch_policy<prox::ProxyGemvPolicies>(sp.choice.proxy, [&](auto p) {
             return prox::proxy_gemv::launch<decltype(p), prox::Int4Weights, prox::SiLU>(a, sp.proxy_ws.get(),
                                                                                        sp.proxy_ws.bytes(), s, o);
@@ -699,13 +703,15 @@ void usage() {
       "  --prox_policy=P,G,D[,F]   policy indices (proxy,glu,down[,fused]), -1 = default\n"
       "  --prox_fuse=0|1           Stage 2 as one fused kernel          [%d]\n"
       "  --prox_cluster=0|1        Stage-1 split-K through clusters     [%d]\n"
+      "  --prox_spread=0|1         spread a small Stage-1 grid over the SMs [%d]\n"
       "  --prox_tuning=FILE        plan with the policies of this prox-tune cache (read-only;\n"
       "                            a miss or a file of another GPU/build keeps the defaults)\n"
       "  --prox_commit=SHA         commit to record (else $PROX_COMMIT, else configure-time)\n"
       "plus Google Benchmark's flags, e.g. --benchmark_filter=REGEX --benchmark_out=FILE\n"
       "--benchmark_out_format=json --benchmark_list_tests\n",
       g_opt.shapes.c_str(), g_opt.dtypes.c_str(), g_opt.targets.c_str(), g_opt.iterations, g_opt.warmup, g_opt.tokens,
-      g_opt.min_launches, g_opt.rotate_gb, g_opt.max_device_gb, int(g_opt.fuse), int(g_opt.cluster));
+      g_opt.min_launches, g_opt.rotate_gb, g_opt.max_device_gb, int(g_opt.fuse), int(g_opt.cluster),
+      int(g_opt.spread));
 }
 
 //! Consume --prox_* flags from argv (Google Benchmark gets the rest).
@@ -745,6 +751,8 @@ void parse_flags(int* argc, char** argv) {
       g_opt.policy.proxy = std::stoi(p[0]);
       g_opt.policy.glu = std::stoi(p[1]);
       g_opt.policy.down = std::stoi(p[2]);
+    } else if (val("prox_spread", &v)) {
+      g_opt.spread = std::stoi(v) != 0;
     } else if (val("prox_tuning", &v)) {
       g_opt.tuning = v;
     } else if (val("prox_commit", &v)) {

@@ -290,7 +290,7 @@ TEMPLATE_TEST_CASE("proxy GEMV: the cluster split-K combine is bit-identical to 
         std::vector<float> s;
         prox::SparsityCounters cnt;
       };
-      const auto run = [&](prox::ProxyGemvArgs<T> args, bool cluster) {
+      const auto run = [&](prox::ProxyGemvArgs<T> args, bool cluster, bool spread = true) {
         PROX_TEST_CUDA(cudaMemset(ws.get(), 0, ws.bytes()));
         PROX_TEST_CUDA(cudaMemset(dcnt.get(), 0, sizeof(prox::SparsityCounters)));
         dmask.poison(0xAB);
@@ -298,6 +298,7 @@ TEMPLATE_TEST_CASE("proxy GEMV: the cluster split-K combine is bit-identical to 
         prox::LaunchOptions o;
         o.pdl = false;
         o.cluster = cluster;
+        o.spread = spread;
         REQUIRE(prox::proxy_gemv::launch<P, prox::Int4Weights, A>(args, ws.get(), ws.bytes(), nullptr, o) ==
                 prox::Status::kSuccess);
         PROX_TEST_CUDA(cudaDeviceSynchronize());
@@ -327,8 +328,11 @@ TEMPLATE_TEST_CASE("proxy GEMV: the cluster split-K combine is bit-identical to 
           b.s_proxy = values ? ds.get() : nullptr;
           const Out g = run(b, false);
           const Out c = run(b, true);
+          const Out n = run(b, false, false);  // not spread (LaunchOptions::spread): the same bits
           REQUIRE(g.mask.size() == c.mask.size());
           CHECK(std::memcmp(g.mask.data(), c.mask.data(), g.mask.size() * sizeof(std::uint32_t)) == 0);
+          CHECK(std::memcmp(g.mask.data(), n.mask.data(), g.mask.size() * sizeof(std::uint32_t)) == 0);
+          if (values) CHECK(std::memcmp(g.s.data(), n.s.data(), g.s.size() * sizeof(float)) == 0);
           int unwritten = 0;  // every mask word and (values mode) every s~ written, not poison
           for (std::uint32_t w : c.mask) unwritten += w == 0xABABABABu;
           if (values) {
@@ -342,8 +346,16 @@ TEMPLATE_TEST_CASE("proxy GEMV: the cluster split-K combine is bit-identical to 
           CHECK(g.cnt.selected_channels == c.cnt.selected_channels);
         }
       }
-      std::printf("[cluster] %-5s K=%-5d N=%-5d %-26s chunks=%-2d combine=%s\n", prox::DTypeTraits<T>::kName, K, N,
-                  P::name().c_str(), chunks, expect_cluster ? "cluster" : "global");
+      // These grids are far smaller than the GPU: the launcher spreads them with shared memory.
+      std::size_t spread_bytes = 0;
+      REQUIRE((prox::detail::spread_smem_for<prox::proxy_gemv_kernel<P, T, prox::Int4Weights, A>, P::kThreads>(
+                  long(prox::proxy_gemv::num_tiles<P>(N)) * chunks, &spread_bytes)) == prox::Status::kSuccess);
+      int sms = 0;
+      PROX_TEST_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+      if (long(prox::proxy_gemv::num_tiles<P>(N)) * chunks <= sms) CHECK(spread_bytes > 0u);
+      std::printf("[cluster] %-5s K=%-5d N=%-5d %-26s chunks=%-2d combine=%s spread=%zu B\n",
+                  prox::DTypeTraits<T>::kName, K, N, P::name().c_str(), chunks, expect_cluster ? "cluster" : "global",
+                  spread_bytes);
     });
   }
 }

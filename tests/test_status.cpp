@@ -6,6 +6,7 @@
 #include <set>
 #include <string>
 
+#include <prox/core/launch.cuh>
 #include <prox/core/policy.hpp>
 #include <prox/core/status.hpp>
 #include <prox/dispatch.hpp>
@@ -95,4 +96,44 @@ TEST_CASE("default_policy: fewest waves, then the multi-wave preference, then mo
   // The preference never outweighs a wave, and among preferred candidates more blocks still win.
   CHECK(prox::default_policy<prox::PolicyList<G<800, 3, 3>, G<396, 3>>>(132, blocks, pipelined) == 1);
   CHECK(prox::default_policy<prox::PolicyList<G<500, 3, 3>, G<700, 3, 3>, G<790, 3>>>(132, blocks, pipelined) == 1);
+}
+
+TEST_CASE("spread_smem_bytes: a small grid gets shared memory for at most ceil(blocks / SMs) per SM",
+          "[policy]") {
+  using prox::detail::spread_smem_bytes;
+  // H100: 132 SMs, 228 KiB of shared memory per SM, 1 KiB reserved per block.
+  constexpr int kSms = 132;
+  constexpr int kSmem = 233472;
+  constexpr int kReserved = 1024;
+  constexpr std::size_t kStatic = 20000;
+  // 192 blocks at 3 per SM: 2 per SM, i.e. 116736 bytes a block in all.
+  CHECK(spread_smem_bytes(192, kSms, 3, kSmem, kStatic, kReserved) == 116736 - kStatic - kReserved);
+  CHECK(spread_smem_bytes(264, kSms, 3, kSmem, kStatic, kReserved) == 116736 - kStatic - kReserved);
+  CHECK(spread_smem_bytes(96, kSms, 3, kSmem, kStatic, kReserved) == std::size_t(kSmem) - kStatic - kReserved);
+  // Nothing to do: the grid needs the full occupancy anyway, or the kernel fits one block per SM.
+  CHECK(spread_smem_bytes(265, kSms, 3, kSmem, kStatic, kReserved) == 0);
+  CHECK(spread_smem_bytes(384, kSms, 3, kSmem, kStatic, kReserved) == 0);
+  CHECK(spread_smem_bytes(1000, kSms, 3, kSmem, kStatic, kReserved) == 0);
+  CHECK(spread_smem_bytes(50, kSms, 1, kSmem, kStatic, kReserved) == 0);
+  // Cannot be expressed: the static shared memory alone exceeds the share of the cap.
+  CHECK(spread_smem_bytes(192, kSms, 3, kSmem, 120000, kReserved) == 0);
+  // Degenerate inputs.
+  CHECK(spread_smem_bytes(0, kSms, 3, kSmem, kStatic, kReserved) == 0);
+  CHECK(spread_smem_bytes(192, 0, 3, kSmem, kStatic, kReserved) == 0);
+  CHECK(spread_smem_bytes(192, kSms, 3, 0, kStatic, kReserved) == 0);
+  // Every answer caps the shared-memory occupancy at exactly ceil(blocks / SMs), below the kernel's.
+  for (const std::size_t st : {std::size_t{0}, std::size_t{9000}, std::size_t{45000}}) {
+    for (int fit = 1; fit <= 6; ++fit) {
+      for (long blocks = 1; blocks <= 6 * kSms; ++blocks) {
+        const std::size_t dyn = spread_smem_bytes(blocks, kSms, fit, kSmem, st, kReserved);
+        if (dyn == 0) continue;
+        INFO("blocks " << blocks << ", fit " << fit << ", static " << st);
+        const long cap = (blocks + kSms - 1) / kSms;
+        const std::size_t per_block = st + dyn + kReserved;
+        CHECK(per_block % 128 == 0);
+        CHECK(cap < fit);
+        CHECK(long(std::size_t(kSmem) / per_block) == cap);
+      }
+    }
+  }
 }

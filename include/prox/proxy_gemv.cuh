@@ -456,7 +456,8 @@ constexpr std::size_t workspace_bytes(const ProxyGemvArgs<T>& a) noexcept {
  *        once before its first use (prox kernels leave it zeroed).
  * @param opts  pdl; cluster: on a device that supports thread-block clusters (sm_90+) and with
  *        2..8 split-K chunks (ceil(d_model / kChunkK)), launch the chunks of each column tile as one
- *        cluster and combine them through distributed shared memory (bit-identical results).
+ *        cluster and combine them through distributed shared memory (bit-identical results);
+ *        spread: a grid of fewer blocks than the GPU holds runs at most ceil(blocks / SMs) per SM.
  * @code
  * prox::ProxyGemvArgs<__half> a{d_x, K, N, tau_x, tau_s, d_qg, d_qu, d_sg, d_su, d_mask};
  * using P = prox::PolicyAt<0, prox::ProxyGemvPolicies>;
@@ -490,7 +491,13 @@ Status launch(const ProxyGemvArgs<T>& a, void* workspace, std::size_t workspace_
       cluster_y = grid.y;
     }
   }
-  return detail::launch_kernel_ex(proxy_gemv_kernel<Policy, T, Fmt, Act>, grid, dim3(Policy::kThreads), 0, stream,
+  // A grid smaller than the GPU holds is spread over the SMs (LaunchOptions::spread); a cluster
+  // launch is placed by clusters, so it is left as it is.
+  std::size_t smem = 0;
+  if (opts.spread && cluster_y == 0)
+    PROX_RETURN_IF_ERROR((detail::spread_smem_for<proxy_gemv_kernel<Policy, T, Fmt, Act>, Policy::kThreads>(
+        static_cast<long>(grid.x) * grid.y, &smem)));
+  return detail::launch_kernel_ex(proxy_gemv_kernel<Policy, T, Fmt, Act>, grid, dim3(Policy::kThreads), smem, stream,
                                   opts, detail::LaunchExtras{cluster_y, false}, a, partials, counters);
 }
 
