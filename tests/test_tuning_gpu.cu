@@ -287,11 +287,12 @@ TEST_CASE("tuning: every op tunes a small shape to a valid, verified choice", "[
   CHECK(warnings.messages().empty());
 }
 
-TEST_CASE("tuning: a rep times a chain of launches and reports one launch's share", "[tuning][gpu]") {
-  // chain = 1 times every launch alone (its launch and ramp-up included); chain = 8 times eight
-  // launches back to back, chained with PDL where the device has it, as SparseFfn::run launches
-  // them, so a launch's share is shorter. Were the rep not divided by its launches, it would be
-  // about 8x longer instead.
+TEST_CASE("tuning: a rep times a chain of launches and records one launch's share", "[tuning][gpu]") {
+  // chain = 1 times every launch alone; chain = 8 times eight launches back to back (chained with
+  // PDL where the device has it) and records one launch's share. Were the rep not divided by its
+  // launches, its time would be about 8x a lone launch's; the bound below is loose enough to hold
+  // under a sanitizer, which serializes the launches. Whether chaining is faster is a timing
+  // question for the benchmarks (docs/tuning.md), not asserted here.
   WarningCapture warnings;
   auto alone_cache = make_cache(pt::Mode::kReadOnly);
   auto chained_cache = make_cache(pt::Mode::kReadOnly);
@@ -309,13 +310,10 @@ TEST_CASE("tuning: a rep times a chain of launches and reports one launch's shar
   const auto names = pt::policy_names<prox::GluDownGemvPolicies>();
   check_result(ra, names, *alone_cache);
   check_result(rc, names, *chained_cache);
-  prox::DeviceInfo info;
-  REQUIRE(prox::query_device(&info) == prox::Status::kSuccess);
   for (std::size_t i = 0; i < names.size(); ++i) {
     INFO(describe(ra) << describe(rc));
     CHECK(rc.candidates[i].reps == ra.candidates[i].reps);
     CHECK(rc.candidates[i].median_us < 2.0 * ra.candidates[i].median_us);
-    if (info.supports_pdl()) CHECK(rc.candidates[i].median_us < ra.candidates[i].median_us);
   }
   PROX_TEST_CUDA(cudaDeviceSynchronize());
   CHECK(warnings.messages().empty());
