@@ -148,6 +148,16 @@ class SparseFfn {
     const int N = cfg.d_ff;
     PROX_RETURN_IF_ERROR(pick(opts.choice.proxy, ProxyPolicies::kSize,
                               proxy_gemv_default_policy<ProxyPolicies>(info.sm_count, K, N), &choice_.proxy));
+    // Stage 1's launch reads driver facts for its spread once per device (LaunchOptions::spread):
+    // read them now, so that a first run under graph capture makes no driver query.
+    if (spread_) {
+      PROX_RETURN_IF_ERROR(dispatch_policy<ProxyPolicies>(choice_.proxy, [&](auto p) {
+        using P = decltype(p);
+        std::size_t bytes = 0;
+        return detail::spread_smem_for<proxy_gemv_kernel<P, T, ProxyFmt, Act>, P::kThreads>(
+            long(proxy_gemv::num_tiles<P>(N)) * proxy_gemv::num_chunks<P>(K), &bytes);
+      }));
+    }
     // The GLU GEMV splits the selected rows evenly by rank, so its grid is sized to fill the GPU in
     // one wave (SMs x resident blocks) and its policy 0 is the default.
     PROX_RETURN_IF_ERROR(pick(opts.choice.glu, GluPolicies::kSize, 0, &choice_.glu));
