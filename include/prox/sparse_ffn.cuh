@@ -119,7 +119,7 @@ class SparseFfn {
     bool cluster = false;
     bool fuse_stage2 = true; //!< Stage 2 as one kernel (glu_down_gemv) instead of glu_gemv + down_gemv
     //! Stage 1's grid, where smaller than the GPU holds, runs at most ceil(blocks / SMs) per SM
-    //! (LaunchOptions::spread). On by default: the 1.7B FFN is 0.6-0.9 us faster on the H100
+    //! (LaunchOptions::spread). On by default: the 1.7B FFN is 0.4-2.5 us faster on the H100
     //! (docs/benchmarks.md); results are bit-identical either way.
     bool spread = true;
   };

@@ -85,9 +85,10 @@ Status current_device_attribute(int* out) noexcept {
  * it), or shared memory cannot express the cap. The kernel does not use the bytes.
  *
  * Why: the hardware places a block on any SM with room. A grid launched while the previous kernel
- * drains (PDL) gets the SMs in the order they are freed, so a grid of 192 blocks at 3 per SM lands
- * on 64 SMs, where spread evenly it would run 2 per SM on 96. Measured on the H100 (Stage 1 of the
- * Qwen3-1.7B FFN, 192 blocks, docs/benchmarks.md): FFN 0.6-0.9 us faster; Stage 1 alone unchanged.
+ * drains (PDL) gets the SMs in the order they are freed, so a grid of 192 blocks at 3 per SM can land
+ * on 64 SMs, where spread evenly it would run 2 per SM on 96 (our reading of the measurements, the
+ * placement itself was not observed). Measured on the H100 (Stage 1 of the Qwen3-1.7B FFN, 192
+ * blocks, docs/benchmarks.md): FFN 0.4-2.5 us faster at e = 40-70 %; Stage 1 alone unchanged.
  *
  * Each block then asks for per_block = floor(smem_per_sm / cap) bytes in all (static + dynamic +
  * the per-block reservation), rounded down to 128 bytes: cap of them fit, cap + 1 do not.
