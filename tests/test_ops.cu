@@ -348,11 +348,11 @@ TEMPLATE_TEST_CASE("proxy GEMV: the cluster split-K combine is bit-identical to 
       }
       // These grids are far smaller than the GPU: the launcher spreads them with shared memory.
       std::size_t spread_bytes = 0;
-      REQUIRE((prox::detail::spread_smem_for<prox::proxy_gemv_kernel<P, T, prox::Int4Weights, A>, P::kThreads>(
-                  long(prox::proxy_gemv::num_tiles<P>(N)) * chunks, &spread_bytes)) == prox::Status::kSuccess);
+      REQUIRE((prox::proxy_gemv::spread_bytes<P, prox::Int4Weights, A, T>(K, N, &spread_bytes)) ==
+              prox::Status::kSuccess);
       int sms = 0;
       PROX_TEST_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-      if (long(prox::proxy_gemv::num_tiles<P>(N)) * chunks <= sms) CHECK(spread_bytes > 0u);
+      if (prox::proxy_gemv::num_blocks<P>(K, N) <= sms) CHECK(spread_bytes > 0u);
       std::printf("[cluster] %-5s K=%-5d N=%-5d %-26s chunks=%-2d combine=%s spread=%zu B\n",
                   prox::DTypeTraits<T>::kName, K, N, P::name().c_str(), chunks, expect_cluster ? "cluster" : "global",
                   spread_bytes);

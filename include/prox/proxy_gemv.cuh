@@ -418,6 +418,25 @@ constexpr int num_chunks(int d_model) noexcept {
   return ceil_div(d_model, Policy::kChunkK);
 }
 
+//! Blocks of the launch grid: column tiles x split-K chunks.
+template <class Policy>
+constexpr long num_blocks(int d_model, int d_ff) noexcept {
+  return static_cast<long>(num_tiles<Policy>(d_ff)) * num_chunks<Policy>(d_model);
+}
+
+/**
+ * @brief The unused dynamic shared memory launch() gives a grid (LaunchOptions::spread, without
+ * clusters): at most ceil(blocks / SMs) blocks per SM, 0 for a grid that needs the full occupancy
+ * (detail::spread_smem_bytes). Reads driver facts once per device; SparseFfn::plan calls it so that
+ * no launch under graph capture is the first.
+ */
+template <class Policy, class Fmt, class Act, class T>
+Status spread_bytes(int d_model, int d_ff, std::size_t* out) noexcept {
+  if (out == nullptr) return Status::kErrorNullPointer;
+  return detail::spread_smem_for<proxy_gemv_kernel<Policy, T, Fmt, Act>, Policy::kThreads>(
+      num_blocks<Policy>(d_model, d_ff), out);
+}
+
 /**
  * @brief Validate without launching. Shape rule: 1 <= d_model <= 2^20; d_ff a multiple of 32 in
  * [32, 2^20]. Weights 16-byte aligned; scales, mask, s_proxy 4-byte aligned; thresholds >= 0 and
@@ -494,9 +513,7 @@ Status launch(const ProxyGemvArgs<T>& a, void* workspace, std::size_t workspace_
   // A grid smaller than the GPU holds is spread over the SMs (LaunchOptions::spread); a cluster
   // launch is placed by clusters, so it is left as it is.
   std::size_t smem = 0;
-  if (opts.spread && cluster_y == 0)
-    PROX_RETURN_IF_ERROR((detail::spread_smem_for<proxy_gemv_kernel<Policy, T, Fmt, Act>, Policy::kThreads>(
-        static_cast<long>(grid.x) * grid.y, &smem)));
+  if (opts.spread && cluster_y == 0) PROX_RETURN_IF_ERROR((spread_bytes<Policy, Fmt, Act, T>(a.d_model, a.d_ff, &smem)));
   return detail::launch_kernel_ex(proxy_gemv_kernel<Policy, T, Fmt, Act>, grid, dim3(Policy::kThreads), smem, stream,
                                   opts, detail::LaunchExtras{cluster_y, false}, a, partials, counters);
 }

@@ -52,8 +52,7 @@ int proxy_gemv_default_policy(int sm_count, int d_model, int d_ff) noexcept {
   return default_policy<List>(
       sm_count,
       [&](auto p) {
-        using P = decltype(p);
-        return long(proxy_gemv::num_tiles<P>(d_ff)) * proxy_gemv::num_chunks<P>(d_model);
+        return proxy_gemv::num_blocks<decltype(p)>(d_model, d_ff);
       },
       [](auto p) { return decltype(p)::kStages > 0; });
 }
@@ -152,10 +151,8 @@ class SparseFfn {
     // read them now, so that a first run under graph capture makes no driver query.
     if (spread_) {
       PROX_RETURN_IF_ERROR(dispatch_policy<ProxyPolicies>(choice_.proxy, [&](auto p) {
-        using P = decltype(p);
         std::size_t bytes = 0;
-        return detail::spread_smem_for<proxy_gemv_kernel<P, T, ProxyFmt, Act>, P::kThreads>(
-            long(proxy_gemv::num_tiles<P>(N)) * proxy_gemv::num_chunks<P>(K), &bytes);
+        return proxy_gemv::spread_bytes<decltype(p), ProxyFmt, Act, T>(K, N, &bytes);
       }));
     }
     // The GLU GEMV splits the selected rows evenly by rank, so its grid is sized to fill the GPU in

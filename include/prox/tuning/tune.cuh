@@ -702,14 +702,13 @@ Status verify_time_record(Cache& cache, const Key& key, std::vector<CandidateRes
 
 // ---------------------------------------------------------------- per-op benches
 //! The launch options SparseFfn::run gives every kernel under the default PlanOptions: PDL where the
-//! device has it, cooperative left on. The benches launch their candidates so, which makes the
-//! launches of a timed chain (TuneOptions::chain) overlap as in the FFN.
-template <class T, class Act = SiLU>
-Status ffn_launch_options(LaunchOptions* out) {
+//! device has it, the other LaunchOptions left at their defaults. The benches launch their
+//! candidates so, which makes the launches of a timed chain (TuneOptions::chain) overlap as in the FFN.
+inline Status ffn_launch_options(LaunchOptions* out) {
   DeviceInfo info;
   PROX_RETURN_IF_ERROR(query_device(&info));
   *out = LaunchOptions{};
-  out->pdl = typename SparseFfn<T, Act>::PlanOptions{}.pdl && info.supports_pdl();
+  out->pdl = SparseFfn<__half>::PlanOptions{}.pdl && info.supports_pdl();
   return Status::kSuccess;
 }
 
@@ -724,7 +723,7 @@ class ThresholdBench {
     n_ = n;
     o_ = o;
     stream_ = stream;
-    PROX_RETURN_IF_ERROR(ffn_launch_options<T>(&launch_opts_));
+    PROX_RETURN_IF_ERROR(ffn_launch_options(&launch_opts_));
     PROX_RETURN_IF_ERROR(x_.alloc(sizeof(T) * static_cast<std::size_t>(n)));
     PROX_RETURN_IF_ERROR(mask_.alloc(sizeof(std::uint32_t) * static_cast<std::size_t>((n + 31) / 32)));
     PROX_RETURN_IF_ERROR(idx_.alloc(sizeof(int) * static_cast<std::size_t>(n)));
@@ -743,7 +742,9 @@ class ThresholdBench {
     a.indices = idx_.as<int>();
     a.count = count_.as<int>();
     const auto launch = [&](int c, int) {
-      return dispatch_policy<List>(c, [&](auto p) { return threshold::launch<decltype(p)>(a, nullptr, stream_, launch_opts_); });
+      return dispatch_policy<List>(c, [&](auto p) {
+        return threshold::launch<decltype(p)>(a, nullptr, stream_, launch_opts_);
+      });
     };
     std::vector<CandidateResult> res = fresh_results<List>();
     std::vector<std::uint32_t> ref_mask, mask;
@@ -795,12 +796,14 @@ class ThresholdBench {
 //! one weight matrix (256-byte aligned) and how many rotation sets are allocated.
 class WeightBenchBase {
  protected:
-  void bind(int d_model, int d_ff, std::size_t matrix_bytes, const TuneOptions& o, cudaStream_t stream) noexcept {
+  //! The shape, options and stream, and the launch options of the FFN (ffn_launch_options()).
+  Status bind(int d_model, int d_ff, std::size_t matrix_bytes, const TuneOptions& o, cudaStream_t stream) noexcept {
     K_ = d_model;
     N_ = d_ff;
     mat_bytes_ = round_up<std::size_t>(matrix_bytes, 256);
     o_ = o;
     stream_ = stream;
+    return ffn_launch_options(&launch_opts_);
   }
 
   //! The Stage-2 benches' inputs for `key`: a random channel mask at the key's bucket density (seeded
@@ -816,10 +819,23 @@ class WeightBenchBase {
     return Status::kSuccess;
   }
 
+  //! The Stage-2 benches' GLU arguments: this shape, x, the channel mask and the s output (the
+  //! weights are filled in per rotation set).
+  template <class T>
+  GluGemvArgs<T> glu_args(const DeviceBuffer& x, const DeviceBuffer& mask, const DeviceBuffer& s) const noexcept {
+    GluGemvArgs<T> a;
+    a.x = x.as<T>();
+    a.d_model = K_;
+    a.d_ff = N_;
+    a.channel_mask = mask.as<std::uint32_t>();
+    a.s = s.as<float>();
+    return a;
+  }
+
   int K_ = 0, N_ = 0;
   TuneOptions o_{};
   cudaStream_t stream_ = nullptr;
-  LaunchOptions launch_opts_{};  //!< ffn_launch_options(), set by each bench's init()
+  LaunchOptions launch_opts_{};  //!< ffn_launch_options(), set by bind()
   std::size_t mat_bytes_ = 0;
   int sets_ = 0;
 };
@@ -832,8 +848,7 @@ class ProxyBench : WeightBenchBase {
 
   Status init(int d_model, int d_ff, const TuneOptions& o, cudaStream_t stream) noexcept {
     PROX_RETURN_IF_ERROR(check_proxy_shape(d_model, d_ff));
-    bind(d_model, d_ff, static_cast<std::size_t>(d_model) * Fmt::row_bytes(d_ff), o, stream);
-    PROX_RETURN_IF_ERROR((ffn_launch_options<T, Act>(&launch_opts_)));
+    PROX_RETURN_IF_ERROR(bind(d_model, d_ff, static_cast<std::size_t>(d_model) * Fmt::row_bytes(d_ff), o, stream));
     scale_stride_ = round_up<std::size_t>(sizeof(float) * static_cast<std::size_t>(N_), 256);
     PROX_RETURN_IF_ERROR(x_.alloc(sizeof(T) * static_cast<std::size_t>(K_)));
     PROX_RETURN_IF_ERROR(mask_.alloc(sizeof(std::uint32_t) * static_cast<std::size_t>(N_ / 32)));
@@ -980,7 +995,8 @@ class GluBench : WeightBenchBase {
 
   Status init(int d_model, int d_ff, const TuneOptions& o, cudaStream_t stream) noexcept {
     PROX_RETURN_IF_ERROR(check_ffn_shape(d_model, d_ff));
-    bind(d_model, d_ff, sizeof(T) * static_cast<std::size_t>(d_model) * static_cast<std::size_t>(d_ff), o, stream);
+    PROX_RETURN_IF_ERROR(
+        bind(d_model, d_ff, sizeof(T) * static_cast<std::size_t>(d_model) * static_cast<std::size_t>(d_ff), o, stream));
     PROX_RETURN_IF_ERROR(x_.alloc(sizeof(T) * static_cast<std::size_t>(K_)));
     PROX_RETURN_IF_ERROR(mask_.alloc(sizeof(std::uint32_t) * static_cast<std::size_t>(N_ / 32)));
     PROX_RETURN_IF_ERROR(s_.alloc(sizeof(float) * static_cast<std::size_t>(N_)));
@@ -988,7 +1004,6 @@ class GluBench : WeightBenchBase {
     DeviceInfo info;
     PROX_RETURN_IF_ERROR(query_device(&info));
     sms_ = info.sm_count;
-    PROX_RETURN_IF_ERROR((ffn_launch_options<T, Act>(&launch_opts_)));
     PROX_RETURN_IF_ERROR(fill_uniform(x_.as<T>(), static_cast<std::size_t>(K_), o_.seed + 3, -1.0f, 1.0f, stream_));
     return cuda_ok(cudaStreamSynchronize(stream_));
   }
@@ -1000,12 +1015,7 @@ class GluBench : WeightBenchBase {
     int nsets = 0;
     PROX_RETURN_IF_ERROR(masked_sets(key, mask_.as<std::uint32_t>(), set_bytes, &hmask, &nsets));
     PROX_RETURN_IF_ERROR(ensure_sets(nsets));
-    GluGemvArgs<T> a;
-    a.x = x_.as<T>();
-    a.d_model = K_;
-    a.d_ff = N_;
-    a.channel_mask = mask_.as<std::uint32_t>();
-    a.s = s_.as<float>();
+    const GluGemvArgs<T> a = glu_args<T>(x_, mask_, s_);
     const auto run = [&](int c, int set) {
       GluGemvArgs<T> b = a;
       b.w_gate = reinterpret_cast<const T*>(w_.bytes_ptr() + (2 * static_cast<std::size_t>(set)) * mat_bytes_);
@@ -1046,8 +1056,8 @@ class DownBench : WeightBenchBase {
 
   Status init(int d_model, int d_ff, const TuneOptions& o, cudaStream_t stream) noexcept {
     PROX_RETURN_IF_ERROR(check_ffn_shape(d_model, d_ff));
-    bind(d_model, d_ff, sizeof(T) * static_cast<std::size_t>(d_model) * static_cast<std::size_t>(d_ff), o, stream);
-    PROX_RETURN_IF_ERROR(ffn_launch_options<T>(&launch_opts_));
+    PROX_RETURN_IF_ERROR(
+        bind(d_model, d_ff, sizeof(T) * static_cast<std::size_t>(d_model) * static_cast<std::size_t>(d_ff), o, stream));
     PROX_RETURN_IF_ERROR(s_.alloc(sizeof(float) * static_cast<std::size_t>(N_)));
     PROX_RETURN_IF_ERROR(mask_.alloc(sizeof(std::uint32_t) * static_cast<std::size_t>(N_ / 32)));
     PROX_RETURN_IF_ERROR(y_.alloc(sizeof(T) * static_cast<std::size_t>(K_)));
@@ -1126,8 +1136,8 @@ class GluDownBench : WeightBenchBase {
   //! (May throw std::bad_alloc for its host vectors; run_bench_locked catches it.)
   Status init(int d_model, int d_ff, const TuneOptions& o, cudaStream_t stream) {
     PROX_RETURN_IF_ERROR(check_ffn_shape(d_model, d_ff));
-    bind(d_model, d_ff, sizeof(T) * static_cast<std::size_t>(d_model) * static_cast<std::size_t>(d_ff), o, stream);
-    PROX_RETURN_IF_ERROR((ffn_launch_options<T, Act>(&launch_opts_)));
+    PROX_RETURN_IF_ERROR(
+        bind(d_model, d_ff, sizeof(T) * static_cast<std::size_t>(d_model) * static_cast<std::size_t>(d_ff), o, stream));
     // SparseFfn::plan's grid per policy; a policy the device cannot run keeps its status and fails
     // as a candidate (policy 0 failing stops the bench, as plan() would refuse).
     blocks_.assign(static_cast<std::size_t>(List::kSize), 0);
@@ -1161,11 +1171,7 @@ class GluDownBench : WeightBenchBase {
     PROX_RETURN_IF_ERROR(masked_sets(key, mask_.as<std::uint32_t>(), set_bytes, &hmask, &nsets));
     PROX_RETURN_IF_ERROR(ensure_sets(nsets));
     GluDownGemvArgs<T> a;
-    a.x = x_.as<T>();
-    a.d_model = K_;
-    a.d_ff = N_;
-    a.channel_mask = mask_.as<std::uint32_t>();
-    a.s = s_.as<float>();
+    static_cast<GluGemvArgs<T>&>(a) = glu_args<T>(x_, mask_, s_);
     a.y = y_.as<T>();
     const auto run = [&](int c, int set) {
       const Status grid = grid_status_[static_cast<std::size_t>(c)];
@@ -1253,6 +1259,20 @@ Status run_bench(Cache& cache, const std::vector<double>& densities, cudaStream_
   }
 }
 
+//! run_bench at one density, its result (if any) copied to *result: the single-density tune_* forms.
+template <class Bench, class... InitArgs>
+Status run_bench_one(Cache& cache, double density, cudaStream_t stream, const TuneOptions& o, TuneResult* result,
+                     InitArgs... init_args) noexcept {
+  try {
+    std::vector<TuneResult> r;
+    const Status st = run_bench<Bench>(cache, {density}, stream, o, &r, init_args...);
+    if (result != nullptr && !r.empty()) *result = r.front();
+    return st;
+  } catch (...) {
+    return Status::kErrorCudaRuntime;  // std::bad_alloc
+  }
+}
+
 template <class Ffn>
 struct FfnTraits;
 template <class T, class Act, class Fmt>
@@ -1286,10 +1306,7 @@ int cached_index(const Cache& cache, const Key& key) {
 template <class T>
 Status tune_threshold(Cache& cache, int n, double density, cudaStream_t stream, const TuneOptions& options = {},
                       TuneResult* result = nullptr) noexcept {
-  std::vector<TuneResult> r;
-  const Status st = detail::run_bench<detail::ThresholdBench<T>>(cache, {density}, stream, options, &r, n);
-  if (result != nullptr && !r.empty()) *result = r.front();
-  return st;
+  return detail::run_bench_one<detail::ThresholdBench<T>>(cache, density, stream, options, result, n);
 }
 
 /**
@@ -1304,32 +1321,22 @@ Status tune_threshold(Cache& cache, int n, double density, cudaStream_t stream, 
 template <class T, class Fmt, class Act>
 Status tune_proxy_gemv(Cache& cache, int d_model, int d_ff, double input_density, cudaStream_t stream,
                        const TuneOptions& options = {}, TuneResult* result = nullptr) noexcept {
-  std::vector<TuneResult> r;
-  const Status st =
-      detail::run_bench<detail::ProxyBench<T, Fmt, Act>>(cache, {input_density}, stream, options, &r, d_model, d_ff);
-  if (result != nullptr && !r.empty()) *result = r.front();
-  return st;
+  return detail::run_bench_one<detail::ProxyBench<T, Fmt, Act>>(cache, input_density, stream, options, result, d_model,
+                                                                 d_ff);
 }
 
 //! Tune the masked GLU GEMV for (d_model, d_ff) at selected-channel density `channel_density`.
 template <class T, class Act>
 Status tune_glu_gemv(Cache& cache, int d_model, int d_ff, double channel_density, cudaStream_t stream,
                      const TuneOptions& options = {}, TuneResult* result = nullptr) noexcept {
-  std::vector<TuneResult> r;
-  const Status st =
-      detail::run_bench<detail::GluBench<T, Act>>(cache, {channel_density}, stream, options, &r, d_model, d_ff);
-  if (result != nullptr && !r.empty()) *result = r.front();
-  return st;
+  return detail::run_bench_one<detail::GluBench<T, Act>>(cache, channel_density, stream, options, result, d_model, d_ff);
 }
 
 //! Tune the sparse down GEMV for (d_model, d_ff) at selected-channel density `channel_density`.
 template <class T>
 Status tune_down_gemv(Cache& cache, int d_model, int d_ff, double channel_density, cudaStream_t stream,
                       const TuneOptions& options = {}, TuneResult* result = nullptr) noexcept {
-  std::vector<TuneResult> r;
-  const Status st = detail::run_bench<detail::DownBench<T>>(cache, {channel_density}, stream, options, &r, d_model, d_ff);
-  if (result != nullptr && !r.empty()) *result = r.front();
-  return st;
+  return detail::run_bench_one<detail::DownBench<T>>(cache, channel_density, stream, options, result, d_model, d_ff);
 }
 
 /**
@@ -1345,11 +1352,8 @@ Status tune_down_gemv(Cache& cache, int d_model, int d_ff, double channel_densit
 template <class T, class Act>
 Status tune_glu_down_gemv(Cache& cache, int d_model, int d_ff, double channel_density, cudaStream_t stream,
                           const TuneOptions& options = {}, TuneResult* result = nullptr) noexcept {
-  std::vector<TuneResult> r;
-  const Status st =
-      detail::run_bench<detail::GluDownBench<T, Act>>(cache, {channel_density}, stream, options, &r, d_model, d_ff);
-  if (result != nullptr && !r.empty()) *result = r.front();
-  return st;
+  return detail::run_bench_one<detail::GluDownBench<T, Act>>(cache, channel_density, stream, options, result, d_model,
+                                                              d_ff);
 }
 
 /**
