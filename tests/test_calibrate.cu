@@ -21,6 +21,7 @@
 #include <prox/stats.cuh>
 
 #include "common.hpp"
+#include "ffn_instances.hpp"
 #include "reference/reference.hpp"
 
 using prox::Status;

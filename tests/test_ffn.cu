@@ -13,6 +13,7 @@
 
 #include <prox/prox.cuh>
 
+#include "ffn_instances.hpp"
 #include "gpu_fixture.hpp"
 
 using namespace prox_test;

@@ -22,6 +22,7 @@
 #include <prox/tuning/tune.cuh>
 
 #include "common.hpp"
+#include "ffn_instances.hpp"
 
 namespace fs = std::filesystem;
 namespace pt = prox::tuning;

@@ -24,3 +24,4 @@
 #include "down_gemv.cuh"
 #include "dispatch.hpp"
 #include "sparse_ffn.cuh"
+#include "instantiate.cuh"

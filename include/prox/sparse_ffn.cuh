@@ -127,65 +127,7 @@ class SparseFfn {
    * @brief Validate shapes, pointers and thresholds; choose policies; size the workspace.
    * Reads the current device's attributes (once). Not capturable; call it before capture.
    */
-  Status plan(const Config& cfg, const Weights& w, const PlanOptions& opts = {}) noexcept {
-    planned_ = false;
-    cfg_ = cfg;
-    w_ = w;
-    PROX_RETURN_IF_ERROR(check_static(cfg, w));
-    DeviceInfo info;
-    PROX_RETURN_IF_ERROR(query_device(&info));
-    pdl_ = opts.pdl && info.supports_pdl();
-    cluster_ = opts.cluster && info.cc_major >= 9;
-    spread_ = opts.spread;
-    fused_ = opts.fuse_stage2;
-    const auto pick = [&](int requested, int size, int dflt, int* out) {
-      if (requested >= size) return Status::kErrorInvalidArgument;
-      *out = requested >= 0 ? requested : dflt;
-      return Status::kSuccess;
-    };
-    const int K = cfg.d_model;
-    const int N = cfg.d_ff;
-    PROX_RETURN_IF_ERROR(pick(opts.choice.proxy, ProxyPolicies::kSize,
-                              proxy_gemv_default_policy<ProxyPolicies>(info.sm_count, K, N), &choice_.proxy));
-    // Stage 1's launch reads driver facts for its spread once per device (LaunchOptions::spread):
-    // read them now, so that a first run under graph capture makes no driver query.
-    if (spread_) {
-      PROX_RETURN_IF_ERROR(dispatch_policy<ProxyPolicies>(choice_.proxy, [&](auto p) {
-        std::size_t bytes = 0;
-        return proxy_gemv::spread_bytes<decltype(p), ProxyFmt, Act, T>(K, N, &bytes);
-      }));
-    }
-    // The GLU GEMV splits the selected rows evenly by rank, so its grid is sized to fill the GPU in
-    // one wave (SMs x resident blocks) and its policy 0 is the default.
-    PROX_RETURN_IF_ERROR(pick(opts.choice.glu, GluPolicies::kSize, 0, &choice_.glu));
-    PROX_RETURN_IF_ERROR(pick(opts.choice.down, DownPolicies::kSize,
-                              default_policy<DownPolicies>(info.sm_count,
-                                                           [&](auto p) {
-                                                             using P = decltype(p);
-                                                             return long(down_gemv::num_tiles<P>(K)) *
-                                                                    down_gemv::num_chunks<P>(N);
-                                                           }),
-                              &choice_.down));
-    dispatch_policy<GluPolicies>(choice_.glu, [&](auto p) {
-      glu_blocks_ = glu_gemv::wave_blocks<decltype(p)>(info.sm_count);
-      return Status::kSuccess;
-    });
-    // The fused Stage 2 needs every block resident: its grid is what fits (SMs x resident blocks).
-    PROX_RETURN_IF_ERROR(pick(opts.choice.glu_down, GluDownPolicies::kSize, 0, &choice_.glu_down));
-    glu_down_blocks_ = 0;
-    glu_down_max_blocks_ = 0;
-    for_each_policy<GluDownPolicies>([&](auto p, int i) {
-      int blocks = 0;
-      if (glu_down_gemv::max_grid_blocks<decltype(p), Act, T>(&blocks) != Status::kSuccess) blocks = 0;
-      glu_down_max_blocks_ = blocks > glu_down_max_blocks_ ? blocks : glu_down_max_blocks_;
-      if (i == choice_.glu_down) glu_down_blocks_ = blocks;
-    });
-    if (fused_ && glu_down_blocks_ <= 0) return Status::kErrorUnsupportedDevice;
-
-    layout_workspace();
-    planned_ = true;
-    return Status::kSuccess;
-  }
+  Status plan(const Config& cfg, const Weights& w, const PlanOptions& opts = {}) noexcept;
 
   //! Bytes of workspace run() needs (valid after plan()). Sized for every candidate policy, so a
   //! later re-plan with another choice never needs a larger buffer.
@@ -208,65 +150,14 @@ class SparseFfn {
    * @param counters optional SparsityCounters (accumulated on the device)
    */
   Status run(const T* x, T* y, void* workspace, std::size_t workspace_size, cudaStream_t stream,
-             SparsityCounters* counters = nullptr) const noexcept {
-    if (!planned_) return Status::kErrorNotPlanned;
-    if (x == nullptr || y == nullptr || workspace == nullptr) return Status::kErrorNullPointer;
-    if (!is_aligned(x, 16) || !is_aligned(y, 16) || !is_aligned(workspace, 16) || !is_aligned(counters, 8))
-      return Status::kErrorMisalignedPointer;
-    if (workspace_size < ws_total_) return Status::kErrorWorkspaceTooSmall;
-    char* ws = static_cast<char*>(workspace);
-    auto* mask = reinterpret_cast<std::uint32_t*>(ws + off_mask_);
-    auto* s = reinterpret_cast<float*>(ws + off_s_);
-    PROX_RETURN_IF_ERROR(launch_stage1(x, mask, nullptr, cfg_.tau_s, ws + off_proxy_, counters, stream));
-    LaunchOptions chained;
-    chained.pdl = pdl_;
-    GluGemvArgs<T> a2;
-    a2.x = x;
-    a2.d_model = cfg_.d_model;
-    a2.d_ff = cfg_.d_ff;
-    a2.w_gate = w_.w_gate;
-    a2.w_up = w_.w_up;
-    a2.channel_mask = mask;
-    a2.s = s;
-    if (fused_) {
-      GluDownGemvArgs<T> f;
-      static_cast<GluGemvArgs<T>&>(f) = a2;
-      f.grid_blocks = glu_down_blocks_;
-      f.w_down_t = w_.w_down_t;
-      f.y = y;
-      return dispatch_policy<GluDownPolicies>(choice_.glu_down, [&](auto p) {
-        return glu_down_gemv::launch<decltype(p), Act>(f, ws + off_down_, ws_down_, stream, chained);
-      });
-    }
-    a2.grid_blocks = glu_blocks_;
-    PROX_RETURN_IF_ERROR(dispatch_policy<GluPolicies>(choice_.glu, [&](auto p) {
-      return glu_gemv::launch<decltype(p), Act>(a2, nullptr, 0, stream, chained);
-    }));
-    DownGemvArgs<T> a3;
-    a3.s = s;
-    a3.channel_mask = mask;
-    a3.w_down_t = w_.w_down_t;
-    a3.d_model = cfg_.d_model;
-    a3.d_ff = cfg_.d_ff;
-    a3.y = y;
-    return dispatch_policy<DownPolicies>(choice_.down, [&](auto p) {
-      return down_gemv::launch<decltype(p)>(a3, ws + off_down_, ws_down_, stream, chained);
-    });
-  }
+             SparsityCounters* counters = nullptr) const noexcept;
 
   /**
    * @brief Stage 1 alone in values mode: s_proxy[j] = s~_j for every channel (calibration of tau_s,
    * analysis). The channel mask (with this plan's tau_s) is written into the workspace as usual.
    */
   Status run_proxy_values(const T* x, float* s_proxy, void* workspace, std::size_t workspace_size,
-                          cudaStream_t stream) const noexcept {
-    if (!planned_) return Status::kErrorNotPlanned;
-    if (x == nullptr || s_proxy == nullptr || workspace == nullptr) return Status::kErrorNullPointer;
-    if (workspace_size < ws_total_) return Status::kErrorWorkspaceTooSmall;
-    char* ws = static_cast<char*>(workspace);
-    return launch_stage1(x, reinterpret_cast<std::uint32_t*>(ws + off_mask_), s_proxy, cfg_.tau_s, ws + off_proxy_,
-                         nullptr, stream);
-  }
+                          cudaStream_t stream) const noexcept;
 
   //! Offset of the channel bitmask [d_ff/32] inside the workspace (tests, analysis).
   std::size_t mask_offset() const noexcept { return off_mask_; }
@@ -308,43 +199,9 @@ class SparseFfn {
   }
 
   Status launch_stage1(const T* x, std::uint32_t* mask, float* s_proxy, float tau_s, char* ws,
-                       SparsityCounters* counters, cudaStream_t stream) const noexcept {
-    const ProxyGemvArgs<T> a1 = stage1_args(x, mask, s_proxy, tau_s, counters);
-    return dispatch_policy<ProxyPolicies>(choice_.proxy, [&](auto p) {
-      LaunchOptions o;
-      o.pdl = pdl_;  // waits (griddepcontrol.wait) before reading x or writing anything
-      o.cluster = cluster_;
-      o.spread = spread_;
-      return proxy_gemv::launch<decltype(p), ProxyFmt, Act>(a1, ws, ws_proxy_, stream, o);
-    });
-  }
+                       SparsityCounters* counters, cudaStream_t stream) const noexcept;
 
-  void layout_workspace() noexcept {
-    const ProxyGemvArgs<T> a1 = stage1_args(nullptr, nullptr, nullptr, 0.0f, nullptr);
-    ws_proxy_ = 0;
-    for_each_policy<ProxyPolicies>([&](auto p, int) {
-      const std::size_t b = proxy_gemv::workspace_bytes<decltype(p)>(a1);
-      ws_proxy_ = b > ws_proxy_ ? b : ws_proxy_;
-    });
-    DownGemvArgs<T> a3;
-    a3.d_model = cfg_.d_model;
-    a3.d_ff = cfg_.d_ff;
-    ws_down_ = 0;
-    for_each_policy<DownPolicies>([&](auto p, int) {
-      const std::size_t b = down_gemv::workspace_bytes<decltype(p)>(a3);
-      ws_down_ = b > ws_down_ ? b : ws_down_;
-    });
-    for_each_policy<GluDownPolicies>([&](auto p, int) {  // the fused kernel uses the same region
-      const std::size_t b = glu_down_gemv::workspace_bytes<decltype(p)>(cfg_.d_model, glu_down_max_blocks_);
-      ws_down_ = b > ws_down_ ? b : ws_down_;
-    });
-    constexpr std::size_t kAlign = 256;
-    off_proxy_ = 0;
-    off_mask_ = round_up(off_proxy_ + ws_proxy_, kAlign);
-    off_s_ = round_up(off_mask_ + sizeof(std::uint32_t) * static_cast<std::size_t>(cfg_.d_ff / 32), kAlign);
-    off_down_ = round_up(off_s_ + sizeof(float) * static_cast<std::size_t>(cfg_.d_ff), kAlign);
-    ws_total_ = round_up(off_down_ + ws_down_, kAlign);
-  }
+  void layout_workspace() noexcept;
 
   Config cfg_{};
   Weights w_{};
@@ -361,6 +218,173 @@ class SparseFfn {
   std::size_t off_proxy_ = 0, off_mask_ = 0, off_s_ = 0, off_down_ = 0, ws_total_ = 0;
 };
 
+// The members that launch or query kernels are defined out of the class, so they are not inline:
+// an explicit instantiation declaration (PROX_SPARSE_FFN_EXTERN, prox/instantiate.cuh) then keeps a
+// translation unit from instantiating them, and with them every kernel of the layer.
+
+template <class T, class Act, class ProxyFmt>
+Status SparseFfn<T, Act, ProxyFmt>::plan(const Config& cfg, const Weights& w,
+                                         const PlanOptions& opts) noexcept {
+  planned_ = false;
+  cfg_ = cfg;
+  w_ = w;
+  PROX_RETURN_IF_ERROR(check_static(cfg, w));
+  DeviceInfo info;
+  PROX_RETURN_IF_ERROR(query_device(&info));
+  pdl_ = opts.pdl && info.supports_pdl();
+  cluster_ = opts.cluster && info.cc_major >= 9;
+  spread_ = opts.spread;
+  fused_ = opts.fuse_stage2;
+  const auto pick = [&](int requested, int size, int dflt, int* out) {
+    if (requested >= size) return Status::kErrorInvalidArgument;
+    *out = requested >= 0 ? requested : dflt;
+    return Status::kSuccess;
+  };
+  const int K = cfg.d_model;
+  const int N = cfg.d_ff;
+  PROX_RETURN_IF_ERROR(pick(opts.choice.proxy, ProxyPolicies::kSize,
+                            proxy_gemv_default_policy<ProxyPolicies>(info.sm_count, K, N), &choice_.proxy));
+  // Stage 1's launch reads driver facts for its spread once per device (LaunchOptions::spread):
+  // read them now, so that a first run under graph capture makes no driver query.
+  if (spread_) {
+    PROX_RETURN_IF_ERROR(dispatch_policy<ProxyPolicies>(choice_.proxy, [&](auto p) {
+      std::size_t bytes = 0;
+      return proxy_gemv::spread_bytes<decltype(p), ProxyFmt, Act, T>(K, N, &bytes);
+    }));
+  }
+  // The GLU GEMV splits the selected rows evenly by rank, so its grid is sized to fill the GPU in
+  // one wave (SMs x resident blocks) and its policy 0 is the default.
+  PROX_RETURN_IF_ERROR(pick(opts.choice.glu, GluPolicies::kSize, 0, &choice_.glu));
+  PROX_RETURN_IF_ERROR(pick(opts.choice.down, DownPolicies::kSize,
+                            default_policy<DownPolicies>(info.sm_count,
+                                                         [&](auto p) {
+                                                           using P = decltype(p);
+                                                           return long(down_gemv::num_tiles<P>(K)) *
+                                                                  down_gemv::num_chunks<P>(N);
+                                                         }),
+                            &choice_.down));
+  dispatch_policy<GluPolicies>(choice_.glu, [&](auto p) {
+    glu_blocks_ = glu_gemv::wave_blocks<decltype(p)>(info.sm_count);
+    return Status::kSuccess;
+  });
+  // The fused Stage 2 needs every block resident: its grid is what fits (SMs x resident blocks).
+  PROX_RETURN_IF_ERROR(pick(opts.choice.glu_down, GluDownPolicies::kSize, 0, &choice_.glu_down));
+  glu_down_blocks_ = 0;
+  glu_down_max_blocks_ = 0;
+  for_each_policy<GluDownPolicies>([&](auto p, int i) {
+    int blocks = 0;
+    if (glu_down_gemv::max_grid_blocks<decltype(p), Act, T>(&blocks) != Status::kSuccess) blocks = 0;
+    glu_down_max_blocks_ = blocks > glu_down_max_blocks_ ? blocks : glu_down_max_blocks_;
+    if (i == choice_.glu_down) glu_down_blocks_ = blocks;
+  });
+  if (fused_ && glu_down_blocks_ <= 0) return Status::kErrorUnsupportedDevice;
+
+  layout_workspace();
+  planned_ = true;
+  return Status::kSuccess;
+}
+
+template <class T, class Act, class ProxyFmt>
+Status SparseFfn<T, Act, ProxyFmt>::run(const T* x, T* y, void* workspace, std::size_t workspace_size,
+                                        cudaStream_t stream, SparsityCounters* counters) const noexcept {
+  if (!planned_) return Status::kErrorNotPlanned;
+  if (x == nullptr || y == nullptr || workspace == nullptr) return Status::kErrorNullPointer;
+  if (!is_aligned(x, 16) || !is_aligned(y, 16) || !is_aligned(workspace, 16) || !is_aligned(counters, 8))
+    return Status::kErrorMisalignedPointer;
+  if (workspace_size < ws_total_) return Status::kErrorWorkspaceTooSmall;
+  char* ws = static_cast<char*>(workspace);
+  auto* mask = reinterpret_cast<std::uint32_t*>(ws + off_mask_);
+  auto* s = reinterpret_cast<float*>(ws + off_s_);
+  PROX_RETURN_IF_ERROR(launch_stage1(x, mask, nullptr, cfg_.tau_s, ws + off_proxy_, counters, stream));
+  LaunchOptions chained;
+  chained.pdl = pdl_;
+  GluGemvArgs<T> a2;
+  a2.x = x;
+  a2.d_model = cfg_.d_model;
+  a2.d_ff = cfg_.d_ff;
+  a2.w_gate = w_.w_gate;
+  a2.w_up = w_.w_up;
+  a2.channel_mask = mask;
+  a2.s = s;
+  if (fused_) {
+    GluDownGemvArgs<T> f;
+    static_cast<GluGemvArgs<T>&>(f) = a2;
+    f.grid_blocks = glu_down_blocks_;
+    f.w_down_t = w_.w_down_t;
+    f.y = y;
+    return dispatch_policy<GluDownPolicies>(choice_.glu_down, [&](auto p) {
+      return glu_down_gemv::launch<decltype(p), Act>(f, ws + off_down_, ws_down_, stream, chained);
+    });
+  }
+  a2.grid_blocks = glu_blocks_;
+  PROX_RETURN_IF_ERROR(dispatch_policy<GluPolicies>(choice_.glu, [&](auto p) {
+    return glu_gemv::launch<decltype(p), Act>(a2, nullptr, 0, stream, chained);
+  }));
+  DownGemvArgs<T> a3;
+  a3.s = s;
+  a3.channel_mask = mask;
+  a3.w_down_t = w_.w_down_t;
+  a3.d_model = cfg_.d_model;
+  a3.d_ff = cfg_.d_ff;
+  a3.y = y;
+  return dispatch_policy<DownPolicies>(choice_.down, [&](auto p) {
+    return down_gemv::launch<decltype(p)>(a3, ws + off_down_, ws_down_, stream, chained);
+  });
+}
+
+template <class T, class Act, class ProxyFmt>
+Status SparseFfn<T, Act, ProxyFmt>::run_proxy_values(const T* x, float* s_proxy, void* workspace,
+                                                     std::size_t workspace_size,
+                                                     cudaStream_t stream) const noexcept {
+  if (!planned_) return Status::kErrorNotPlanned;
+  if (x == nullptr || s_proxy == nullptr || workspace == nullptr) return Status::kErrorNullPointer;
+  if (workspace_size < ws_total_) return Status::kErrorWorkspaceTooSmall;
+  char* ws = static_cast<char*>(workspace);
+  return launch_stage1(x, reinterpret_cast<std::uint32_t*>(ws + off_mask_), s_proxy, cfg_.tau_s, ws + off_proxy_,
+                       nullptr, stream);
+}
+
+template <class T, class Act, class ProxyFmt>
+Status SparseFfn<T, Act, ProxyFmt>::launch_stage1(const T* x, std::uint32_t* mask, float* s_proxy, float tau_s,
+                                                  char* ws, SparsityCounters* counters,
+                                                  cudaStream_t stream) const noexcept {
+  const ProxyGemvArgs<T> a1 = stage1_args(x, mask, s_proxy, tau_s, counters);
+  return dispatch_policy<ProxyPolicies>(choice_.proxy, [&](auto p) {
+    LaunchOptions o;
+    o.pdl = pdl_;  // waits (griddepcontrol.wait) before reading x or writing anything
+    o.cluster = cluster_;
+    o.spread = spread_;
+    return proxy_gemv::launch<decltype(p), ProxyFmt, Act>(a1, ws, ws_proxy_, stream, o);
+  });
+}
+
+template <class T, class Act, class ProxyFmt>
+void SparseFfn<T, Act, ProxyFmt>::layout_workspace() noexcept {
+  const ProxyGemvArgs<T> a1 = stage1_args(nullptr, nullptr, nullptr, 0.0f, nullptr);
+  ws_proxy_ = 0;
+  for_each_policy<ProxyPolicies>([&](auto p, int) {
+    const std::size_t b = proxy_gemv::workspace_bytes<decltype(p)>(a1);
+    ws_proxy_ = b > ws_proxy_ ? b : ws_proxy_;
+  });
+  DownGemvArgs<T> a3;
+  a3.d_model = cfg_.d_model;
+  a3.d_ff = cfg_.d_ff;
+  ws_down_ = 0;
+  for_each_policy<DownPolicies>([&](auto p, int) {
+    const std::size_t b = down_gemv::workspace_bytes<decltype(p)>(a3);
+    ws_down_ = b > ws_down_ ? b : ws_down_;
+  });
+  for_each_policy<GluDownPolicies>([&](auto p, int) {  // the fused kernel uses the same region
+    const std::size_t b = glu_down_gemv::workspace_bytes<decltype(p)>(cfg_.d_model, glu_down_max_blocks_);
+    ws_down_ = b > ws_down_ ? b : ws_down_;
+  });
+  constexpr std::size_t kAlign = 256;
+  off_proxy_ = 0;
+  off_mask_ = round_up(off_proxy_ + ws_proxy_, kAlign);
+  off_s_ = round_up(off_mask_ + sizeof(std::uint32_t) * static_cast<std::size_t>(cfg_.d_ff / 32), kAlign);
+  off_down_ = round_up(off_s_ + sizeof(float) * static_cast<std::size_t>(cfg_.d_ff), kAlign);
+  ws_total_ = round_up(off_down_ + ws_down_, kAlign);
+}
 /**
  * @brief Zero a workspace on `stream` before its first use (split-K tile counters must start at
  * zero; prox kernels leave them zero after every launch). Asynchronous and capturable.

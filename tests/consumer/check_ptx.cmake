@@ -1,0 +1,23 @@
+# SPDX-License-Identifier: Apache-2.0
+# Build-time check of the explicit-instantiation escape hatch (prox/instantiate.cuh): the PTX of a
+# file that declares SparseFfn extern holds no kernel, the instantiating file's holds them all.
+string(REPLACE "|" ";" PTX_FILES "${PTX_FILES}")
+foreach(f IN LISTS PTX_FILES)
+  file(STRINGS ${f} entries REGEX "\\.entry")
+  list(LENGTH entries n)
+  if(f MATCHES "instances")
+    set(n_instances ${n})
+  elseif(f MATCHES "main")
+    set(n_main ${n})
+  endif()
+endforeach()
+if(NOT DEFINED n_main OR NOT DEFINED n_instances)
+  message(FATAL_ERROR "check_ptx: expected the PTX of main.cu and instances.cu, got: ${PTX_FILES}")
+endif()
+if(NOT n_main EQUAL 0)
+  message(FATAL_ERROR "main.cu declares SparseFfn extern but its PTX holds ${n_main} kernels")
+endif()
+if(n_instances LESS 2)
+  message(FATAL_ERROR "instances.cu's PTX holds ${n_instances} kernels; it should hold every kernel of the layer")
+endif()
+message(STATUS "explicit instantiation: main.cu 0 kernels, instances.cu ${n_instances}")
