@@ -1,9 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
 //! @file main.cu  A minimal consumer: compiles the whole library, plans against a missing device
-//! gracefully, and checks a few host-only results.
+//! gracefully, and checks a few host-only results. Its SparseFfn<__half> is compiled once, in
+//! instances.cu: this file declares it extern and so compiles no kernel (CMakeLists.txt checks).
 #include <prox/prox.cuh>
 
 #include <cstdio>
+
+PROX_SPARSE_FFN_EXTERN(__half, prox::SiLU, prox::Int4Weights)
 
 int main() {
   prox::StageSparsity s;
@@ -11,6 +14,8 @@ int main() {
   prox::SparseFfn<__half> ffn;
   prox::SparseFfn<__half>::Weights w;  // all null: plan must refuse before touching the device
   if (ffn.plan({4096, 12288, 0.1f, 0.1f}, w) != prox::Status::kErrorNullPointer) return 2;
+  // run() before a successful plan() refuses too (and links against instances.cu's definition).
+  if (ffn.run(nullptr, nullptr, nullptr, 0, nullptr) != prox::Status::kErrorNotPlanned) return 3;
   std::printf("prox %s consumer ok: e=50%% -> s1=%.2f s2=%.2f\n", PROX_VERSION_STRING, s.s1, s.s2);
   return 0;
 }
