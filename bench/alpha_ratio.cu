@@ -11,6 +11,12 @@
 //! what each format can do), and the table of alpha with the plan-time default policies is printed
 //! too. Stage 1's mask mode is used (channel bitmask out, tau_s = 0): the epilogue costs the same
 //! for any tau_s.
+//!
+//! Each kernel also has a fixed cost that does not depend on the kept rows (read x, threshold,
+//! combine the split-K partials, write the mask). The tool times the two best policies again with
+//! tau_x = +inf (nothing kept, no weight byte read) and reports the marginal alpha, the ratio of
+//! what is left: how far the INT4 kernel's streaming is from the byte ratio, apart from the fixed
+//! cost both pay. --pdl=1 launches as SparseFfn launches Stage 1 (programmatic dependent launch).
 
 #include <fmt/core.h>
 #include <fmt/format.h>
@@ -48,6 +54,9 @@ struct Options {
   double rotate_gb = 2.0;
   double max_device_gb = 40.0;
   bool quick = false;
+  //! Launch with programmatic dependent launch (sm_90+), as SparseFfn launches Stage 1: each launch's
+  //! start overlaps the previous one's tail. Off by default (each launch waits for the previous).
+  bool pdl = false;
   std::string commit;
 };
 
@@ -75,9 +84,16 @@ struct Row {
   double kept_rows = 0.0;  // mean per token
   Timing int4_best, fp16_best, int4_default, fp16_default;
   std::string int4_best_name, fp16_best_name, int4_default_name, fp16_default_name;
+  int int4_best_index = 0, fp16_best_index = 0;
+  //! The best policies again with tau_x = +inf: nothing kept, no weight byte read (fixed costs).
+  Timing int4_empty, fp16_empty;
   double int4_bytes = 0.0, fp16_bytes = 0.0;
   double alpha() const { return int4_best.median_s / fp16_best.median_s; }
   double alpha_default() const { return int4_default.median_s / fp16_default.median_s; }
+  //! alpha of the parts that depend on the kept rows: each time minus its kernel's fixed cost.
+  double alpha_marginal() const {
+    return (int4_best.median_s - int4_empty.median_s) / (fp16_best.median_s - fp16_empty.median_s);
+  }
 };
 
 struct PolicyTime {
@@ -179,15 +195,22 @@ class AlphaTool {
       row.fp16_bytes = prox_bench::stage1_dense_bytes(row.kept_rows, K, N, sizeof(Half), sizeof(Half));
 
       time_all<Int4Fmt, prox::ProxyGemvPolicies>("int4", q4, shape, s1_pct, tau_x, token, mask, l4, &row.int4_best,
-                                                 &row.int4_best_name, &row.int4_default, &row.int4_default_name);
+                                                 &row.int4_best_name, &row.int4_best_index, &row.int4_default,
+                                                 &row.int4_default_name);
       time_all<Fp16Fmt, prox::DenseProxyGemvPolicies>("fp16", q16, shape, s1_pct, tau_x, token, mask, l16,
-                                                       &row.fp16_best, &row.fp16_best_name, &row.fp16_default,
-                                                       &row.fp16_default_name);
+                                                       &row.fp16_best, &row.fp16_best_name, &row.fp16_best_index,
+                                                       &row.fp16_default, &row.fp16_default_name);
+      constexpr float kNothingKept = std::numeric_limits<float>::infinity();
+      row.int4_empty = time_index<Int4Fmt, prox::ProxyGemvPolicies>(row.int4_best_index, q4, shape, kNothingKept,
+                                                                    token, mask, l4);
+      row.fp16_empty = time_index<Fp16Fmt, prox::DenseProxyGemvPolicies>(row.fp16_best_index, q16, shape,
+                                                                         kNothingKept, token, mask, l16);
       fmt::print(stderr,
                  "[prox_alpha] {} s1={:>2}% (measured {:.4f}): INT4 {:.2f} us ({}), fp16 {:.2f} us ({}), alpha {:.3f} "
-                 "(default policies {:.3f})\n",
+                 "(default policies {:.3f}); nothing kept: INT4 {:.2f} us, fp16 {:.2f} us, marginal alpha {:.3f}\n",
                  shape.name, s1_pct, row.s1_measured, row.int4_best.median_s * 1e6, row.int4_best_name,
-                 row.fp16_best.median_s * 1e6, row.fp16_best_name, row.alpha(), row.alpha_default());
+                 row.fp16_best.median_s * 1e6, row.fp16_best_name, row.alpha(), row.alpha_default(),
+                 row.int4_empty.median_s * 1e6, row.fp16_empty.median_s * 1e6, row.alpha_marginal());
       rows_.push_back(row);
     }
   }
@@ -236,30 +259,58 @@ class AlphaTool {
     return h.kept_inputs;
   }
 
+  //! One policy's median per-launch time over graph replays (launch i: weight copy i mod copies,
+  //! token i mod tokens).
+  template <class Fmt, class P, class TokenFn>
+  Timing time_policy(const ProxySet& set, const FfnShape& shape, float tau_x, const TokenFn& token,
+                     const DeviceBuffer& mask, int launches) {
+    const int K = shape.d_model;
+    const int N = shape.d_ff;
+    prox::ProxyGemvArgs<Half> probe = args<Fmt>(set, 0, K, N, tau_x, token(0), mask.as<std::uint32_t>());
+    DeviceBuffer ws(prox::proxy_gemv::workspace_bytes<P>(probe), "proxy workspace");
+    PROX_BENCH_PROX(prox::initialize_workspace(ws.get(), ws.bytes(), stream_));
+    prox::LaunchOptions o;
+    o.pdl = opt_.pdl && dev_.cc_major >= 9;
+    GraphReplay graph(stream_, launches, [&](int i, cudaStream_t s) {
+      const prox::ProxyGemvArgs<Half> a =
+          args<Fmt>(set, i % set.copies, K, N, tau_x, token(i % opt_.tokens), mask.as<std::uint32_t>());
+      PROX_BENCH_PROX((prox::proxy_gemv::launch<P, Fmt, prox::SiLU>(a, ws.get(), ws.bytes(), s, o)));
+    });
+    return graph.measure(opt_.warmup, opt_.iterations);
+  }
+
+  //! time_policy for the policy at `index` of List.
+  template <class Fmt, class List, class TokenFn>
+  Timing time_index(int index, const ProxySet& set, const FfnShape& shape, float tau_x, const TokenFn& token,
+                    const DeviceBuffer& mask, int launches) {
+    Timing t;
+    bool found = false;
+    prox::for_each_policy<List>([&](auto p, int i) {
+      if (i != index) return;
+      t = time_policy<Fmt, decltype(p)>(set, shape, tau_x, token, mask, launches);
+      found = true;
+    });
+    if (!found) throw std::logic_error(fmt::format("no policy {} in the candidate list", index));
+    return t;
+  }
+
   //! Time every policy of List; report the best and the plan-time default (dispatch.hpp's rule).
   template <class Fmt, class List, class TokenFn>
   void time_all(const char* fmt_name, const ProxySet& set, const FfnShape& shape, int s1_pct, float tau_x,
                 const TokenFn& token, const DeviceBuffer& mask, int launches, Timing* best, std::string* best_name,
-                Timing* dflt, std::string* dflt_name) {
+                int* best_index, Timing* dflt, std::string* dflt_name) {
     const int K = shape.d_model;
     const int N = shape.d_ff;
     const int default_index = prox::proxy_gemv_default_policy<List>(dev_.sm_count, K, N);
     best->median_s = std::numeric_limits<double>::infinity();
     prox::for_each_policy<List>([&](auto p, int index) {
       using P = decltype(p);
-      prox::ProxyGemvArgs<Half> probe = args<Fmt>(set, 0, K, N, tau_x, token(0), mask.as<std::uint32_t>());
-      DeviceBuffer ws(prox::proxy_gemv::workspace_bytes<P>(probe), "proxy workspace");
-      PROX_BENCH_PROX(prox::initialize_workspace(ws.get(), ws.bytes(), stream_));
-      GraphReplay graph(stream_, launches, [&](int i, cudaStream_t s) {
-        const prox::ProxyGemvArgs<Half> a =
-            args<Fmt>(set, i % set.copies, K, N, tau_x, token(i % opt_.tokens), mask.as<std::uint32_t>());
-        PROX_BENCH_PROX((prox::proxy_gemv::launch<P, Fmt, prox::SiLU>(a, ws.get(), ws.bytes(), s)));
-      });
-      const Timing t = graph.measure(opt_.warmup, opt_.iterations);
+      const Timing t = time_policy<Fmt, P>(set, shape, tau_x, token, mask, launches);
       per_policy_.push_back({shape.name, s1_pct, fmt_name, index, P::name(), t});
       if (t.median_s < best->median_s) {
         *best = t;
         *best_name = P::name();
+        *best_index = index;
       }
       if (index == default_index) {
         *dflt = t;
@@ -276,7 +327,20 @@ class AlphaTool {
 };
 
 // ---------------------------------------------------------------- output
-void print_table(const std::vector<Row>& rows, const std::vector<int>& s1_list, bool use_default, const std::string& title) {
+enum class Alpha { kBest, kDefault, kMarginal };
+
+double alpha_of(const Row& r, Alpha which) {
+  switch (which) {
+    case Alpha::kDefault:
+      return r.alpha_default();
+    case Alpha::kMarginal:
+      return r.alpha_marginal();
+    default:
+      return r.alpha();
+  }
+}
+
+void print_table(const std::vector<Row>& rows, const std::vector<int>& s1_list, Alpha which, const std::string& title) {
   fmt::print("\n{}\n", title);
   fmt::print("{:<12}", "Model");
   for (int s : s1_list) fmt::print(" {:>7}", fmt::format("{}%", s));
@@ -290,7 +354,7 @@ void print_table(const std::vector<Row>& rows, const std::vector<int>& s1_list, 
       const Row* hit = nullptr;
       for (const Row& r : rows)
         if (r.model == m && r.s1_pct == s) hit = &r;
-      fmt::print(" {:>7}", hit ? fmt::format("{:.3f}", use_default ? hit->alpha_default() : hit->alpha()) : "-");
+      fmt::print(" {:>7}", hit ? fmt::format("{:.3f}", alpha_of(*hit, which)) : "-");
     }
     fmt::print("\n");
   }
@@ -308,17 +372,19 @@ void write_csv(const std::string& path, const std::vector<Row>& rows, double cop
   if (!f) throw std::runtime_error("cannot write " + path);
   f << "model,d_model,d_ff,s1_target,s1_measured,kept_rows,t_int4_us,policy_int4,t_fp16_us,policy_fp16,alpha,"
        "t_int4_default_us,policy_int4_default,t_fp16_default_us,policy_fp16_default,alpha_default,"
-       "bytes_int4,bytes_fp16,byte_ratio,int4_GBps,fp16_GBps,int4_frac_copy,fp16_frac_copy\n";
+       "bytes_int4,bytes_fp16,byte_ratio,int4_GBps,fp16_GBps,int4_frac_copy,fp16_frac_copy,t_int4_empty_us,"
+       "t_fp16_empty_us,alpha_marginal\n";
   for (const Row& r : rows) {
     const double g4 = r.int4_bytes / r.int4_best.median_s / 1e9;
     const double g16 = r.fp16_bytes / r.fp16_best.median_s / 1e9;
     f << fmt::format("{},{},{},{:.2f},{:.5f},{:.1f},{:.3f},{},{:.3f},{},{:.4f},{:.3f},{},{:.3f},{},{:.4f},{:.0f},{:.0f},{:.4f},"
-                     "{:.1f},{:.1f},{:.4f},{:.4f}\n",
+                     "{:.1f},{:.1f},{:.4f},{:.4f},{:.3f},{:.3f},{:.4f}\n",
                      r.model, r.d_model, r.d_ff, r.s1_pct / 100.0, r.s1_measured, r.kept_rows, r.int4_best.median_s * 1e6,
                      r.int4_best_name, r.fp16_best.median_s * 1e6, r.fp16_best_name, r.alpha(),
                      r.int4_default.median_s * 1e6, r.int4_default_name, r.fp16_default.median_s * 1e6,
                      r.fp16_default_name, r.alpha_default(), r.int4_bytes, r.fp16_bytes, r.int4_bytes / r.fp16_bytes, g4,
-                     g16, g4 / copy_gbps, g16 / copy_gbps);
+                     g16, g4 / copy_gbps, g16 / copy_gbps, r.int4_empty.median_s * 1e6, r.fp16_empty.median_s * 1e6,
+                     r.alpha_marginal());
   }
   if (!f) throw std::runtime_error("error writing " + path);
 }
@@ -341,12 +407,15 @@ void write_json(const std::string& path, const AlphaTool& tool, const prox_bench
   f << fmt::format("    \"prox_commit\": \"{}\",\n", json_escape(commit));
   f << fmt::format("    \"prox_command\": \"{}\",\n", json_escape(command));
   f << fmt::format("    \"prox_cuda_archs\": \"{}\",\n", json_escape(PROX_BENCH_CUDA_ARCHS));
-  f << fmt::format("    \"options\": \"iterations={} warmup={} tokens={} min_launches={} rotate_gb={:.2f}{}\"\n",
-                   o.iterations, o.warmup, o.tokens, o.min_launches, o.rotate_gb, o.quick ? " quick" : "");
+  f << fmt::format("    \"options\": \"iterations={} warmup={} tokens={} min_launches={} rotate_gb={:.2f} pdl={}{}\"\n",
+                   o.iterations, o.warmup, o.tokens, o.min_launches, o.rotate_gb, o.pdl ? 1 : 0,
+                   o.quick ? " quick" : "");
   f << "  },\n";
   f << fmt::format("  \"target_alpha_max\": {},\n", kTargetAlpha);
   f << "  \"alpha_definition\": \"median per-launch time of proxy_gemv<Int4Weights> / proxy_gemv<DenseWeights<half>>, "
-       "best policy of each candidate list; alpha_default uses the plan-time default policies\",\n";
+       "best policy of each candidate list; alpha_default uses the plan-time default policies; alpha_marginal = "
+       "(t_int4 - t_int4_empty) / (t_fp16 - t_fp16_empty), the empty times being the same policies with tau_x = "
+       "+inf (nothing kept: each kernel's fixed cost)\",\n";
   f << "  \"rows\": [\n";
   const auto& rows = tool.rows();
   for (std::size_t i = 0; i < rows.size(); ++i) {
@@ -357,12 +426,13 @@ void write_json(const std::string& path, const AlphaTool& tool, const prox_bench
         "\"policy_fp16\": \"{}\", \"alpha\": {:.5f}, \"t_int4_default_us\": {:.4f}, \"policy_int4_default\": \"{}\", "
         "\"t_fp16_default_us\": {:.4f}, \"policy_fp16_default\": \"{}\", \"alpha_default\": {:.5f}, "
         "\"bytes_int4\": {:.0f}, \"bytes_fp16\": {:.0f}, \"byte_ratio\": {:.5f}, \"int4_GBps\": {:.2f}, "
-        "\"fp16_GBps\": {:.2f}}}{}\n",
+        "\"fp16_GBps\": {:.2f}, \"t_int4_empty_us\": {:.4f}, \"t_fp16_empty_us\": {:.4f}, \"alpha_marginal\": {:.5f}}}{}\n",
         r.model, r.d_model, r.d_ff, r.s1_pct / 100.0, r.s1_measured, r.kept_rows, r.int4_best.median_s * 1e6,
         r.int4_best_name, r.fp16_best.median_s * 1e6, r.fp16_best_name, r.alpha(), r.int4_default.median_s * 1e6,
         r.int4_default_name, r.fp16_default.median_s * 1e6, r.fp16_default_name, r.alpha_default(), r.int4_bytes,
         r.fp16_bytes, r.int4_bytes / r.fp16_bytes, r.int4_bytes / r.int4_best.median_s / 1e9,
-        r.fp16_bytes / r.fp16_best.median_s / 1e9, i + 1 < rows.size() ? "," : "");
+        r.fp16_bytes / r.fp16_best.median_s / 1e9, r.int4_empty.median_s * 1e6, r.fp16_empty.median_s * 1e6,
+        r.alpha_marginal(), i + 1 < rows.size() ? "," : "");
   }
   f << "  ],\n  \"per_policy\": [\n";
   const auto& pp = tool.per_policy();
@@ -393,9 +463,10 @@ void usage(const Options& o) {
       "  --min-launches=N     launches per graph, at least           [{}]\n"
       "  --rotate-gb=G        bytes rotated per format, at least     [{:.1f}]\n"
       "  --max-device-gb=G    device memory cap                      [{:.1f}]\n"
+      "  --pdl=0|1            launch with PDL (sm_90+), as SparseFfn launches Stage 1 [{}]\n"
       "  --commit=SHA         commit to record (else $PROX_COMMIT, else configure-time)\n",
       o.shapes, o.sparsities, o.csv, o.json, o.iterations, o.warmup, o.tokens, o.min_launches, o.rotate_gb,
-      o.max_device_gb);
+      o.max_device_gb, o.pdl ? 1 : 0);
 }
 
 Options parse_flags(int argc, char** argv, bool* help) {
@@ -436,6 +507,9 @@ Options parse_flags(int argc, char** argv, bool* help) {
       o.max_device_gb = std::stod(v);
     } else if (val("commit", &v)) {
       o.commit = v;
+    } else if (val("pdl", &v)) {
+      if (v != "0" && v != "1") throw std::invalid_argument("--pdl takes 0 or 1");
+      o.pdl = v == "1";
     } else {
       throw std::invalid_argument("unknown argument " + a + " (--help lists the flags)");
     }
@@ -487,10 +561,13 @@ int main(int argc, char** argv) {
     fmt::print("\nGPU: {} ({}, {} SMs), copy bandwidth {:.0f} GB/s, CUDA runtime {}, commit {}\n", dev.name, dev.sm(),
                dev.sm_count, copy.GBps, dev.runtime_version, commit);
     fmt::print("command: {}\n", command);
-    print_table(tool.rows(), s1_list, false,
+    print_table(tool.rows(), s1_list, Alpha::kBest,
                 "Measured proxy-cost ratio alpha = t(INT4 proxy GEMV) / t(FP16 input-sparse GEMV), same kernel "
                 "family, same kept inputs (best policy of each list)");
-    print_table(tool.rows(), s1_list, true, "Same, with the plan-time default policy of each list");
+    print_table(tool.rows(), s1_list, Alpha::kDefault, "Same, with the plan-time default policy of each list");
+    print_table(tool.rows(), s1_list, Alpha::kMarginal,
+                "Marginal alpha: each time minus its kernel's fixed cost (the same policy with nothing kept, "
+                "tau_x = +inf)");
     double lo = 1e9, hi = 0.0;
     int pass = 0;
     for (const Row& r : tool.rows()) {

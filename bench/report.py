@@ -385,6 +385,16 @@ def section_alpha(alpha):
     out.append(table(hdr, [[m] + [f"{by[(m, s)]['alpha_default']:.3f}" if (m, s) in by else "-" for s in s1s]
                            for m in models]))
     out.append("")
+    marginal = all("alpha_marginal" in r for r in rows)  # prox_alpha since the fixed-cost runs
+    if marginal:
+        out.append("Marginal α: each time minus its kernel's fixed cost, (t_INT4 − t_INT4,empty) / "
+                   "(t_FP16 − t_FP16,empty), where the empty times are the same two policies with τ_x = +inf "
+                   "(nothing kept, no weight byte read). It is how far the INT4 streaming itself is from the "
+                   "byte ratio, apart from the fixed cost both kernels pay:")
+        out.append("")
+        out.append(table(hdr, [[m] + [f"{by[(m, s)]['alpha_marginal']:.3f}" if (m, s) in by else "-" for s in s1s]
+                               for m in models]))
+        out.append("")
     det = []
     copy = float(alpha["context"].get("copy_GBps", "nan"))
     for m in models:
@@ -395,12 +405,14 @@ def section_alpha(alpha):
             det.append([m, f"{s * 100:.0f} %", f"{r['s1_measured'] * 100:.2f} %", f"{r['t_int4_us']:.2f}",
                         f"`{r['policy_int4']}`", f"{r['int4_GBps'] / copy * 100:.0f} %", f"{r['t_fp16_us']:.2f}",
                         f"`{r['policy_fp16']}`", f"{r['fp16_GBps'] / copy * 100:.0f} %", f"{r['byte_ratio']:.3f}",
-                        f"{r['alpha']:.3f}"])
+                        f"{r['alpha']:.3f}"]
+                       + ([f"{r['t_int4_empty_us']:.2f}", f"{r['t_fp16_empty_us']:.2f}"] if marginal else []))
     out.append("Details (time per launch; bandwidth as a fraction of the copy bandwidth; the byte ratio is the α a "
                "purely bandwidth-bound pair would give):")
     out.append("")
     out.append(table(["model", "s1", "s1 measured", "INT4 µs", "INT4 policy", "of copy", "fp16 µs", "fp16 policy",
-                      "of copy", "byte ratio", "α"], det))
+                      "of copy", "byte ratio", "α"]
+                     + (["INT4 µs, nothing kept", "fp16 µs, nothing kept"] if marginal else []), det))
     return "\n".join(out)
 
 
