@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "config.hpp"
 #include "types.cuh"
@@ -47,10 +48,18 @@ PROX_DEVICE PROX_FORCEINLINE uint4 ld_cached_16(const void* p, bool pred = true,
  * @brief Asynchronous copy of kBytes (8 or 16) from global to shared memory (cp.async, sm_80+).
  * When `pred` is false no byte is read (src-size 0) and the destination is zero-filled. 16-byte
  * copies bypass L1 (.cg); 8-byte ones must go through it (.ca).
+ *
+ * prox runs on sm_80 and newer (SparseFfn::plan refuses older devices). So that a fat binary that
+ * also targets an older architecture still builds, device code compiled for one (__CUDA_ARCH__ <
+ * 800) copies synchronously instead (same bytes, same zero fill); commit and wait do nothing there.
  */
 template <int kBytes>
 PROX_DEVICE PROX_FORCEINLINE void cp_async(void* smem, const void* gmem, bool pred) {
   static_assert(kBytes == 8 || kBytes == 16, "cp.async copies 8 or 16 bytes here");
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ < 800)
+  using Word = std::conditional_t<kBytes == 16, uint4, uint2>;
+  *static_cast<Word*>(smem) = pred ? *static_cast<const Word*>(gmem) : Word{};
+#else
   const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
   const int src_size = pred ? kBytes : 0;
   if constexpr (kBytes == 16) {
@@ -58,13 +67,20 @@ PROX_DEVICE PROX_FORCEINLINE void cp_async(void* smem, const void* gmem, bool pr
   } else {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" ::"r"(dst), "l"(gmem), "r"(src_size) : "memory");
   }
+#endif
 }
 //! Close the current group of cp.async copies.
-PROX_DEVICE PROX_FORCEINLINE void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+PROX_DEVICE PROX_FORCEINLINE void cp_async_commit() {
+#if !defined(__CUDA_ARCH__) || (__CUDA_ARCH__ >= 800)
+  asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
 //! Wait until at most kPending of this thread's cp.async groups are still in flight.
 template <int kPending>
 PROX_DEVICE PROX_FORCEINLINE void cp_async_wait() {
+#if !defined(__CUDA_ARCH__) || (__CUDA_ARCH__ >= 800)
   asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
+#endif
 }
 
 /**
