@@ -2,6 +2,8 @@
 //! @file test_status.cpp  Status names, the versioned namespace, the policy-list machinery.
 #include <catch2/catch.hpp>
 
+#include <csignal>
+#include <cstdio>
 #include <cstring>
 #include <set>
 #include <string>
@@ -11,6 +13,9 @@
 #include <prox/core/status.hpp>
 #include <prox/dispatch.hpp>
 #include <prox/version.hpp>
+
+#include <sys/wait.h>
+#include <unistd.h>
 
 TEST_CASE("every Status has a distinct, non-empty name", "[status]") {
   std::set<std::string> names;
@@ -25,6 +30,37 @@ TEST_CASE("every Status has a distinct, non-empty name", "[status]") {
   CHECK(std::string(prox::to_string(static_cast<prox::Status>(999))) == "unknown status");
   CHECK(prox::ok(prox::Status::kSuccess));
   CHECK_FALSE(prox::ok(prox::Status::kErrorNullPointer));
+}
+
+TEST_CASE("PROX_CHECK passes kSuccess through and aborts with one line on any other Status", "[status]") {
+  int evaluated = 0;
+  PROX_CHECK((++evaluated, prox::Status::kSuccess));
+  CHECK(evaluated == 1);  // the expression is evaluated exactly once
+
+  // The failure path in a child process: it must die of SIGABRT and say what failed.
+  int pipe_fd[2];
+  REQUIRE(pipe(pipe_fd) == 0);
+  std::fflush(nullptr);
+  const pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    dup2(pipe_fd[1], 2);  // stderr into the pipe
+    close(pipe_fd[0]);
+    PROX_CHECK(prox::Status::kErrorWorkspaceTooSmall);
+    _exit(0);  // not reached when PROX_CHECK works
+  }
+  close(pipe_fd[1]);
+  std::string err;
+  char buf[256];
+  for (ssize_t n; (n = read(pipe_fd[0], buf, sizeof(buf))) > 0;) err.append(buf, static_cast<std::size_t>(n));
+  close(pipe_fd[0]);
+  int wstatus = 0;
+  REQUIRE(waitpid(pid, &wstatus, 0) == pid);
+  CHECK(WIFSIGNALED(wstatus));
+  CHECK((WIFSIGNALED(wstatus) && WTERMSIG(wstatus) == SIGABRT));
+  CHECK(err.find("test_status.cpp:") != std::string::npos);
+  CHECK(err.find("PROX_CHECK(prox::Status::kErrorWorkspaceTooSmall) failed: workspace too small") !=
+        std::string::npos);
 }
 
 TEST_CASE("public symbols live in the versioned inline namespace prox::v0", "[status]") {

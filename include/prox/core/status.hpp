@@ -2,6 +2,9 @@
 //! @file status.hpp  prox::Status, the error type every launcher and planner returns.
 #pragma once
 
+#include <cstdio>
+#include <cstdlib>
+
 #include "config.hpp"
 
 PROX_NAMESPACE_BEGIN
@@ -56,7 +59,30 @@ constexpr const char* to_string(Status s) noexcept {
 
 constexpr bool ok(Status s) noexcept { return s == Status::kSuccess; }
 
+namespace detail {
+//! PROX_CHECK's failure path: one line on stderr, then std::abort().
+[[noreturn]] inline void check_failed(Status s, const char* expr, const char* file, int line) noexcept {
+  std::fprintf(stderr, "%s:%d: PROX_CHECK(%s) failed: %s\n", file, line, expr, to_string(s));
+  std::fflush(stderr);
+  std::abort();
+}
+}  // namespace detail
+
 PROX_NAMESPACE_END
+
+/**
+ * @brief For user code (examples, tools, an engine's start-up): evaluate an expression that yields a
+ * prox::Status and, unless it is kSuccess, print `file:line: PROX_CHECK(expr) failed: <status>` to
+ * stderr and abort. prox itself never aborts: its calls return the Status, and an engine that
+ * handles errors its own way tests that value instead.
+ */
+#define PROX_CHECK(expr)                                                        \
+  do {                                                                          \
+    const ::prox::Status prox_check_status_ = (expr);                           \
+    if (prox_check_status_ != ::prox::Status::kSuccess) {                       \
+      ::prox::detail::check_failed(prox_check_status_, #expr, __FILE__, __LINE__); \
+    }                                                                           \
+  } while (0)
 
 //! Propagate a non-success Status from the enclosing function.
 #define PROX_RETURN_IF_ERROR(expr)                  \
