@@ -284,13 +284,10 @@ class AlphaTool {
   Timing time_index(int index, const ProxySet& set, const FfnShape& shape, float tau_x, const TokenFn& token,
                     const DeviceBuffer& mask, int launches) {
     Timing t;
-    bool found = false;
-    prox::for_each_policy<List>([&](auto p, int i) {
-      if (i != index) return;
+    PROX_BENCH_PROX(prox::dispatch_policy<List>(index, [&](auto p) {
       t = time_policy<Fmt, decltype(p)>(set, shape, tau_x, token, mask, launches);
-      found = true;
-    });
-    if (!found) throw std::logic_error(fmt::format("no policy {} in the candidate list", index));
+      return prox::Status::kSuccess;
+    }));
     return t;
   }
 

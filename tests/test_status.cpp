@@ -2,6 +2,7 @@
 //! @file test_status.cpp  Status names, the versioned namespace, the policy-list machinery.
 #include <catch2/catch.hpp>
 
+#include <atomic>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
@@ -172,4 +173,42 @@ TEST_CASE("spread_smem_bytes: a small grid gets shared memory for at most ceil(b
       }
     }
   }
+}
+
+TEST_CASE("cached_for_device: one driver query per device, failures not cached", "[policy]") {
+  using prox::Status;
+  static std::atomic<int> cache[prox::detail::kMaxCachedDevices];
+  int calls = 0;
+  bool fail = false;
+  const auto compute = [&](int dev, int* v) {
+    ++calls;
+    if (fail) return Status::kErrorCudaRuntime;
+    *v = 100 + dev;  // any value, 0 included, must come back as computed
+    return Status::kSuccess;
+  };
+  int out = -1;
+  fail = true;
+  CHECK(prox::detail::cached_for_device(cache, 3, compute, &out) == Status::kErrorCudaRuntime);
+  CHECK(out == -1);
+  fail = false;
+  REQUIRE(prox::detail::cached_for_device(cache, 3, compute, &out) == Status::kSuccess);  // retried
+  CHECK(out == 103);
+  CHECK(calls == 2);
+  fail = true;  // a cached value is read without calling compute again
+  REQUIRE(prox::detail::cached_for_device(cache, 3, compute, &out) == Status::kSuccess);
+  CHECK(out == 103);
+  CHECK(calls == 2);
+  fail = false;  // each device has its own entry
+  REQUIRE(prox::detail::cached_for_device(cache, 0, [](int, int* v) { *v = 0; return Status::kSuccess; }, &out) ==
+          Status::kSuccess);
+  CHECK(out == 0);
+  REQUIRE(prox::detail::cached_for_device(cache, 0, compute, &out) == Status::kSuccess);
+  CHECK(out == 0);  // the cached 0, not 100
+  CHECK(calls == 2);
+  // A device beyond the cache is computed every time.
+  const int beyond = prox::detail::kMaxCachedDevices;
+  REQUIRE(prox::detail::cached_for_device(cache, beyond, compute, &out) == Status::kSuccess);
+  REQUIRE(prox::detail::cached_for_device(cache, beyond, compute, &out) == Status::kSuccess);
+  CHECK(out == 100 + beyond);
+  CHECK(calls == 4);
 }

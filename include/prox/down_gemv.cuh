@@ -198,6 +198,11 @@ template <class Policy>
 constexpr int num_chunks(int d_ff) noexcept {
   return ceil_div(d_ff, Policy::kChunk);
 }
+//! Blocks of the launch grid: column tiles x split-K chunks.
+template <class Policy>
+constexpr long num_blocks(int d_model, int d_ff) noexcept {
+  return static_cast<long>(num_tiles<Policy>(d_model)) * num_chunks<Policy>(d_ff);
+}
 
 /**
  * @brief Validate without launching. Shape rule: d_model a multiple of 8 in [8, 2^20]; d_ff a

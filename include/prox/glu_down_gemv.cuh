@@ -229,14 +229,16 @@ namespace glu_down_gemv {
 template <class Policy, class Act, class T>
 Status max_grid_blocks(int* out) noexcept {
   if (out == nullptr) return Status::kErrorNullPointer;
-  // Both facts are read from the driver once per device (detail::cached_per_device): the launcher
+  // Both facts are read from the driver once per device (detail::cached_for_device): the launcher
   // checks every grid against them, and the hot path must not pay a driver query per call.
   static std::atomic<int> fit_cache[detail::kMaxCachedDevices];
+  int dev = 0;
   int sms = 0;
   int fit = 0;
-  PROX_RETURN_IF_ERROR(detail::current_device_attribute<cudaDevAttrMultiProcessorCount>(&sms));
-  PROX_RETURN_IF_ERROR(detail::cached_per_device(
-      fit_cache,
+  PROX_RETURN_IF_ERROR(detail::current_device(&dev));
+  PROX_RETURN_IF_ERROR(detail::device_attribute<cudaDevAttrMultiProcessorCount>(dev, &sms));
+  PROX_RETURN_IF_ERROR(detail::cached_for_device(
+      fit_cache, dev,
       [](int, int* v) {
         return cudaOccupancyMaxActiveBlocksPerMultiprocessor(v, glu_down_gemv_kernel<Policy, T, Act>, Policy::kThreads,
                                                              0) == cudaSuccess

@@ -15,13 +15,14 @@
 //! PROX_SPARSE_FFN_EXTERN(__half, prox::SiLU, prox::Int4Weights)
 //! @endcode
 //!
-//! Use both at global scope (<prox/prox.cuh> includes this header). One instantiating file per (T, Act, Fmt) keeps the builds parallel, as
-//! TensorRT-LLM's and vLLM's per-type kernel files do. The instantiating file must be compiled for
-//! every architecture the program runs on (it holds the device code); the declaring files need not be.
-//! An explicit instantiation also compiles the members a program does not call (run_proxy_values).
+//! Use both at global scope (<prox/prox.cuh> includes this header). One instantiating file per
+//! (T, Act, Fmt) keeps the builds parallel, as TensorRT-LLM's and vLLM's per-type kernel files do.
+//! The instantiating file must be compiled for every architecture the program runs on (it holds the
+//! device code); the declaring files need not be. An explicit instantiation also compiles the
+//! members a program does not call (run_proxy_values).
 //!
-//! Only SparseFfn is covered: the ops' launch<Policy> are function templates instantiated per policy,
-//! which a program that calls them directly names itself.
+//! Only SparseFfn is covered: the ops' launch<Policy> are function templates instantiated per
+//! policy, which a program that calls them directly declares extern itself (docs/api.md).
 #pragma once
 
 #include "sparse_ffn.cuh"

@@ -256,12 +256,8 @@ Status SparseFfn<T, Act, ProxyFmt>::plan(const Config& cfg, const Weights& w,
   // one wave (SMs x resident blocks) and its policy 0 is the default.
   PROX_RETURN_IF_ERROR(pick(opts.choice.glu, GluPolicies::kSize, 0, &choice_.glu));
   PROX_RETURN_IF_ERROR(pick(opts.choice.down, DownPolicies::kSize,
-                            default_policy<DownPolicies>(info.sm_count,
-                                                         [&](auto p) {
-                                                           using P = decltype(p);
-                                                           return long(down_gemv::num_tiles<P>(K)) *
-                                                                  down_gemv::num_chunks<P>(N);
-                                                         }),
+                            default_policy<DownPolicies>(
+                                info.sm_count, [&](auto p) { return down_gemv::num_blocks<decltype(p)>(K, N); }),
                             &choice_.down));
   dispatch_policy<GluPolicies>(choice_.glu, [&](auto p) {
     glu_blocks_ = glu_gemv::wave_blocks<decltype(p)>(info.sm_count);

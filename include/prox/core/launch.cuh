@@ -44,14 +44,13 @@ namespace detail {
 constexpr int kMaxCachedDevices = 64;
 
 /**
- * @brief One int per device for the current device, computed once per device and process by
- * `compute(device, &value) -> Status` (a driver query) and then read from `cache`: after the first
- * launch on a device, a launcher that needs a device fact pays a cudaGetDevice and an atomic load.
+ * @brief One int per device, computed once per device and process by `compute(device, &value) ->
+ * Status` (a driver query) and then read from `cache` with one atomic load. A failed compute is not
+ * cached. Devices at or above kMaxCachedDevices are computed every time.
  */
 template <class Compute>
-Status cached_per_device(std::atomic<int> (&cache)[kMaxCachedDevices], Compute&& compute, int* out) noexcept {
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return Status::kErrorCudaRuntime;
+Status cached_for_device(std::atomic<int> (&cache)[kMaxCachedDevices], int dev, Compute&& compute,
+                         int* out) noexcept {
   const bool slot = dev >= 0 && dev < kMaxCachedDevices;
   if (slot) {
     const int cached = cache[dev].load(std::memory_order_relaxed);  // value + 1; 0 = not read yet
@@ -67,16 +66,29 @@ Status cached_per_device(std::atomic<int> (&cache)[kMaxCachedDevices], Compute&&
   return Status::kSuccess;
 }
 
-//! An attribute of the current device, read from the driver once per device (see cached_per_device).
+//! The current device (cudaGetDevice), as a Status.
+inline Status current_device(int* dev) noexcept {
+  return cudaGetDevice(dev) == cudaSuccess ? Status::kSuccess : Status::kErrorCudaRuntime;
+}
+
+//! An attribute of device `dev`, read from the driver once per device (see cached_for_device).
 template <cudaDeviceAttr kAttr>
-Status current_device_attribute(int* out) noexcept {
+Status device_attribute(int dev, int* out) noexcept {
   static std::atomic<int> cache[kMaxCachedDevices];
-  return cached_per_device(
-      cache,
-      [](int dev, int* v) {
-        return cudaDeviceGetAttribute(v, kAttr, dev) == cudaSuccess ? Status::kSuccess : Status::kErrorCudaRuntime;
+  return cached_for_device(
+      cache, dev,
+      [](int d, int* v) {
+        return cudaDeviceGetAttribute(v, kAttr, d) == cudaSuccess ? Status::kSuccess : Status::kErrorCudaRuntime;
       },
       out);
+}
+
+//! An attribute of the current device, read from the driver once per device.
+template <cudaDeviceAttr kAttr>
+Status current_device_attribute(int* out) noexcept {
+  int dev = 0;
+  PROX_RETURN_IF_ERROR(current_device(&dev));
+  return device_attribute<kAttr>(dev, out);
 }
 
 /**
@@ -108,32 +120,35 @@ constexpr std::size_t spread_smem_bytes(long blocks, int sms, int fit, int smem_
 
 /**
  * @brief spread_smem_bytes() for `Kernel` (launched with kThreads threads and no dynamic shared
- * memory of its own) on the current device. The driver facts are read once per device; the first
- * call also raises the kernel's dynamic shared memory limit to the most this can ask for.
+ * memory of its own) on the current device. The driver facts are read once per device (after that a
+ * call costs one cudaGetDevice and five atomic loads); the first call also raises the kernel's
+ * dynamic shared memory limit to the most this can ask for.
  */
 template <auto Kernel, int kThreads>
 Status spread_smem_for(long blocks, std::size_t* out) noexcept {
   static std::atomic<int> fit_cache[kMaxCachedDevices];
   static std::atomic<int> static_cache[kMaxCachedDevices];
   *out = 0;
+  int dev = 0;
   int sms = 0;
   int smem_per_sm = 0;
   int reserved = 0;
   int fit = 0;
   int static_bytes = 0;
-  PROX_RETURN_IF_ERROR(current_device_attribute<cudaDevAttrMultiProcessorCount>(&sms));
-  PROX_RETURN_IF_ERROR(current_device_attribute<cudaDevAttrMaxSharedMemoryPerMultiprocessor>(&smem_per_sm));
-  PROX_RETURN_IF_ERROR(current_device_attribute<cudaDevAttrReservedSharedMemoryPerBlock>(&reserved));
-  PROX_RETURN_IF_ERROR(cached_per_device(
-      fit_cache,
+  PROX_RETURN_IF_ERROR(current_device(&dev));  // once: the five facts below are cached per device
+  PROX_RETURN_IF_ERROR(device_attribute<cudaDevAttrMultiProcessorCount>(dev, &sms));
+  PROX_RETURN_IF_ERROR(device_attribute<cudaDevAttrMaxSharedMemoryPerMultiprocessor>(dev, &smem_per_sm));
+  PROX_RETURN_IF_ERROR(device_attribute<cudaDevAttrReservedSharedMemoryPerBlock>(dev, &reserved));
+  PROX_RETURN_IF_ERROR(cached_for_device(
+      fit_cache, dev,
       [](int, int* v) {
         return cudaOccupancyMaxActiveBlocksPerMultiprocessor(v, Kernel, kThreads, 0) == cudaSuccess
                    ? Status::kSuccess
                    : Status::kErrorCudaRuntime;
       },
       &fit));
-  PROX_RETURN_IF_ERROR(cached_per_device(
-      static_cache,
+  PROX_RETURN_IF_ERROR(cached_for_device(
+      static_cache, dev,
       [](int dev, int* v) {
         cudaFuncAttributes fa{};
         int optin = 0;

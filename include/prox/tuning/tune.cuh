@@ -712,18 +712,31 @@ inline Status ffn_launch_options(LaunchOptions* out) {
   return Status::kSuccess;
 }
 
+//! What every bench keeps: the tuning options, the stream and the FFN's launch options.
+class BenchBase {
+ protected:
+  //! The options and stream, and the launch options of the FFN (ffn_launch_options()).
+  Status bind_common(const TuneOptions& o, cudaStream_t stream) noexcept {
+    o_ = o;
+    stream_ = stream;
+    return ffn_launch_options(&launch_opts_);
+  }
+
+  TuneOptions o_{};
+  cudaStream_t stream_ = nullptr;
+  LaunchOptions launch_opts_{};  //!< ffn_launch_options(), set by bind_common()
+};
+
 //! Threshold op: no weights (nothing to rotate); outputs mask + indices + count are compared exactly.
 template <class T>
-class ThresholdBench {
+class ThresholdBench : BenchBase {
  public:
   using List = ThresholdPolicies;
 
   Status init(int n, const TuneOptions& o, cudaStream_t stream) noexcept {
     if (n < 1 || n > (1 << 24)) return Status::kErrorInvalidShape;
     n_ = n;
-    o_ = o;
-    stream_ = stream;
-    PROX_RETURN_IF_ERROR(ffn_launch_options(&launch_opts_));
+    PROX_RETURN_IF_ERROR(bind_common(o, stream));
     PROX_RETURN_IF_ERROR(x_.alloc(sizeof(T) * static_cast<std::size_t>(n)));
     PROX_RETURN_IF_ERROR(mask_.alloc(sizeof(std::uint32_t) * static_cast<std::size_t>((n + 31) / 32)));
     PROX_RETURN_IF_ERROR(idx_.alloc(sizeof(int) * static_cast<std::size_t>(n)));
@@ -786,24 +799,19 @@ class ThresholdBench {
 
  private:
   int n_ = 0;
-  TuneOptions o_{};
-  cudaStream_t stream_ = nullptr;
-  LaunchOptions launch_opts_{};
   DeviceBuffer x_, mask_, idx_, count_;
 };
 
 //! What the benches that rotate weight sets share: the shape, the options, the stream, the bytes of
 //! one weight matrix (256-byte aligned) and how many rotation sets are allocated.
-class WeightBenchBase {
+class WeightBenchBase : protected BenchBase {
  protected:
-  //! The shape, options and stream, and the launch options of the FFN (ffn_launch_options()).
+  //! The shape, options and stream, and the launch options of the FFN (BenchBase::bind_common()).
   Status bind(int d_model, int d_ff, std::size_t matrix_bytes, const TuneOptions& o, cudaStream_t stream) noexcept {
     K_ = d_model;
     N_ = d_ff;
     mat_bytes_ = round_up<std::size_t>(matrix_bytes, 256);
-    o_ = o;
-    stream_ = stream;
-    return ffn_launch_options(&launch_opts_);
+    return bind_common(o, stream);
   }
 
   //! The Stage-2 benches' inputs for `key`: a random channel mask at the key's bucket density (seeded
@@ -833,9 +841,6 @@ class WeightBenchBase {
   }
 
   int K_ = 0, N_ = 0;
-  TuneOptions o_{};
-  cudaStream_t stream_ = nullptr;
-  LaunchOptions launch_opts_{};  //!< ffn_launch_options(), set by bind()
   std::size_t mat_bytes_ = 0;
   int sets_ = 0;
 };
