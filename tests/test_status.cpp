@@ -64,6 +64,31 @@ TEST_CASE("PROX_CHECK passes kSuccess through and aborts with one line on any ot
         std::string::npos);
 }
 
+namespace {
+template <int A, int B>
+prox::Status status_if_equal() {
+  return A == B ? prox::Status::kSuccess : prox::Status::kErrorInvalidArgument;
+}
+template <int A, int B>
+prox::Status forward_twice(int* reached) {
+  PROX_RETURN_IF_ERROR(status_if_equal<A, A>());  // commas in template arguments, no extra parentheses
+  ++*reached;
+  PROX_RETURN_IF_ERROR(status_if_equal<A, B>());
+  ++*reached;
+  return prox::Status::kSuccess;
+}
+}  // namespace
+
+TEST_CASE("PROX_CHECK and PROX_RETURN_IF_ERROR take expressions with commas in template arguments", "[status]") {
+  PROX_CHECK(status_if_equal<3, 3>());
+  int reached = 0;
+  CHECK(forward_twice<1, 1>(&reached) == prox::Status::kSuccess);
+  CHECK(reached == 2);
+  reached = 0;
+  CHECK(forward_twice<1, 2>(&reached) == prox::Status::kErrorInvalidArgument);  // returned at the second
+  CHECK(reached == 1);
+}
+
 TEST_CASE("public symbols live in the versioned inline namespace prox::v0", "[status]") {
   CHECK(prox::v0::to_string(prox::v0::Status::kSuccess) == std::string("success"));
   CHECK(std::string(PROX_VERSION_STRING) == std::to_string(PROX_VERSION_MAJOR) + "." +

@@ -149,11 +149,11 @@ Status spread_smem_for(long blocks, std::size_t* out) noexcept {
       &fit));
   PROX_RETURN_IF_ERROR(cached_for_device(
       static_cache, dev,
-      [](int dev, int* v) {
+      [](int d, int* v) {
         cudaFuncAttributes fa{};
         int optin = 0;
         if (cudaFuncGetAttributes(&fa, Kernel) != cudaSuccess ||
-            cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
+            cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, d) != cudaSuccess)
           return Status::kErrorCudaRuntime;
         const int room = optin - static_cast<int>(fa.sharedSizeBytes);
         if (room > 0 && cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, room) != cudaSuccess)

@@ -74,21 +74,22 @@ PROX_NAMESPACE_END
  * @brief For user code (examples, tools, an engine's start-up): evaluate an expression that yields a
  * prox::Status and, unless it is kSuccess, print `file:line: PROX_CHECK(expr) failed: <status>` to
  * stderr and abort. prox itself never aborts: its calls return the Status, and an engine that
- * handles errors its own way tests that value instead.
+ * handles errors its own way tests that value instead. Variadic, so an expression whose template
+ * arguments hold commas (`launch<PolicyAt<0, Policies>>(...)`) needs no extra parentheses.
  */
-#define PROX_CHECK(expr)                                                        \
-  do {                                                                          \
-    const ::prox::Status prox_check_status_ = (expr);                           \
-    if (prox_check_status_ != ::prox::Status::kSuccess) {                       \
-      ::prox::detail::check_failed(prox_check_status_, #expr, __FILE__, __LINE__); \
-    }                                                                           \
+#define PROX_CHECK(...)                                                                   \
+  do {                                                                                    \
+    const ::prox::Status prox_check_status_ = (__VA_ARGS__);                              \
+    if (prox_check_status_ != ::prox::Status::kSuccess) {                                 \
+      ::prox::detail::check_failed(prox_check_status_, #__VA_ARGS__, __FILE__, __LINE__); \
+    }                                                                                     \
   } while (0)
 
-//! Propagate a non-success Status from the enclosing function.
-#define PROX_RETURN_IF_ERROR(expr)                  \
-  do {                                              \
-    const ::prox::Status prox_status_ = (expr);     \
-    if (prox_status_ != ::prox::Status::kSuccess) { \
-      return prox_status_;                          \
-    }                                               \
+//! Propagate a non-success Status from the enclosing function (variadic, as PROX_CHECK).
+#define PROX_RETURN_IF_ERROR(...)                      \
+  do {                                                 \
+    const ::prox::Status prox_status_ = (__VA_ARGS__); \
+    if (prox_status_ != ::prox::Status::kSuccess) {    \
+      return prox_status_;                             \
+    }                                                  \
   } while (0)

@@ -962,7 +962,7 @@ class ProxyBench : WeightBenchBase {
         *why = fmt_mismatch("s~", j, v, r, tol);
         return false;
       }
-      if (mask_bit(mask, j) != mask_bit(ref_mask, j) && std::fabs(std::fabs(r) - tau_s) > tol) {
+      if (mask_bit(mask, j) != mask_bit(ref_mask, j) && std::fabs(std::fabs(r) - static_cast<double>(tau_s)) > tol) {
         *why = "channel " + std::to_string(j) + " selected differently from policy 0 away from the threshold (|s~| = " +
                std::to_string(std::fabs(r)) + ", tau_s = " + std::to_string(tau_s) + ")";
         return false;
