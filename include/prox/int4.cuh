@@ -119,12 +119,17 @@ PROX_KERNEL void int4_pack_kernel(const T* __restrict__ w, int d_model, int d_ff
  * @param w [d_ff][d_model] device pointer (nn.Linear layout); packed [d_model][d_ff/8] and
  *        scales [d_ff] device outputs; host_scales optional host buffer of d_ff floats (else a
  *        temporary host vector is used).
+ * @return kErrorNullPointer, kErrorInvalidShape (check_pack_shape) or kErrorMisalignedPointer (w
+ *         not element-aligned, packed or scales not 4-byte aligned) before any launch.
  */
 template <class T>
 Status pack_device(const T* w, int d_model, int d_ff, uint32_t* packed, float* scales, cudaStream_t stream,
                    float* host_scales = nullptr) {
   if (w == nullptr || packed == nullptr || scales == nullptr) return Status::kErrorNullPointer;
   PROX_RETURN_IF_ERROR(check_pack_shape(d_model, d_ff));
+  // Element-aligned, else the kernels' loads and stores fault (a sticky error on the context).
+  if (!is_aligned(w, sizeof(T)) || !is_aligned(packed, 4) || !is_aligned(scales, 4))
+    return Status::kErrorMisalignedPointer;
   constexpr int kThreads = 256;
   const LaunchOptions opts{};
   PROX_RETURN_IF_ERROR(prox::detail::launch_kernel(detail::int4_scale_kernel<T>,

@@ -54,10 +54,13 @@ PROX_KERNEL void transpose_kernel(const T* __restrict__ in, int rows, int cols, 
 }  // namespace detail
 
 //! Device transpose of a row-major [rows][cols] matrix into [cols][rows] on `stream` (asynchronous).
+//! kErrorNullPointer, kErrorInvalidShape or kErrorMisalignedPointer (in or out not element-aligned)
+//! before any launch.
 template <class T>
 Status transpose_device(const T* in, int rows, int cols, T* out, cudaStream_t stream) noexcept {
   if (in == nullptr || out == nullptr) return Status::kErrorNullPointer;
   if (rows < 1 || cols < 1) return Status::kErrorInvalidShape;
+  if (!is_aligned(in, sizeof(T)) || !is_aligned(out, sizeof(T))) return Status::kErrorMisalignedPointer;
   const dim3 grid(static_cast<unsigned>(ceil_div(cols, 32)), static_cast<unsigned>(ceil_div(rows, 32)));
   if (grid.y > 65535u) return Status::kErrorInvalidShape;
   return detail::launch_kernel(detail::transpose_kernel<T>, grid, dim3(32, 8), 0, stream, LaunchOptions{}, in, rows,
