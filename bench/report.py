@@ -155,14 +155,19 @@ def captioned_table(ctx, caption, header, rows):
     return out + [table(header, rows), ""]
 
 
+def cuda_version(ctx):
+    """'CUDA 13.0' from the context's CUDART_VERSION (13000); 'CUDA runtime X' if not a number; ''."""
+    rt = ctx.get("cuda_runtime", "")
+    try:
+        return f"CUDA {int(rt) // 1000}.{(int(rt) % 1000) // 10}"
+    except (TypeError, ValueError):
+        return f"CUDA runtime {rt}" if rt else ""
+
+
 def provenance(ctx, what="Measured"):
     gpu = ctx.get("gpu", "unknown GPU")
     arch = ctx.get("gpu_arch", "")
-    rt = ctx.get("cuda_runtime", "")
-    try:
-        rt = f"CUDA {int(rt) // 1000}.{(int(rt) % 1000) // 10}"
-    except (TypeError, ValueError):
-        rt = f"CUDA runtime {rt}" if rt else ""
+    rt = cuda_version(ctx)
     copy = ctx.get("copy_GBps")
     parts = [f"{what} on **{gpu}**" + (f" ({arch}, {rt})" if arch or rt else "")]
     if copy:

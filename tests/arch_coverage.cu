@@ -4,6 +4,7 @@
 //! the oldest a fat binary may still list, where cp.async falls back to plain copies and plan()
 //! refuses the device; sm_100 and sm_120 where the toolkit knows them). Both dtypes, both
 //! activations, both proxy formats, and the standalone ops the driver does not launch.
+//! tests/strict_warnings.cu includes this file: it is also the list of what the strict build covers.
 #include <prox/prox.cuh>
 
 PROX_SPARSE_FFN_INSTANTIATE(__half, prox::SiLU, prox::Int4Weights)

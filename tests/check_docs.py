@@ -77,10 +77,8 @@ def check_readme(root, errors):
     gpu = ctx.get("gpu", "")
     commit = str(ctx.get("prox_commit", ""))[:7]
     copy = f"copy bandwidth {float(ctx.get('copy_GBps', 0)):.0f} GB/s"
-    rt = str(ctx.get("cuda_runtime", ""))
-    cuda = f"{int(rt) // 1000}.{(int(rt) % 1000) // 10}" if rt.isdigit() else rt  # as report.py writes it
     for what, needle in (("GPU", gpu), ("commit", f"`{commit}`"), ("copy bandwidth", copy),
-                         ("CUDA version", f"CUDA {cuda}")):
+                         ("CUDA version", report.cuda_version(ctx))):
         if not needle or needle not in prose:
             errors.append(f"README.md 'Measured numbers': {what} '{needle}' of docs/data/bench-h100.json not quoted")
 
