@@ -208,8 +208,10 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void proxy_g
   using P = Piece<Fmt::kVecBytes>;
   constexpr int kStages = Policy::kStages;
   // The cp.async stages and the block reduction never live at the same time: one buffer serves both.
+  // Register-buffered policies (kStages == 0) need no stage buffer: a 1-element stand-in keeps the
+  // union's shape without taking shared memory.
   union StreamOrReduce {
-    P stage[kStages > 0 ? kStages : 1][kU][2][kThreads];
+    P stage[kStages > 0 ? kStages : 1][kStages > 0 ? kU : 1][2][kStages > 0 ? kThreads : 1];
     typename Reducer::Storage red;
   };
   __shared__ int s_rows[kChunkK];
