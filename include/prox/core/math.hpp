@@ -29,6 +29,9 @@ inline bool is_aligned(const void* p, std::size_t alignment) noexcept {
 //! True for a power of two (compile-time policy checks).
 constexpr bool is_pow2(int v) noexcept { return v > 0 && (v & (v - 1)) == 0; }
 
+//! log2 of a power of two (compile-time loop bounds).
+PROX_HOST_DEVICE constexpr int log2_pow2(int v) noexcept { return v <= 1 ? 0 : 1 + log2_pow2(v / 2); }
+
 namespace detail {
 //! The splitmix64 finalizer: a bijection on 64-bit integers with good avalanche (seeded hashes of
 //! the calibration reservoir, synthetic data of the tuner and the benches).

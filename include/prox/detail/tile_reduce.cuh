@@ -110,17 +110,61 @@ struct TileReducer {
   //! Full sum of matrix m, tile column ch, after reduce() (and split_k() when it returned true).
   PROX_DEVICE static PROX_FORCEINLINE float& at(Storage& st, int m, int ch) { return st.red[0][m][pad(ch)]; }
 
+  //! Row groups side by side in one warp, and the values each thread holds.
+  static constexpr int kGroupsPerWarp = kWarpSize / kTn;
+  static constexpr int kVals = kMats * kCpv;
+
   //! Reduce acc over the block's row groups into at(). Thread t holds columns (t % kTn) * kCpv + c.
   //! Contains __syncthreads(); call from all threads.
   PROX_DEVICE static void reduce(Storage& st, float (&acc)[kMats][kCpv]) {
     const int lane = lane_id();
     const int warp = warp_id();
+    if constexpr (kGroupsPerWarp > 1 && kVals % kGroupsPerWarp == 0) {
+      // The warp's row groups by recursive halving: at the shuffle over lane bit `off`, the lane with
+      // that bit set keeps the upper half of its values and its partner the lower half, each adding
+      // the other's copy of the half it keeps. log2(kGroupsPerWarp) steps of kVals/2, kVals/4, ...
+      // shuffles instead of kVals each, and every lane then stores kVals / kGroupsPerWarp sums (not
+      // kTn lanes kVals each). Each sum is the pairs of warp_sum_strided's butterfly added in the same
+      // order (a + b and b + a are the same bits), so the results are bit-identical to it (checked
+      // by tests/test_tile_reduce.cu). Measured on the H100 (docs/benchmarks.md): Stage 1 0.1-0.5 us
+      // faster (its 32 values: 16 shuffles instead of 32), the down GEMV with 128-column tiles 0.4 us.
+      float v[kVals];
 #pragma unroll
-    for (int m = 0; m < kMats; ++m) {
+      for (int m = 0; m < kMats; ++m) {
 #pragma unroll
-      for (int c = 0; c < kCpv; ++c) {
-        if constexpr (kTn < kWarpSize) acc[m][c] = warp_sum_strided<kTn>(acc[m][c]);
-        if (lane < kTn) st.red[warp][m][pad(lane * kCpv + c)] = acc[m][c];
+        for (int c = 0; c < kCpv; ++c) v[m * kCpv + c] = acc[m][c];
+      }
+      int base = 0;  // index of v[0] in the thread's original values
+      constexpr int kSteps = log2_pow2(kGroupsPerWarp);
+      // One induction variable, so that the loop unrolls and every index of v is a constant (with
+      // `half` and `off` stepped side by side it did not, and v went to the stack).
+#pragma unroll
+      for (int step = 0; step < kSteps; ++step) {
+        const int half = kVals >> (step + 1);
+        const int off = (kWarpSize / 2) >> step;
+        const bool upper = (lane & off) != 0;
+#pragma unroll
+        for (int i = 0; i < half; ++i) {
+          const float send = upper ? v[i] : v[i + half];
+          const float keep = upper ? v[i + half] : v[i];
+          v[i] = keep + __shfl_xor_sync(0xffffffffu, send, off);
+        }
+        base += upper ? half : 0;
+      }
+      const int slot = lane % kTn;
+#pragma unroll
+      for (int j = 0; j < kVals / kGroupsPerWarp; ++j) {
+        const int i = base + j;
+        st.red[warp][i / kCpv][pad(slot * kCpv + i % kCpv)] = v[j];
+      }
+    } else {
+#pragma unroll
+      for (int m = 0; m < kMats; ++m) {
+#pragma unroll
+        for (int c = 0; c < kCpv; ++c) {
+          if constexpr (kTn < kWarpSize) acc[m][c] = warp_sum_strided<kTn>(acc[m][c]);
+          if (lane < kTn) st.red[warp][m][pad(lane * kCpv + c)] = acc[m][c];
+        }
       }
     }
     __syncthreads();
