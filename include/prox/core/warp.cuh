@@ -38,25 +38,36 @@ PROX_DEVICE PROX_FORCEINLINE float warp_sum_strided(float v) {
 }
 
 /**
+ * @brief One step of a recursive-halving warp reduction over lane bit `off`: the lane with that bit
+ * set keeps the upper `half` of v[0, 2 half), its partner the lower half, and each adds the other's
+ * copy of the half it keeps, into v[0, half). Returns true where the upper half was kept. Each sum is
+ * own + partner, the pairs of the xor butterfly (a + b and b + a are the same bits).
+ * Call it from a loop that unrolls with one induction variable, so that `half` is a constant and
+ * every index of v is one (else v goes to the stack).
+ */
+template <int N>
+PROX_DEVICE PROX_FORCEINLINE bool warp_halve(float (&v)[N], int half, int off) {
+  const bool upper = (lane_id() & off) != 0;
+#pragma unroll
+  for (int i = 0; i < half; ++i) {
+    const float send = upper ? v[i] : v[i + half];
+    const float keep = upper ? v[i + half] : v[i];
+    v[i] = keep + __shfl_xor_sync(0xffffffffu, send, off);
+  }
+  return upper;
+}
+
+/**
  * @brief Sum each of V values over the warp at once, by recursive halving: at each of the first
- * log2(V) steps a lane keeps half of its values and adds its partner's copy of that half, so the
- * whole reduction takes V - 1 + log2(32 / V) shuffles instead of 5 V. Returns, in lane l, the full
- * sum of value index l / (32 / V). Fixed order: bit-reproducible.
+ * log2(V) steps a lane keeps half of its values and adds its partner's copy of that half
+ * (warp_halve), so the whole reduction takes V - 1 + log2(32 / V) shuffles instead of 5 V. Returns,
+ * in lane l, the full sum of value index l / (32 / V). Fixed order: bit-reproducible.
  */
 template <int V>
 PROX_DEVICE PROX_FORCEINLINE float warp_sum_many(float (&v)[V]) {
   static_assert(V >= 1 && V <= kWarpSize && (V & (V - 1)) == 0, "V must be a power of two <= 32");
-  const int lane = lane_id();
 #pragma unroll
-  for (int half = V / 2, off = kWarpSize / 2; half >= 1; half /= 2, off /= 2) {
-    const bool upper = (lane & off) != 0;
-#pragma unroll
-    for (int i = 0; i < half; ++i) {
-      const float send = upper ? v[i] : v[i + half];
-      const float keep = upper ? v[i + half] : v[i];
-      v[i] = keep + __shfl_xor_sync(0xffffffffu, send, off);
-    }
-  }
+  for (int half = V / 2, off = kWarpSize / 2; half >= 1; half /= 2, off /= 2) warp_halve(v, half, off);
 #pragma unroll
   for (int off = kWarpSize / V / 2; off >= 1; off /= 2) v[0] += __shfl_xor_sync(0xffffffffu, v[0], off);
   return v[0];

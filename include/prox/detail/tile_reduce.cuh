@@ -141,15 +141,7 @@ struct TileReducer {
 #pragma unroll
       for (int step = 0; step < kSteps; ++step) {
         const int half = kVals >> (step + 1);
-        const int off = (kWarpSize / 2) >> step;
-        const bool upper = (lane & off) != 0;
-#pragma unroll
-        for (int i = 0; i < half; ++i) {
-          const float send = upper ? v[i] : v[i + half];
-          const float keep = upper ? v[i + half] : v[i];
-          v[i] = keep + __shfl_xor_sync(0xffffffffu, send, off);
-        }
-        base += upper ? half : 0;
+        if (warp_halve(v, half, (kWarpSize / 2) >> step)) base += half;
       }
       const int slot = lane % kTn;
 #pragma unroll
