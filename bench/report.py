@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: Apache-2.0
 """@file report.py  Turn prox_bench's Google Benchmark JSON and prox_alpha's JSON into the tables
-(and, when matplotlib imports, the plots) of docs/benchmarks.md.
+and the plots of docs/benchmarks.md.
 
 Tables are written between marker comments in the document:
     <!-- BEGIN prox-report:SECTION -->  ...  <!-- END prox-report:SECTION -->
@@ -12,7 +12,9 @@ produced its figures, taken from the JSON context (--commit overrides the commit
 Usage:
     python3 bench/report.py --bench out/bench.json [more.json ...] --alpha out/alpha.json \
         --doc docs/benchmarks.md --img-dir docs/img [--commit SHA] [--no-plots]
-Only the standard library is needed; without matplotlib the plots are skipped with a note.
+Only the standard library is needed. The plots are SVG files written by this script (no plotting
+library), deterministic like the tables: the same JSON gives the same bytes. --no-plots leaves the
+plots section and the images as they are.
 """
 
 import argparse
@@ -437,83 +439,292 @@ def section_alpha(alpha):
 
 
 # ---------------------------------------------------------------- plots
-def make_plots(runs, alpha, img_dir, doc_dir):
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except Exception as exc:  # noqa: BLE001 - any import failure means: no plots
-        return None, f"matplotlib is not available ({exc.__class__.__name__}); plots skipped."
-    os.makedirs(img_dir, exist_ok=True)
-    made = []
-    rel = os.path.relpath(img_dir, doc_dir)
-    if runs:
-        r = runs[0]
-        fig, ax = plt.subplots(figsize=(7, 4.5))
-        for i, m in enumerate(r.models()):
-            for d, style in (("f16", "-"), ("bf16", "--")):
-                es, ss = [], []
-                for e in r.targets():
-                    f = r.get("prox_ffn", m, d, e)
-                    if f and f.get("speedup_vs_dense"):
-                        es.append(e)
-                        ss.append(f["speedup_vs_dense"])
-                if es:
-                    ax.plot(es, ss, style, marker="o", color=f"C{i}", label=f"{m} {d}")
-        floor = [(40, 1.83), (50, 2.22), (60, 2.66), (70, 3.53)]
-        ax.plot([e for e, _ in floor], [s for _, s in floor], ":", color="k", label="byte floor")
-        ax.set_xlabel("target effective sparsity e (%)")
-        ax.set_ylabel("speed-up over cuBLAS dense FFN")
-        ax.set_title(f"Prox FFN, {r.context.get('gpu', '')} @ {r.context.get('prox_commit', '')}", fontsize=9)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, ncol=2)
-        p = os.path.join(img_dir, "prox_ffn_speedup.png")
-        fig.tight_layout()
-        fig.savefig(p, dpi=120)
-        plt.close(fig)
-        made.append(("Prox FFN speed-up over cuBLAS dense", os.path.join(rel, os.path.basename(p))))
+# SVG written with the standard library: the same JSON gives the same bytes (fixed number formatting,
+# no timestamps, no generated ids), so the committed images are checked like the tables.
+PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
+           "#17becf"]
+INK = "#222222"
+GRID = "#e0e0e0"
+BAND = "#d0d0d0"
+DASH = {"solid": None, "dashed": "6 4", "dotted": "2 3"}
+PLOT_OPS = ["proxy_int4", "glu", "down", "prox_ffn"]
+PAPER_ALPHA = (0.234, 0.351)
+FRAC_LINE = 0.85
 
-        ops = ["proxy_int4", "glu", "down", "prox_ffn"]
-        targets = r.targets()
-        fig, axes = plt.subplots(1, max(1, len(targets)), figsize=(3.2 * max(1, len(targets)), 3.8), sharey=True)
-        axes = axes if hasattr(axes, "__len__") else [axes]
-        models = r.models()
-        w = 0.8 / len(ops)
-        for ax, e in zip(axes, targets):
-            for j, op in enumerate(ops):
-                vals = [(r.get(op, m, "f16", e) or {}).get("frac_copy", 0) for m in models]
-                ax.bar([i + j * w for i in range(len(models))], vals, w, label=op)
-            ax.axhline(0.85, color="k", ls=":", lw=1)
-            ax.set_xticks([i + 0.4 - w / 2 for i in range(len(models))])
-            ax.set_xticklabels([m.replace("Qwen3-", "") for m in models], fontsize=8)
-            ax.set_title(f"e = {e} % (f16)", fontsize=9)
-        axes[0].set_ylabel("fraction of copy bandwidth")
-        axes[-1].legend(fontsize=7)
-        fig.tight_layout()
-        p = os.path.join(img_dir, "prox_kernel_bandwidth.png")
-        fig.savefig(p, dpi=120)
-        plt.close(fig)
-        made.append(("Kernel bandwidth as a fraction of copy bandwidth", os.path.join(rel, os.path.basename(p))))
-    if alpha and alpha["rows"]:
-        fig, ax = plt.subplots(figsize=(6, 4))
-        models = sorted({x["model"] for x in alpha["rows"]}, key=model_order)
+
+def svg_num(v):
+    s = f"{v:.1f}"
+    return "0.0" if s == "-0.0" else s
+
+
+def text_width(s, size):
+    """Estimated width of s in a sans-serif font (generous: layout only has to leave room)."""
+    return 0.58 * size * len(s)
+
+
+class Svg:
+    """A flat list of SVG elements; attribute order and number formatting are fixed."""
+
+    def __init__(self, width, height):
+        self.width = math.ceil(width)
+        self.height = math.ceil(height)
+        self.items = []
+
+    def add(self, tag, attrs, body=None):
+        parts = []
+        for k, v in attrs:
+            if v is None:
+                continue
+            v = svg_num(v) if isinstance(v, (int, float)) else xml_escape(str(v), {'"': "&quot;"})
+            parts.append(f'{k}="{v}"')
+        head = f"<{tag} " + " ".join(parts)
+        self.items.append(head + "/>" if body is None else f"{head}>{xml_escape(body)}</{tag}>")
+
+    def line(self, x1, y1, x2, y2, color=INK, width=1.0, dash="solid"):
+        self.add("line", [("x1", x1), ("y1", y1), ("x2", x2), ("y2", y2), ("stroke", color),
+                          ("stroke-width", width), ("stroke-dasharray", DASH[dash])])
+
+    def polyline(self, pts, color, width=1.5, dash="solid"):
+        self.add("polyline", [("points", " ".join(f"{svg_num(x)},{svg_num(y)}" for x, y in pts)), ("fill", "none"),
+                              ("stroke", color), ("stroke-width", width), ("stroke-dasharray", DASH[dash])])
+
+    def circle(self, x, y, r, color):
+        self.add("circle", [("cx", x), ("cy", y), ("r", r), ("fill", color)])
+
+    def rect(self, x, y, w, h, fill, stroke=None):
+        self.add("rect", [("x", x), ("y", y), ("width", w), ("height", h), ("fill", fill), ("stroke", stroke)])
+
+    def text(self, x, y, s, size=10, anchor="start", rotate=False, bold=False):
+        self.add("text", [("x", x), ("y", y), ("font-family", "sans-serif"), ("font-size", size),
+                          ("font-weight", "bold" if bold else None), ("text-anchor", anchor), ("fill", INK),
+                          ("transform", f"rotate(-90 {svg_num(x)} {svg_num(y)})" if rotate else None)], s)
+
+    def write(self, path):
+        w, h = self.width, self.height
+        out = ['<?xml version="1.0" encoding="UTF-8"?>',
+               f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}">',
+               f'<rect x="0" y="0" width="{w}" height="{h}" fill="#ffffff"/>']
+        out += self.items + ["</svg>", ""]
+        with open(path, "w", encoding="utf-8", newline="\n") as f:
+            f.write("\n".join(out))
+
+
+def xml_escape(s, extra=None):
+    s = s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    for k, v in (extra or {}).items():
+        s = s.replace(k, v)
+    return s
+
+
+def nice_ticks(lo, hi, n=6):
+    """Ticks at 1, 2, 2.5 or 5 times a power of ten covering [lo, hi], and the decimals their labels need."""
+    if hi <= lo:
+        lo, hi = lo - 0.5, hi + 0.5
+    raw = (hi - lo) / n
+    mag = 10.0 ** math.floor(math.log10(raw))
+    step = next(m * mag for m in (1, 2, 2.5, 5, 10) if raw <= m * mag * (1 + 1e-9))
+    first = math.floor(lo / step + 1e-9)
+    last = math.ceil(hi / step - 1e-9)
+    decimals = next(d for d in range(7) if abs(round(step, d) - step) < 1e-9 * step)
+    return [i * step for i in range(first, last + 1)], decimals
+
+
+class Frame:
+    """One plot area: data to pixel mapping, frame, grid, ticks and tick labels."""
+
+    def __init__(self, svg, x, y, w, h, xlim, ylim):
+        self.svg, self.x, self.y, self.w, self.h = svg, x, y, w, h
+        self.xlim, self.ylim = xlim, ylim
+
+    def px(self, v):
+        return self.x + (v - self.xlim[0]) / (self.xlim[1] - self.xlim[0]) * self.w
+
+    def py(self, v):
+        return self.y + self.h - (v - self.ylim[0]) / (self.ylim[1] - self.ylim[0]) * self.h
+
+    def axes(self, xticks, yticks, ydecimals, ylabels=True, xgrid=True):
+        """xticks: [(position, label)] in data units; yticks: values."""
+        s = self.svg
+        bottom = self.y + self.h
+        for v in yticks:
+            s.line(self.x, self.py(v), self.x + self.w, self.py(v), GRID)
+        if xgrid:
+            for v, _ in xticks:
+                s.line(self.px(v), self.y, self.px(v), bottom, GRID)
+        s.rect(self.x, self.y, self.w, self.h, "none", INK)
+        for v in yticks:
+            s.line(self.x - 4, self.py(v), self.x, self.py(v))
+            if ylabels:
+                s.text(self.x - 7, self.py(v) + 3.5, f"{v:.{ydecimals}f}", 10, "end")
+        for v, label in xticks:
+            s.line(self.px(v), bottom, self.px(v), bottom + 4)
+            s.text(self.px(v), bottom + 16, label, 10, "middle")
+
+
+def legend(svg, x, y, entries, size=10):
+    """entries: (label, kind, color, dash) with kind 'line', 'marker' (line and marker), 'box' or 'band'.
+    Drawn in a box whose top left corner is (x, y); returns the box's width and height."""
+    row = size + 6
+    w = 38 + max(text_width(e[0], size) for e in entries)
+    h = 8 + row * len(entries)
+    svg.rect(x, y, w, h, "#ffffff", "#bbbbbb")
+    for i, (label, kind, color, dash) in enumerate(entries):
+        cy = y + 4 + row * i + row / 2
+        if kind in ("line", "marker"):
+            svg.line(x + 6, cy, x + 28, cy, color, 1.5, dash)
+            if kind == "marker":
+                svg.circle(x + 17, cy, 3, color)
+        else:
+            svg.rect(x + 8, cy - 5, 18, 10, color, None if kind == "box" else "#999999")
+        svg.text(x + 34, cy + size * 0.35, label, size)
+    return w, h
+
+
+def run_tag(ctx):
+    return f"{ctx.get('gpu', 'unknown GPU')} @ {ctx.get('prox_commit', 'unknown')}"
+
+
+def byte_floor(r):
+    """(model, dtype, [(e, dense FFN bytes / Prox FFN bytes)]): the speed-up if both streamed at one bandwidth.
+    From the Qwen3-8B shape where the run has it (the ratio moves by < 0.01 between shapes), fp16 first."""
+    models = sorted(r.models(), key=lambda m: (m != "Qwen3-8B", model_order(m)))
+    for m in models:
+        for d in r.dtypes():
+            dense = cell(r.get("dense_ffn", m, d), "bytes_needed")
+            pts = [(e, dense / f["bytes_needed"]) for e in r.targets()
+                   for f in [r.get("prox_ffn", m, d, e)] if dense and f and f.get("bytes_needed")]
+            if pts:
+                return m, d, pts
+    return None, None, []
+
+
+def plot_ffn_speedup(r, path):
+    series = []
+    for i, m in enumerate(r.models()):
+        for d, dash in (("f16", "solid"), ("bf16", "dashed")):
+            pts = [(e, f["speedup_vs_dense"]) for e in r.targets()
+                   for f in [r.get("prox_ffn", m, d, e)] if f and f.get("speedup_vs_dense")]
+            if pts:
+                series.append((f"{m} {d}", PALETTE[i % len(PALETTE)], dash, pts))
+    fm, fd, floor = byte_floor(r)
+    if not series:
+        return False
+    xs = [e for s in series for e, _ in s[3]] + [e for e, _ in floor]
+    ys = [v for s in series for _, v in s[3]] + [v for _, v in floor]
+    yticks, ydec = nice_ticks(min(ys), max(ys))
+    pad = max(1.0, 0.05 * (max(xs) - min(xs)))
+    left, top, pw, ph = 64, 40, 520, 340
+    entries = [(label, "marker", color, dash) for label, color, dash, _ in series]
+    if floor:
+        entries.append((f"byte floor ({fm} {fd}): dense / Prox FFN bytes", "line", INK, "dotted"))
+    lw = 38 + max(text_width(e[0], 10) for e in entries)
+    svg = Svg(left + pw + 16 + lw + 12, top + ph + 56)
+    fr = Frame(svg, left, top, pw, ph, (min(xs) - pad, max(xs) + pad), (yticks[0], yticks[-1]))
+    fr.axes([(e, str(e)) for e in sorted(set(xs))], yticks, ydec)
+    if floor:
+        svg.polyline([(fr.px(e), fr.py(v)) for e, v in floor], INK, 1.5, "dotted")
+    for _, color, dash, pts in series:
+        svg.polyline([(fr.px(e), fr.py(v)) for e, v in pts], color, 1.5, dash)
+        for e, v in pts:
+            svg.circle(fr.px(e), fr.py(v), 3, color)
+    svg.text(svg.width / 2, 24, f"Prox FFN speed-up over cuBLAS dense FFN, {run_tag(r.context)}", 13, "middle")
+    svg.text(left + pw / 2, top + ph + 40, "target effective sparsity e (%)", 11, "middle")
+    svg.text(18, top + ph / 2, "speed-up over cuBLAS dense FFN", 11, "middle", rotate=True)
+    legend(svg, left + pw + 16, top, entries)
+    svg.write(path)
+    return True
+
+
+def plot_kernel_bandwidth(r, path):
+    models = r.models()
+    targets = r.targets()
+    d = "f16" if "f16" in r.dtypes() else (r.dtypes() or ["f16"])[0]
+    vals = {(op, m, e): x["frac_copy"] for op in PLOT_OPS for m in models for e in targets
+            for x in [r.get(op, m, d, e)] if x and x.get("frac_copy") is not None}
+    if not vals:
+        return False
+    yticks, ydec = nice_ticks(0.0, max([FRAC_LINE] + list(vals.values())))
+    left, top, pw, ph, gap = 64, 76, 200, 250, 16
+    svg = Svg(left + len(targets) * (pw + gap) - gap + 16, top + ph + 58)
+    slot = pw / len(models)
+    bw = 0.8 * slot / len(PLOT_OPS)
+    for k, e in enumerate(targets):
+        x0 = left + k * (pw + gap)
+        fr = Frame(svg, x0, top, pw, ph, (0.0, float(len(models))), (yticks[0], yticks[-1]))
+        fr.axes([(i + 0.5, m.replace("Qwen3-", "")) for i, m in enumerate(models)], yticks, ydec,
+                ylabels=(k == 0), xgrid=False)
         for i, m in enumerate(models):
-            pts = sorted((x["s1_target"] * 100, x["alpha"]) for x in alpha["rows"] if x["model"] == m)
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", color=f"C{i}", label=m)
-        ax.axhline(TARGET_ALPHA, color="k", ls=":", label=f"target {TARGET_ALPHA}")
-        ax.axhspan(0.234, 0.351, color="0.85", alpha=0.5, label="paper range")
-        ax.set_xlabel("input sparsity s1 (%)")
-        ax.set_ylabel("α = t(INT4) / t(FP16)")
-        ax.set_title(f"{alpha['context'].get('gpu', '')} @ {alpha['context'].get('prox_commit', '')}", fontsize=9)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        p = os.path.join(img_dir, "prox_alpha.png")
-        fig.savefig(p, dpi=120)
-        plt.close(fig)
-        made.append(("Measured α", os.path.join(rel, os.path.basename(p))))
-    text = "\n\n".join(f"![{t}]({p})" for t, p in made) if made else "_Nothing to plot._"
-    return text, None
+            for j, op in enumerate(PLOT_OPS):
+                v = vals.get((op, m, e))
+                if v is None:
+                    continue
+                bx = x0 + (i + 0.1) * slot + j * bw
+                svg.rect(bx, fr.py(v), bw, fr.py(yticks[0]) - fr.py(v), PALETTE[j % len(PALETTE)])
+        svg.line(x0, fr.py(FRAC_LINE), x0 + pw, fr.py(FRAC_LINE), INK, 1.0, "dotted")
+        svg.text(x0 + pw / 2, top - 8, f"e = {e} % ({d})", 11, "middle")
+    svg.text(svg.width / 2, 20, f"Kernel bandwidth as a fraction of copy bandwidth, {run_tag(r.context)}", 13,
+             "middle")
+    entries = [(op, "box", PALETTE[j % len(PALETTE)], None) for j, op in enumerate(PLOT_OPS)]
+    entries.append((f"{FRAC_LINE:.2f} of copy (8B, 14B target)", "line", INK, "dotted"))
+    x = left
+    for label, kind, color, dash in entries:  # one row under the title
+        if kind == "box":
+            svg.rect(x, 33, 18, 10, color)
+        else:
+            svg.line(x, 38, x + 18, 38, color, 1.5, dash)
+        svg.text(x + 24, 41.5, label, 10)
+        x += 24 + text_width(label, 10) + 18
+    svg.text(left + (len(targets) * (pw + gap) - gap) / 2, top + ph + 40, "Qwen3 model", 11, "middle")
+    svg.text(18, top + ph / 2, "fraction of copy bandwidth", 11, "middle", rotate=True)
+    svg.write(path)
+    return True
+
+
+def plot_alpha(alpha, path):
+    rows = alpha["rows"]
+    models = sorted({x["model"] for x in rows}, key=model_order)
+    series = [(m, PALETTE[i % len(PALETTE)], sorted((x["s1_target"] * 100, x["alpha"]) for x in rows
+                                                    if x["model"] == m)) for i, m in enumerate(models)]
+    xs = sorted({round(x["s1_target"] * 100, 6) for x in rows})
+    ys = [x["alpha"] for x in rows] + [TARGET_ALPHA, *PAPER_ALPHA]
+    yticks, ydec = nice_ticks(min(ys), max(ys))
+    pad = max(1.0, 0.05 * (max(xs) - min(xs)))
+    left, top, pw, ph = 64, 40, 480, 320
+    entries = [(m, "marker", color, "solid") for m, color, _ in series]
+    entries.append((f"target α ≤ {TARGET_ALPHA}", "line", INK, "dotted"))
+    entries.append((f"paper range {PAPER_ALPHA[0]:.3f}–{PAPER_ALPHA[1]:.3f}", "band", BAND, None))
+    lw = 38 + max(text_width(e[0], 10) for e in entries)
+    svg = Svg(left + pw + 16 + lw + 12, top + ph + 56)
+    fr = Frame(svg, left, top, pw, ph, (min(xs) - pad, max(xs) + pad), (yticks[0], yticks[-1]))
+    svg.rect(left, fr.py(PAPER_ALPHA[1]), pw, fr.py(PAPER_ALPHA[0]) - fr.py(PAPER_ALPHA[1]), BAND)
+    fr.axes([(s, f"{s:g}") for s in xs], yticks, ydec)
+    svg.line(left, fr.py(TARGET_ALPHA), left + pw, fr.py(TARGET_ALPHA), INK, 1.5, "dotted")
+    for _, color, pts in series:
+        svg.polyline([(fr.px(s), fr.py(a)) for s, a in pts], color, 1.5)
+        for s, a in pts:
+            svg.circle(fr.px(s), fr.py(a), 3, color)
+    svg.text(svg.width / 2, 24, f"Measured α = t(INT4) / t(FP16), {run_tag(alpha['context'])}", 13, "middle")
+    svg.text(left + pw / 2, top + ph + 40, "input sparsity s1 (%)", 11, "middle")
+    svg.text(18, top + ph / 2, "α = t(INT4) / t(FP16)", 11, "middle", rotate=True)
+    legend(svg, left + pw + 16, top, entries)
+    svg.write(path)
+    return True
+
+
+def make_plots(runs, alpha, img_dir, doc_dir):
+    """Writes the SVG plots under img_dir; returns the plots section (image links relative to doc_dir)."""
+    os.makedirs(img_dir, exist_ok=True)
+    rel = os.path.relpath(img_dir, doc_dir).replace(os.sep, "/")
+    plots = []
+    if runs:
+        plots += [("Prox FFN speed-up over cuBLAS dense", "prox_ffn_speedup.svg", plot_ffn_speedup, runs[0]),
+                  ("Kernel bandwidth as a fraction of copy bandwidth", "prox_kernel_bandwidth.svg",
+                   plot_kernel_bandwidth, runs[0])]
+    if alpha and alpha["rows"]:
+        plots.append(("Measured α", "prox_alpha.svg", plot_alpha, alpha))
+    made = [f"![{title}]({rel}/{name})" for title, name, draw, data in plots
+            if draw(data, os.path.join(img_dir, name))]
+    return "\n\n".join(made) if made else "_Nothing to plot._"
 
 
 # ---------------------------------------------------------------- document update
@@ -544,7 +755,7 @@ def main(argv=None):
     ap.add_argument("--bench", nargs="*", default=[], help="prox_bench JSON (--benchmark_out_format=json)")
     ap.add_argument("--alpha", help="prox_alpha JSON (--json=...)")
     ap.add_argument("--doc", default=os.path.join(os.path.dirname(__file__), "..", "docs", "benchmarks.md"))
-    ap.add_argument("--img-dir", default=None, help="where PNG plots go (default: <doc dir>/img)")
+    ap.add_argument("--img-dir", default=None, help="where the SVG plots go (default: <doc dir>/img)")
     ap.add_argument("--commit", help="commit to record (overrides the JSON context)")
     ap.add_argument("--no-plots", action="store_true")
     ap.add_argument("--stdout", action="store_true", help="print the generated sections instead of editing --doc")
@@ -568,10 +779,7 @@ def main(argv=None):
     if alpha:
         sections["alpha"] = section_alpha(alpha)
     if not args.no_plots:
-        text, note = make_plots(runs, alpha, img_dir, doc_dir)
-        sections["plots"] = text if text is not None else f"_{note}_"
-        if note:
-            print(f"report.py: {note}", file=sys.stderr)
+        sections["plots"] = make_plots(runs, alpha, img_dir, doc_dir)
 
     if args.stdout:
         for k in SECTIONS:

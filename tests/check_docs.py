@@ -2,9 +2,11 @@
 # SPDX-License-Identifier: Apache-2.0
 """@file check_docs.py  The measured numbers in the docs are the stored measurements (ctest docs_in_sync).
 
-1. docs/benchmarks.md: every section bench/report.py generates is what report.py renders from the
-   stored JSON (docs/data/bench-h100.json, docs/data/alpha-h100.json), byte for byte. A hand edit
-   inside a generated section, or a JSON replaced without re-running the report, fails.
+1. docs/benchmarks.md: every section bench/report.py generates, the plots section included, is what
+   report.py renders from the stored JSON (docs/data/bench-h100.json, docs/data/alpha-h100.json), byte
+   for byte, and so is every SVG plot in docs/img (rendered into a temporary directory with --img-dir;
+   a committed SVG report.py does not write, or one it writes that is not committed, fails too). A hand
+   edit inside a generated section or a plot, or a JSON replaced without re-running the report, fails.
 2. README.md, "Measured numbers": the provenance sentence (GPU, CUDA, commit, copy bandwidth) and
    every cell of the FFN table (time, speed-up against the faster of the shape's fp16 and bf16
    dense FFN, and the dense time in the row label) are recomputed from docs/data/bench-h100.json.
@@ -33,17 +35,18 @@ def check_benchmarks_md(root, errors):
     alpha = os.path.join(root, "docs", "data", "alpha-h100.json")
     with tempfile.TemporaryDirectory() as tmp:
         copy = os.path.join(tmp, "benchmarks.md")
+        img = os.path.join(tmp, "img")  # beside the copy, as docs/img is beside the page: same image links
         shutil.copyfile(doc, copy)
-        # --no-plots: the plots section is left as committed (the PNGs need matplotlib).
         r = subprocess.run([sys.executable, os.path.join(root, "bench", "report.py"), "--bench", bench, "--alpha",
-                            alpha, "--doc", copy, "--no-plots"], capture_output=True, text=True)
+                            alpha, "--doc", copy, "--img-dir", img], capture_output=True, text=True)
         if r.returncode != 0:
             errors.append(f"report.py failed ({r.returncode}): {r.stderr.strip()}")
             return
-        with open(doc) as f:
+        with open(doc, encoding="utf-8") as f:
             committed = f.read()
-        with open(copy) as f:
+        with open(copy, encoding="utf-8") as f:
             rendered = f.read()
+        check_plots(root, img, errors)
     want = sections(rendered)
     have = sections(committed)
     if not want:
@@ -57,6 +60,36 @@ def check_benchmarks_md(root, errors):
                           f"JSON; first difference at line {first + 1} of the section:\n"
                           f"    committed: {a[first] if first < len(a) else '<none>'}\n"
                           f"    rendered:  {b[first] if first < len(b) else '<none>'}")
+
+
+def check_plots(root, rendered_dir, errors):
+    """Every SVG report.py rendered into rendered_dir equals docs/img's, byte for byte, and docs/img has no other."""
+    committed_dir = os.path.join(root, "docs", "img")
+    rendered = sorted(n for n in os.listdir(rendered_dir) if n.endswith(".svg"))
+    committed = []
+    if os.path.isdir(committed_dir):
+        committed = sorted(n for n in os.listdir(committed_dir) if n.endswith(".svg"))
+    if not rendered:
+        errors.append("report.py wrote no SVG plot")
+    for name in rendered:
+        path = os.path.join(committed_dir, name)
+        if name not in committed:
+            errors.append(f"docs/img/{name}: missing; report.py renders it from the stored JSON")
+            continue
+        with open(path, "rb") as f:
+            have = f.read()
+        with open(os.path.join(rendered_dir, name), "rb") as f:
+            want = f.read()
+        if have != want:
+            a, b = have.decode("utf-8", "replace").splitlines(), want.decode("utf-8", "replace").splitlines()
+            first = next((i for i in range(max(len(a), len(b))) if i >= len(a) or i >= len(b) or a[i] != b[i]), 0)
+            errors.append(f"docs/img/{name} differs from report.py's rendering of the stored JSON; first difference "
+                          f"at line {first + 1}:\n"
+                          f"    committed: {a[first] if first < len(a) else '<none>'}\n"
+                          f"    rendered:  {b[first] if first < len(b) else '<none>'}")
+    for name in committed:
+        if name not in rendered:
+            errors.append(f"docs/img/{name}: report.py does not write it from the stored JSON (stale plot?)")
 
 
 def check_readme(root, errors):
@@ -129,7 +162,7 @@ def main():
     if errors:
         print(f"check_docs: {len(errors)} difference(s); re-run bench/report.py or fix the quoted figures")
         return 1
-    print("check_docs: docs/benchmarks.md and README.md match docs/data")
+    print("check_docs: docs/benchmarks.md, its SVG plots and README.md match docs/data")
     return 0
 
 
