@@ -598,6 +598,24 @@ def byte_floor(r):
     return None, None, []
 
 
+def draw_series(fr, series):
+    """Each (color, dash, points) as a line with a marker at every point."""
+    for color, dash, pts in series:
+        fr.svg.polyline([(fr.px(x), fr.py(y)) for x, y in pts], color, 1.5, dash)
+        for x, y in pts:
+            fr.svg.circle(fr.px(x), fr.py(y), 3, color)
+
+
+def finish_line_plot(fr, title, xlabel, ylabel, entries, path):
+    """Title, axis labels and the legend right of the frame of a one-frame plot; writes it to path."""
+    svg = fr.svg
+    svg.text(svg.width / 2, 24, title, 13, "middle")
+    svg.text(fr.x + fr.w / 2, fr.y + fr.h + 40, xlabel, 11, "middle")
+    svg.text(18, fr.y + fr.h / 2, ylabel, 11, "middle", rotate=True)
+    legend(svg, fr.x + fr.w + 16, fr.y, entries)
+    svg.write(path)
+
+
 def plot_ffn_speedup(r, path):
     series = []
     for i, m in enumerate(r.models()):
@@ -623,15 +641,9 @@ def plot_ffn_speedup(r, path):
     fr.axes([(e, str(e)) for e in sorted(set(xs))], yticks, ydec)
     if floor:
         svg.polyline([(fr.px(e), fr.py(v)) for e, v in floor], INK, 1.5, "dotted")
-    for _, color, dash, pts in series:
-        svg.polyline([(fr.px(e), fr.py(v)) for e, v in pts], color, 1.5, dash)
-        for e, v in pts:
-            svg.circle(fr.px(e), fr.py(v), 3, color)
-    svg.text(svg.width / 2, 24, f"Prox FFN speed-up over cuBLAS dense FFN, {run_tag(r.context)}", 13, "middle")
-    svg.text(left + pw / 2, top + ph + 40, "target effective sparsity e (%)", 11, "middle")
-    svg.text(18, top + ph / 2, "speed-up over cuBLAS dense FFN", 11, "middle", rotate=True)
-    legend(svg, left + pw + 16, top, entries)
-    svg.write(path)
+    draw_series(fr, [(color, dash, pts) for _, color, dash, pts in series])
+    finish_line_plot(fr, f"Prox FFN speed-up over cuBLAS dense FFN, {run_tag(r.context)}",
+                     "target effective sparsity e (%)", "speed-up over cuBLAS dense FFN", entries, path)
     return True
 
 
@@ -699,15 +711,9 @@ def plot_alpha(alpha, path):
     svg.rect(left, fr.py(PAPER_ALPHA[1]), pw, fr.py(PAPER_ALPHA[0]) - fr.py(PAPER_ALPHA[1]), BAND)
     fr.axes([(s, f"{s:g}") for s in xs], yticks, ydec)
     svg.line(left, fr.py(TARGET_ALPHA), left + pw, fr.py(TARGET_ALPHA), INK, 1.5, "dotted")
-    for _, color, pts in series:
-        svg.polyline([(fr.px(s), fr.py(a)) for s, a in pts], color, 1.5)
-        for s, a in pts:
-            svg.circle(fr.px(s), fr.py(a), 3, color)
-    svg.text(svg.width / 2, 24, f"Measured α = t(INT4) / t(FP16), {run_tag(alpha['context'])}", 13, "middle")
-    svg.text(left + pw / 2, top + ph + 40, "input sparsity s1 (%)", 11, "middle")
-    svg.text(18, top + ph / 2, "α = t(INT4) / t(FP16)", 11, "middle", rotate=True)
-    legend(svg, left + pw + 16, top, entries)
-    svg.write(path)
+    draw_series(fr, [(color, "solid", pts) for _, color, pts in series])
+    finish_line_plot(fr, f"Measured α = t(INT4) / t(FP16), {run_tag(alpha['context'])}", "input sparsity s1 (%)",
+                     "α = t(INT4) / t(FP16)", entries, path)
     return True
 
 
