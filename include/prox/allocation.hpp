@@ -48,7 +48,8 @@ PROX_HOST_DEVICE constexpr double max_effective_sparsity(const AllocationRule& r
  * prox::allocate_sparsity(0.5, &s);   // s.s1 == 0.10, s.s2 == 0.70
  * @endcode
  */
-PROX_HOST_DEVICE constexpr Status allocate_sparsity(double e, StageSparsity* out, const AllocationRule& r = {}) noexcept {
+PROX_HOST_DEVICE constexpr Status allocate_sparsity(double e, StageSparsity* out,
+                                                    const AllocationRule& r = {}) noexcept {
   if (out == nullptr) return Status::kErrorNullPointer;
   // NaN fails every comparison below, so it is rejected by the first test.
   if (!(r.alpha > 0.0) || !(r.s1_min >= 0.0) || !(r.s1_max >= r.s1_min) || !(r.s1_max < 1.0) || !(r.s_ref >= 0.0) ||

@@ -439,8 +439,8 @@ class ThresholdCalibrator {
       std::uint64_t* k = keys(cur_);
       float* v = vals(cur_);
       PROX_RETURN_IF_ERROR(detail::cuda_status(cudaMemsetAsync(&state()->candidates, 0, sizeof(unsigned), stream)));
-      PROX_RETURN_IF_ERROR(
-          detail::cuda_status(cudaMemsetAsync(k + cap, 0xFF, sizeof(std::uint64_t) * static_cast<std::size_t>(m), stream)));
+      PROX_RETURN_IF_ERROR(detail::cuda_status(
+          cudaMemsetAsync(k + cap, 0xFF, sizeof(std::uint64_t) * static_cast<std::size_t>(m), stream)));
       // Candidate slots of skipped (NaN/Inf) samples keep priority ~0 and get a defined value.
       PROX_RETURN_IF_ERROR(
           detail::cuda_status(cudaMemsetAsync(v + cap, 0, sizeof(float) * static_cast<std::size_t>(m), stream)));
@@ -506,8 +506,8 @@ class ThresholdCalibrator {
     unsigned* s0 = sorted(0);
     unsigned* s1 = sorted(1);
     // The reservoir's first n slots are its samples (sorted by priority); copy, then sort magnitudes.
-    PROX_RETURN_IF_ERROR(detail::cuda_status(
-        cudaMemcpyAsync(s0, vals(cur_), sizeof(unsigned) * static_cast<std::size_t>(n), cudaMemcpyDeviceToDevice, stream)));
+    PROX_RETURN_IF_ERROR(detail::cuda_status(cudaMemcpyAsync(
+        s0, vals(cur_), sizeof(unsigned) * static_cast<std::size_t>(n), cudaMemcpyDeviceToDevice, stream)));
     std::size_t need = 0;
     PROX_RETURN_IF_ERROR(query_keys(n, &need));
     if (need > temp_bytes_) return Status::kErrorWorkspaceTooSmall;
@@ -517,9 +517,9 @@ class ThresholdCalibrator {
     PROX_RETURN_IF_ERROR(
         detail::cuda_status(cub::DeviceRadixSort::SortKeys(ws_ + off_temp_, temp, db, n, 0, 32, stream)));
     auto* sel = reinterpret_cast<detail::SelectResult*>(ws_ + off_select_);
-    PROX_RETURN_IF_ERROR(prox::detail::launch_kernel(detail::calib_select_kernel<unsigned>, dim3(1), dim3(32), 0, stream,
-                                                     LaunchOptions{}, static_cast<const unsigned*>(db.Current()), n,
-                                                     static_cast<int>(m), sel));
+    PROX_RETURN_IF_ERROR(prox::detail::launch_kernel(
+        detail::calib_select_kernel<unsigned>, dim3(1), dim3(32), 0, stream, LaunchOptions{},
+        static_cast<const unsigned*>(db.Current()), n, static_cast<int>(m), sel));
     detail::SelectResult h{};
     PROX_RETURN_IF_ERROR(
         detail::cuda_status(cudaMemcpyAsync(&h, sel, sizeof(h), cudaMemcpyDeviceToHost, stream)));
@@ -720,7 +720,8 @@ Status calibrate_layer(SparseFfn<T, Act, ProxyFmt>& ffn, const typename SparseFf
       PROX_RETURN_IF_ERROR(ffn.run_proxy_values(xt, a.s_proxy + static_cast<std::size_t>(b) * N, a.ffn_workspace,
                                                 a.ffn_workspace_bytes, stream));
     }
-    PROX_RETURN_IF_ERROR(cal.add_samples(static_cast<const float*>(a.s_proxy), static_cast<std::size_t>(nb) * N, stream));
+    PROX_RETURN_IF_ERROR(
+        cal.add_samples(static_cast<const float*>(a.s_proxy), static_cast<std::size_t>(nb) * N, stream));
     if (a.progress != nullptr) {
       PROX_RETURN_IF_ERROR(detail::cuda_status(cudaStreamSynchronize(stream)));
       a.progress(CalibrationStage::kProxy, t0 + nb, a.tokens, a.progress_user);

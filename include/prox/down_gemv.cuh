@@ -31,7 +31,8 @@ PROX_NAMESPACE_BEGIN
  */
 template <class T>
 struct DownGemvArgs {
-  const float* s = nullptr;                     //!< [d_ff] intermediate values; every entry is read, unselected ones are ignored
+  //! [d_ff] intermediate values; every entry is read, unselected ones are ignored
+  const float* s = nullptr;
   const std::uint32_t* channel_mask = nullptr;  //!< [d_ff/32] selected channels
   const T* w_down_t = nullptr;                  //!< [d_ff][d_model] row-major = W_down^T, 16-byte aligned
   int d_model = 0;                              //!< outputs, a multiple of 8, 8..2^20
@@ -135,8 +136,8 @@ struct DownRows {
 
 // ---------------------------------------------------------------- L2: kernel
 template <class Policy, class T>
-PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void down_gemv_kernel(const DownGemvArgs<T> a, float* partials,
-                                                                      unsigned* tile_counters) {
+PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void down_gemv_kernel(
+    const DownGemvArgs<T> a, float* partials, unsigned* tile_counters) {
   constexpr int kThreads = Policy::kThreads;
   constexpr int kTileD = Policy::kTileD;
   constexpr int kChunk = Policy::kChunk;
@@ -244,9 +245,10 @@ Status launch(const DownGemvArgs<T>& a, void* workspace, std::size_t workspace_s
   if (workspace_size < workspace_bytes<Policy>(a)) return Status::kErrorWorkspaceTooSmall;
   if (!is_aligned(workspace, 16)) return Status::kErrorMisalignedPointer;
   auto* counters = static_cast<unsigned*>(workspace);
-  float* partials = reinterpret_cast<float*>(static_cast<char*>(workspace) +
-                                             round_up<std::size_t>(sizeof(unsigned) * num_tiles<Policy>(a.d_model), 256));
-  const dim3 grid(static_cast<unsigned>(num_tiles<Policy>(a.d_model)), static_cast<unsigned>(num_chunks<Policy>(a.d_ff)));
+  float* partials = reinterpret_cast<float*>(
+      static_cast<char*>(workspace) + round_up<std::size_t>(sizeof(unsigned) * num_tiles<Policy>(a.d_model), 256));
+  const dim3 grid(static_cast<unsigned>(num_tiles<Policy>(a.d_model)),
+                  static_cast<unsigned>(num_chunks<Policy>(a.d_ff)));
   if (grid.y > 65535u) return Status::kErrorInvalidShape;
   return detail::launch_kernel(down_gemv_kernel<Policy, T>, grid, dim3(Policy::kThreads), 0, stream, opts, a, partials,
                                counters);

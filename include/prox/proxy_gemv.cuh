@@ -47,7 +47,9 @@ struct Int4Weights {
   static constexpr int kVecBytes = 8;  //!< 8-byte pieces: 16 channels, 32 fp32 accumulators for gate+up
   static constexpr int kChannelsPerVec = 16;
   static constexpr bool kNeedsScales = true;
-  PROX_HOST_DEVICE static constexpr std::size_t row_bytes(int d_ff) noexcept { return static_cast<std::size_t>(d_ff) / 2; }
+  PROX_HOST_DEVICE static constexpr std::size_t row_bytes(int d_ff) noexcept {
+    return static_cast<std::size_t>(d_ff) / 2;
+  }
   PROX_HOST_DEVICE static constexpr std::size_t col_bytes(int n) noexcept { return static_cast<std::size_t>(n) / 2; }
   //! Word whose every nibble decodes to 0 (fills predicated-off loads).
   static constexpr uint32_t kFill = 0x88888888u;
@@ -111,8 +113,12 @@ struct DenseWeights {
   static constexpr int kVecBytes = 16;
   static constexpr int kChannelsPerVec = 8;
   static constexpr bool kNeedsScales = false;
-  PROX_HOST_DEVICE static constexpr std::size_t row_bytes(int d_ff) noexcept { return static_cast<std::size_t>(d_ff) * sizeof(W); }
-  PROX_HOST_DEVICE static constexpr std::size_t col_bytes(int n) noexcept { return static_cast<std::size_t>(n) * sizeof(W); }
+  PROX_HOST_DEVICE static constexpr std::size_t row_bytes(int d_ff) noexcept {
+    return static_cast<std::size_t>(d_ff) * sizeof(W);
+  }
+  PROX_HOST_DEVICE static constexpr std::size_t col_bytes(int n) noexcept {
+    return static_cast<std::size_t>(n) * sizeof(W);
+  }
   static constexpr uint32_t kFill = 0u;
 #if defined(__CUDACC__)
   using XReg = float;
@@ -174,7 +180,8 @@ struct ProxyGemvPolicy {
   static_assert(Stages == 0 || Stages >= 2, "a cp.async pipeline needs at least 2 stages");
   static std::string name() {
     return "proxy_t" + std::to_string(Threads) + "_n" + std::to_string(TileN) + "_k" + std::to_string(ChunkK) + "_u" +
-           std::to_string(Unroll) + "_m" + std::to_string(MinBlocks) + (Stages > 0 ? "_s" + std::to_string(Stages) : "");
+           std::to_string(Unroll) + "_m" + std::to_string(MinBlocks) +
+           (Stages > 0 ? "_s" + std::to_string(Stages) : "");
   }
 };
 
@@ -193,8 +200,8 @@ using DenseProxyGemvPolicies =
 
 // ---------------------------------------------------------------- L2: kernel
 template <class Policy, class T, class Fmt, class Act>
-PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void proxy_gemv_kernel(const ProxyGemvArgs<T> a, float* partials,
-                                                                       unsigned* tile_counters) {
+PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void proxy_gemv_kernel(
+    const ProxyGemvArgs<T> a, float* partials, unsigned* tile_counters) {
   constexpr int kThreads = Policy::kThreads;
   constexpr int kTileN = Policy::kTileN;
   constexpr int kChunkK = Policy::kChunkK;
@@ -496,7 +503,8 @@ Status launch(const ProxyGemvArgs<T>& a, void* workspace, std::size_t workspace_
   auto* counters = static_cast<unsigned*>(workspace);
   float* partials = reinterpret_cast<float*>(static_cast<char*>(workspace) +
                                              round_up<std::size_t>(sizeof(unsigned) * num_tiles<Policy>(a.d_ff), 256));
-  const dim3 grid(static_cast<unsigned>(num_tiles<Policy>(a.d_ff)), static_cast<unsigned>(num_chunks<Policy>(a.d_model)));
+  const dim3 grid(static_cast<unsigned>(num_tiles<Policy>(a.d_ff)),
+                  static_cast<unsigned>(num_chunks<Policy>(a.d_model)));
   if (grid.y > 65535u) return Status::kErrorInvalidShape;
   // Clusters of (1, chunks, 1): all split-K blocks of one column tile. The host cannot see which code
   // the device runs, so it checks that the device can launch clusters at all (an sm_80 device fails
@@ -515,7 +523,9 @@ Status launch(const ProxyGemvArgs<T>& a, void* workspace, std::size_t workspace_
   // A grid smaller than the GPU holds is spread over the SMs (LaunchOptions::spread); a cluster
   // launch is placed by clusters, so it is left as it is.
   std::size_t smem = 0;
-  if (opts.spread && cluster_y == 0) PROX_RETURN_IF_ERROR((spread_bytes<Policy, Fmt, Act, T>(a.d_model, a.d_ff, &smem)));
+  if (opts.spread && cluster_y == 0) {
+    PROX_RETURN_IF_ERROR((spread_bytes<Policy, Fmt, Act, T>(a.d_model, a.d_ff, &smem)));
+  }
   return detail::launch_kernel_ex(proxy_gemv_kernel<Policy, T, Fmt, Act>, grid, dim3(Policy::kThreads), smem, stream,
                                   opts, detail::LaunchExtras{cluster_y, false}, a, partials, counters);
 }

@@ -41,7 +41,9 @@ PROX_HOST_DEVICE constexpr std::uint64_t mix64(std::uint64_t z) noexcept {
   return z ^ (z >> 31);
 }
 //! One splitmix64 step: mix64(z + the golden-ratio increment).
-PROX_HOST_DEVICE constexpr std::uint64_t splitmix64(std::uint64_t z) noexcept { return mix64(z + 0x9e3779b97f4a7c15ull); }
+PROX_HOST_DEVICE constexpr std::uint64_t splitmix64(std::uint64_t z) noexcept {
+  return mix64(z + 0x9e3779b97f4a7c15ull);
+}
 }  // namespace detail
 
 PROX_NAMESPACE_END

@@ -289,7 +289,9 @@ inline Status check_not_capturing(cudaStream_t stream) noexcept {
   return cs == cudaStreamCaptureStatusNone ? Status::kSuccess : Status::kErrorCapturing;
 }
 
-inline Status cuda_ok(cudaError_t e) noexcept { return e == cudaSuccess ? Status::kSuccess : Status::kErrorCudaRuntime; }
+inline Status cuda_ok(cudaError_t e) noexcept {
+  return e == cudaSuccess ? Status::kSuccess : Status::kErrorCudaRuntime;
+}
 
 //! Owning device allocation (tuning only: allocation happens outside the hot path).
 class DeviceBuffer {
@@ -382,7 +384,8 @@ struct ProxyFill<DenseWeights<W>> {
 template <class T>
 Status upload(T* dst, const std::vector<T>& src, cudaStream_t stream) noexcept {
   if (src.empty()) return Status::kSuccess;
-  PROX_RETURN_IF_ERROR(cuda_ok(cudaMemcpyAsync(dst, src.data(), src.size() * sizeof(T), cudaMemcpyHostToDevice, stream)));
+  PROX_RETURN_IF_ERROR(
+      cuda_ok(cudaMemcpyAsync(dst, src.data(), src.size() * sizeof(T), cudaMemcpyHostToDevice, stream)));
   return cuda_ok(cudaStreamSynchronize(stream));
 }
 
@@ -436,7 +439,9 @@ inline std::vector<std::uint32_t> make_mask(int n, double density, std::mt19937_
   return m;
 }
 
-inline bool mask_bit(const std::vector<std::uint32_t>& m, int j) { return (m[static_cast<std::size_t>(j / 32)] >> (j % 32)) & 1u; }
+inline bool mask_bit(const std::vector<std::uint32_t>& m, int j) {
+  return (m[static_cast<std::size_t>(j / 32)] >> (j % 32)) & 1u;
+}
 
 inline std::uint32_t float_bits(float v) {
   std::uint32_t u;
@@ -529,7 +534,8 @@ Status time_candidates(std::vector<CandidateResult>& res, int nsets, const TuneO
       if (st == Status::kSuccess)
         st = prox::detail::launch_kernel(tune_spin_kernel<>, dim3(1), dim3(1), 0, stream, LaunchOptions{}, delay_ns);
       for (int i = 0; i < per && st == Status::kSuccess; ++i) {
-        if (cudaEventRecord(ev[2 * static_cast<std::size_t>(i)], stream) != cudaSuccess) return Status::kErrorCudaRuntime;
+        if (cudaEventRecord(ev[2 * static_cast<std::size_t>(i)], stream) != cudaSuccess)
+          return Status::kErrorCudaRuntime;
         for (int j = 0; j < chain && st == Status::kSuccess; ++j) st = launch(static_cast<int>(c), set++ % nsets);
         if (cudaEventRecord(ev[2 * static_cast<std::size_t>(i) + 1], stream) != cudaSuccess)
           return Status::kErrorCudaRuntime;
@@ -604,8 +610,8 @@ inline std::string fmt_mismatch(const char* what, int j, double got, double want
 //! GLU output s against policy 0 (glu_gemv and glu_down_gemv): selected channels within rounding
 //! (the policies sum the K products in different orders), unselected entries bit for bit (+0 under
 //! the "every entry written" contract of GluGemvArgs::s).
-inline bool compare_glu_s(const std::vector<float>& ref, const std::vector<float>& s, const std::vector<std::uint32_t>& m,
-                          int n, std::string* why) {
+inline bool compare_glu_s(const std::vector<float>& ref, const std::vector<float>& s,
+                          const std::vector<std::uint32_t>& m, int n, std::string* why) {
   double max_abs = 0.0;
   for (int j = 0; j < n; ++j)
     if (mask_bit(m, j)) max_abs = std::max(max_abs, static_cast<double>(std::fabs(ref[static_cast<std::size_t>(j)])));
@@ -893,8 +899,10 @@ class ProxyBench : WeightBenchBase {
       b.w_gate = w_.bytes_ptr() + (2 * static_cast<std::size_t>(set)) * mat_bytes_;
       b.w_up = w_.bytes_ptr() + (2 * static_cast<std::size_t>(set) + 1) * mat_bytes_;
       if (Fmt::kNeedsScales) {
-        b.scale_gate = reinterpret_cast<const float*>(sc_.bytes_ptr() + (2 * static_cast<std::size_t>(set)) * scale_stride_);
-        b.scale_up = reinterpret_cast<const float*>(sc_.bytes_ptr() + (2 * static_cast<std::size_t>(set) + 1) * scale_stride_);
+        b.scale_gate =
+            reinterpret_cast<const float*>(sc_.bytes_ptr() + (2 * static_cast<std::size_t>(set)) * scale_stride_);
+        b.scale_up =
+            reinterpret_cast<const float*>(sc_.bytes_ptr() + (2 * static_cast<std::size_t>(set) + 1) * scale_stride_);
       }
       return b;
     };
@@ -981,7 +989,8 @@ class ProxyBench : WeightBenchBase {
     if (Fmt::kNeedsScales) {
       PROX_RETURN_IF_ERROR(sc_.alloc(static_cast<std::size_t>(n) * 2 * scale_stride_));
       // Per-channel scales of INT4 weights of magnitude ~0.02 (amax / 7).
-      PROX_RETURN_IF_ERROR(fill_uniform(sc_.as<float>(), sc_.bytes() / sizeof(float), o_.seed + 2, 0.001f, 0.004f, stream_));
+      PROX_RETURN_IF_ERROR(
+          fill_uniform(sc_.as<float>(), sc_.bytes() / sizeof(float), o_.seed + 2, 0.001f, 0.004f, stream_));
     }
     sets_ = n;
     return cuda_ok(cudaStreamSynchronize(stream_));
@@ -1334,7 +1343,8 @@ Status tune_proxy_gemv(Cache& cache, int d_model, int d_ff, double input_density
 template <class T, class Act>
 Status tune_glu_gemv(Cache& cache, int d_model, int d_ff, double channel_density, cudaStream_t stream,
                      const TuneOptions& options = {}, TuneResult* result = nullptr) noexcept {
-  return detail::run_bench_one<detail::GluBench<T, Act>>(cache, channel_density, stream, options, result, d_model, d_ff);
+  return detail::run_bench_one<detail::GluBench<T, Act>>(cache, channel_density, stream, options, result, d_model,
+                                                         d_ff);
 }
 
 //! Tune the sparse down GEMV for (d_model, d_ff) at selected-channel density `channel_density`.
@@ -1500,8 +1510,8 @@ Status choose(Cache& cache, const typename Ffn::Config& cfg, double input_densit
       PROX_RETURN_IF_ERROR((detail::run_bench_locked<detail::GluDownBench<T, Act>>(
           cache, {channel_density}, stream, options, nullptr, cfg.d_model, cfg.d_ff)));
     if (!fused && out->glu < 0)
-      PROX_RETURN_IF_ERROR((detail::run_bench_locked<detail::GluBench<T, Act>>(cache, {channel_density}, stream, options,
-                                                                               nullptr, cfg.d_model, cfg.d_ff)));
+      PROX_RETURN_IF_ERROR((detail::run_bench_locked<detail::GluBench<T, Act>>(
+          cache, {channel_density}, stream, options, nullptr, cfg.d_model, cfg.d_ff)));
     if (!fused && out->down < 0)
       PROX_RETURN_IF_ERROR((detail::run_bench_locked<detail::DownBench<T>>(cache, {channel_density}, stream, options,
                                                                            nullptr, cfg.d_model, cfg.d_ff)));
@@ -1525,7 +1535,8 @@ Status choose(Cache& cache, const typename Ffn::Config& cfg, double input_densit
  */
 template <class Ffn>
 Status choose(Cache& cache, const typename Ffn::Config& cfg, double input_density, double channel_density,
-              typename Ffn::PlanOptions* opts, cudaStream_t stream = nullptr, const TuneOptions& options = {}) noexcept {
+              typename Ffn::PlanOptions* opts, cudaStream_t stream = nullptr,
+              const TuneOptions& options = {}) noexcept {
   if (opts == nullptr) return Status::kErrorNullPointer;
   return choose<Ffn>(cache, cfg, input_density, channel_density, &opts->choice, stream, options, opts->fuse_stage2);
 }
