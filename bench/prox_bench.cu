@@ -8,6 +8,10 @@
 //!   dense_gemv_up    cuBLAS GEMV, W_up   [d_ff][d_model]              bytes: d_model d_ff 2
 //!   dense_gemv_down  cuBLAS GEMV, W_down [d_model][d_ff]              bytes: d_model d_ff 2
 //!   prox_ffn         prox::SparseFfn<T, SiLU> (Int4 proxies), 2 kernels  bytes: Stage 1 + GLU + down
+//!   ffn_paired       prox_ffn and dense_ffn replayed in alternation (dense first in even pairs, Prox first
+//!                    in odd ones): t_us and dense_us are the medians of the pairs, speedup_vs_dense their
+//!                    ratio, speedup_pair_median / _min / _max over the per-pair ratios. Both see the same
+//!                    GPU state, so the ratio does not carry the drift between separate benchmarks
 //!   prox_stage2      Stage 2 as the FFN runs it (glu_down_gemv, fused) on Stage 1's precomputed masks
 //!   stage2_unfused   glu_gemv + down_gemv (two kernels) on the same masks: what the fusion saves
 //!   stage2_empty     Stage 2 as the FFN runs it on an all-zero mask: no weight byte is read, so its
@@ -342,6 +346,43 @@ Timing run_loop(benchmark::State& st, GraphReplay& graph) {
   return prox_bench::summarize(std::move(per_launch), graph.launches());
 }
 
+//! Two graphs timed in alternation, one pair per benchmark iteration; the iteration time is a's.
+struct PairedTiming {
+  Timing prox, dense;
+  double ratio_median = 0.0, ratio_min = 0.0, ratio_max = 0.0;  //!< of dense / prox per pair
+};
+PairedTiming run_paired_loop(benchmark::State& st, GraphReplay& prox, GraphReplay& dense) {
+  for (int i = 0; i < g_opt.warmup; ++i) {
+    dense.replay();
+    prox.replay();
+  }
+  std::vector<double> tp, td, ratio;
+  int pair = 0;
+  for (auto _ : st) {
+    // Alternate which goes first, so neither always runs right after the other.
+    double d = 0.0, p = 0.0;
+    if (pair++ % 2 == 0) {
+      d = dense.replay_timed();
+      p = prox.replay_timed();
+    } else {
+      p = prox.replay_timed();
+      d = dense.replay_timed();
+    }
+    st.SetIterationTime(p);
+    tp.push_back(p);
+    td.push_back(d);
+    ratio.push_back(d / p);
+  }
+  PairedTiming r;
+  r.prox = prox_bench::summarize(std::move(tp), prox.launches());
+  r.dense = prox_bench::summarize(std::move(td), dense.launches());
+  const Timing q = prox_bench::summarize(ratio, 1);
+  r.ratio_median = q.median_s;
+  r.ratio_min = q.min_s;
+  r.ratio_max = ratio.empty() ? 0.0 : *std::max_element(ratio.begin(), ratio.end());
+  return r;
+}
+
 template <class T>
 void set_counters(benchmark::State& st, const std::string& name, const Context<T>& ctx, const Timing& t, double bytes,
                   bool rotates = true) {
@@ -449,7 +490,7 @@ void bench_dense_gemv(benchmark::State& st, const std::string& name, FfnShape sh
 }
 
 // ---------------------------------------------------------------- prox benches
-enum class Op { kFfn, kStage2, kStage2Unfused, kStage2Empty, kThreshold, kProxy, kProxyEmpty, kGlu, kDown };
+enum class Op { kFfn, kFfnPaired, kStage2, kStage2Unfused, kStage2Empty, kThreshold, kProxy, kProxyEmpty, kGlu, kDown };
 
 //! The GLU GEMV's arguments for launch i (weight copy i mod copies, token i mod tokens).
 template <class T>
@@ -523,6 +564,7 @@ void bench_prox(benchmark::State& st, const std::string& name, FfnShape shape, i
     GraphReplay::Enqueue enqueue;
     switch (op) {
       case Op::kFfn:
+      case Op::kFfnPaired:
         bytes = stage1 + glu + down;
         enqueue = [&](int i, cudaStream_t s) {
           PROX_BENCH_PROX(sp.ffns[i % ctx.layer.copies()].run(ctx.layer.token(i % ctx.layer.tokens()),
@@ -610,8 +652,20 @@ void bench_prox(benchmark::State& st, const std::string& name, FfnShape shape, i
         break;
     }
     GraphReplay graph(g.stream, ctx.launches, enqueue);
-    const Timing t = run_loop(st, graph);
-    if (op == Op::kFfn) {
+    Timing t;
+    if (op == Op::kFfnPaired) {
+      GraphReplay dense(g.stream, ctx.launches, [&](int i, cudaStream_t s) { enqueue_dense_ffn(ctx, i, s); });
+      const PairedTiming pt = run_paired_loop(st, graph, dense);
+      t = pt.prox;
+      st.counters["dense_us"] = pt.dense.median_s * 1e6;
+      st.counters["speedup_vs_dense"] = pt.dense.median_s / pt.prox.median_s;
+      st.counters["speedup_pair_median"] = pt.ratio_median;
+      st.counters["speedup_pair_min"] = pt.ratio_min;
+      st.counters["speedup_pair_max"] = pt.ratio_max;
+    } else {
+      t = run_loop(st, graph);
+    }
+    if (op == Op::kFfn || op == Op::kFfnPaired) {
       // Read the densities back after timing, from the timed plans and workspace: they must be the
       // ones the setup measured (Stage 1 is deterministic), else bytes_needed would be wrong.
       auto* cnt = sp.counters.template as<prox::SparsityCounters>();
@@ -629,7 +683,7 @@ void bench_prox(benchmark::State& st, const std::string& name, FfnShape shape, i
     }
     set_counters(st, name, ctx, t, bytes, rotates);
     set_sparse_counters(st, sp);
-    if (op == Op::kFfn || op == Op::kStage2 || op == Op::kStage2Unfused) {
+    if (op == Op::kFfn || op == Op::kStage2 || op == Op::kStage2Unfused) {  // ffn_paired: its own, above
       st.counters["speedup_vs_dense"] = dense_ffn_seconds(ctx) / t.median_s;
       st.counters["dense_us"] = dense_ffn_seconds(ctx) * 1e6;
     }
@@ -654,10 +708,11 @@ void register_shape(const FfnShape& shape, const std::vector<int>& targets) {
       [shape](benchmark::State& st, const std::string& n) { bench_dense_gemv<T>(st, n, shape, true); });
   reg("dense_gemv_down/" + base,
       [shape](benchmark::State& st, const std::string& n) { bench_dense_gemv<T>(st, n, shape, false); });
-  const std::pair<const char*, Op> ops[] = {{"prox_ffn", Op::kFfn},     {"prox_stage2", Op::kStage2}, {"stage2_unfused", Op::kStage2Unfused},
-                                            {"stage2_empty", Op::kStage2Empty},
-                                            {"threshold", Op::kThreshold}, {"proxy_int4", Op::kProxy}, {"proxy_int4_empty", Op::kProxyEmpty},
-                                            {"glu", Op::kGlu},           {"down", Op::kDown}};
+  const std::pair<const char*, Op> ops[] = {
+      {"prox_ffn", Op::kFfn},         {"ffn_paired", Op::kFfnPaired},     {"prox_stage2", Op::kStage2},
+      {"stage2_unfused", Op::kStage2Unfused}, {"stage2_empty", Op::kStage2Empty}, {"threshold", Op::kThreshold},
+      {"proxy_int4", Op::kProxy},     {"proxy_int4_empty", Op::kProxyEmpty}, {"glu", Op::kGlu},
+      {"down", Op::kDown}};
   for (int e : targets) {
     for (const auto& [opname, op] : ops) {
       const Op o = op;
