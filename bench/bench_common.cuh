@@ -408,6 +408,7 @@ inline CopyBandwidth measure_copy_bandwidth(cudaStream_t stream, std::size_t byt
 struct Timing {
   double median_s = 0.0;  //!< median over replays of (replay time / launches)
   double min_s = 0.0;
+  double max_s = 0.0;
   double mean_s = 0.0;
   int launches = 0;
   int replays = 0;
@@ -420,6 +421,7 @@ inline Timing summarize(std::vector<double> per_launch, int launches) {
   const std::size_t n = per_launch.size();
   t.median_s = n % 2 ? per_launch[n / 2] : 0.5 * (per_launch[n / 2 - 1] + per_launch[n / 2]);
   t.min_s = per_launch.front();
+  t.max_s = per_launch.back();
   double s = 0.0;
   for (double v : per_launch) s += v;
   t.mean_s = s / static_cast<double>(n);

@@ -346,10 +346,10 @@ Timing run_loop(benchmark::State& st, GraphReplay& graph) {
   return prox_bench::summarize(std::move(per_launch), graph.launches());
 }
 
-//! Two graphs timed in alternation, one pair per benchmark iteration; the iteration time is a's.
+//! The Prox and dense FFN graphs timed in alternation, one pair per benchmark iteration (the
+//! iteration time is Prox's). `ratio` summarizes dense / prox per pair (its fields are ratios, not seconds).
 struct PairedTiming {
-  Timing prox, dense;
-  double ratio_median = 0.0, ratio_min = 0.0, ratio_max = 0.0;  //!< of dense / prox per pair
+  Timing prox, dense, ratio;
 };
 PairedTiming run_paired_loop(benchmark::State& st, GraphReplay& prox, GraphReplay& dense) {
   for (int i = 0; i < g_opt.warmup; ++i) {
@@ -373,14 +373,8 @@ PairedTiming run_paired_loop(benchmark::State& st, GraphReplay& prox, GraphRepla
     td.push_back(d);
     ratio.push_back(d / p);
   }
-  PairedTiming r;
-  r.prox = prox_bench::summarize(std::move(tp), prox.launches());
-  r.dense = prox_bench::summarize(std::move(td), dense.launches());
-  const Timing q = prox_bench::summarize(ratio, 1);
-  r.ratio_median = q.median_s;
-  r.ratio_min = q.min_s;
-  r.ratio_max = ratio.empty() ? 0.0 : *std::max_element(ratio.begin(), ratio.end());
-  return r;
+  return {prox_bench::summarize(std::move(tp), prox.launches()),
+          prox_bench::summarize(std::move(td), dense.launches()), prox_bench::summarize(std::move(ratio), 1)};
 }
 
 template <class T>
@@ -659,9 +653,9 @@ void bench_prox(benchmark::State& st, const std::string& name, FfnShape shape, i
       t = pt.prox;
       st.counters["dense_us"] = pt.dense.median_s * 1e6;
       st.counters["speedup_vs_dense"] = pt.dense.median_s / pt.prox.median_s;
-      st.counters["speedup_pair_median"] = pt.ratio_median;
-      st.counters["speedup_pair_min"] = pt.ratio_min;
-      st.counters["speedup_pair_max"] = pt.ratio_max;
+      st.counters["speedup_pair_median"] = pt.ratio.median_s;
+      st.counters["speedup_pair_min"] = pt.ratio.min_s;
+      st.counters["speedup_pair_max"] = pt.ratio.max_s;
     } else {
       t = run_loop(st, graph);
     }

@@ -88,6 +88,15 @@ class BenchRun:
     def targets(self):
         return sorted({k[3] for k in self.rows if k[3] is not None})
 
+    def each(self, bench):
+        """(model, dtype, e, row) of every row of a per-target bench, in table order."""
+        for m in self.models():
+            for d in self.dtypes():
+                for e in self.targets():
+                    row = self.get(bench, m, d, e)
+                    if row is not None:
+                        yield m, d, e, row
+
 
 def parse_name(name):
     """'prox_ffn/Qwen3-8B/f16/e70/iterations:30/manual_time' -> ('prox_ffn', 'Qwen3-8B', 'f16', 70)."""
@@ -250,27 +259,22 @@ def section_ffn(runs):
                                    ["model", "dtype", "dense µs"] + [f"e = {e} %" for e in targets], rows)
             # Where the time goes: Stage 2 alone, Stage 1 alone, and the byte floor.
             rows2 = []
-            for m in r.models():
-                for d in r.dtypes():
-                    for e in targets:
-                        f = r.get("prox_ffn", m, d, e)
-                        if f is None:
-                            continue
-                        s2 = r.get("prox_stage2", m, d, e)
-                        p = r.get("proxy_int4", m, d, e)
-                        p0 = r.get("proxy_int4_empty", m, d, e)
-                        s20 = r.get("stage2_empty", m, d, e)
-                        copy = f.get("copy_GBps", float("nan"))
-                        floor = f.get("bytes_needed", 0) / (copy * 1e3)
-                        f1, f2 = cell(p0, "t_us"), cell(s20, "t_us")
-                        fixed = f1 + f2 if f1 is not None and f2 is not None else float("nan")
-                        rest = f.get("t_us", float("nan")) - fixed
-                        rest_frac = floor / rest if rest == rest and rest > 0 else float("nan")
-                        rows2.append([m, d, f"{e} %", f"{f.get('s1', 0) * 100:.1f} / {f.get('s2', 0) * 100:.1f}",
-                                      fmt_us(f.get("t_us")), fmt_us(cell(p, "t_us")), fmt_us(cell(s2, "t_us")),
-                                      f"{fmt_us(cell(p0, 't_us'))} + {fmt_us(cell(s20, 't_us'))}",
-                                      f"{f.get('bytes_needed', 0) / 1e6:.1f}", fmt_us(floor),
-                                      fmt_pct(f.get("frac_copy")), fmt_pct(rest_frac)])
+            for m, d, e, f in r.each("prox_ffn"):
+                s2 = r.get("prox_stage2", m, d, e)
+                p = r.get("proxy_int4", m, d, e)
+                p0 = r.get("proxy_int4_empty", m, d, e)
+                s20 = r.get("stage2_empty", m, d, e)
+                copy = f.get("copy_GBps", float("nan"))
+                floor = f.get("bytes_needed", 0) / (copy * 1e3)
+                f1, f2 = cell(p0, "t_us"), cell(s20, "t_us")
+                fixed = f1 + f2 if f1 is not None and f2 is not None else float("nan")
+                rest = f.get("t_us", float("nan")) - fixed
+                rest_frac = floor / rest if rest == rest and rest > 0 else float("nan")
+                rows2.append([m, d, f"{e} %", f"{f.get('s1', 0) * 100:.1f} / {f.get('s2', 0) * 100:.1f}",
+                              fmt_us(f.get("t_us")), fmt_us(cell(p, "t_us")), fmt_us(cell(s2, "t_us")),
+                              f"{fmt_us(cell(p0, 't_us'))} + {fmt_us(cell(s20, 't_us'))}",
+                              f"{f.get('bytes_needed', 0) / 1e6:.1f}", fmt_us(floor),
+                              fmt_pct(f.get("frac_copy")), fmt_pct(rest_frac)])
             if rows2:
                 out += captioned_table(
                     None,
@@ -282,18 +286,13 @@ def section_ffn(runs):
                     ["model", "dtype", "e", "s1 / s2 measured %", "FFN µs", "Stage 1 µs", "Stage 2 µs",
                      "fixed µs (1 + 2)", "MB read", "floor µs", "of copy", "of copy w/o fixed"], rows2)
         rows3 = []
-        for m in r.models():
-            for d in r.dtypes():
-                for e in targets:
-                    p = r.get("ffn_paired", m, d, e)
-                    if p is None:
-                        continue
-                    f = r.get("prox_ffn", m, d, e) or {}
-                    rows3.append([m, d, f"{e} %", fmt_us(p.get("t_us")), fmt_us(p.get("dense_us")),
-                                  f"**{fmt_x(p.get('speedup_vs_dense'))}**",
-                                  f"{fmt_x(p.get('speedup_pair_median'))} ({fmt_x(p.get('speedup_pair_min'))}–"
-                                  f"{fmt_x(p.get('speedup_pair_max'))})",
-                                  fmt_x(f.get("speedup_vs_dense"))])
+        for m, d, e, p in r.each("ffn_paired"):
+            f = r.get("prox_ffn", m, d, e) or {}
+            rows3.append([m, d, f"{e} %", fmt_us(p.get("t_us")), fmt_us(p.get("dense_us")),
+                          f"**{fmt_x(p.get('speedup_vs_dense'))}**",
+                          f"{fmt_x(p.get('speedup_pair_median'))} ({fmt_x(p.get('speedup_pair_min'))}–"
+                          f"{fmt_x(p.get('speedup_pair_max'))})",
+                          fmt_x(f.get("speedup_vs_dense"))])
         if rows3:
             out += captioned_table(
                 None,
@@ -394,8 +393,7 @@ def section_targets(runs, alpha):
                          verdict(hi[0] <= TARGET_ALPHA), tag])
     if not rows:
         return "_No results yet._"
-    paired = any(r.get("ffn_paired", m, d, e) for r in runs for m in r.models() for d in r.dtypes()
-                 for e in r.targets())
+    paired = any(next(r.each("ffn_paired"), None) for r in runs)
     note = ("FFN speed-ups are judged against the faster of the run's fp16 and bf16 cuBLAS dense FFN times of "
             "the shape; where the ratio against the row's own dtype differs, it is given in brackets.")
     if paired:
