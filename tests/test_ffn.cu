@@ -150,6 +150,8 @@ TEMPLATE_TEST_CASE("Prox FFN: small and odd shapes, both activations, boundary d
   ffn_shape<T, prox::GeluTanh>(8, 32, 2, true);
   ffn_shape<T, prox::GeluTanh>(136, 224, 3, true);
   ffn_shape<T, prox::SiLU>(1000, 2016, 4, false);
+  // 315 pieces a row: the default fused Stage 2 is the 320-thread candidate (glu_down_gemv::default_policy).
+  ffn_shape<T, prox::GeluTanh>(2520, 608, 8, false, 1);
 }
 
 TEMPLATE_TEST_CASE("Prox FFN: Qwen3-1.7B and Qwen3-8B shapes", "[ffn][gpu][large]", __half, __nv_bfloat16) {

@@ -86,8 +86,13 @@ struct GluDownPolicy {
 //! its end). With 256 rows, the Qwen3-14B and 32B tasks (300-750 rows at e = 40-70 %) took 2-3 rounds;
 //! 1024 holds them in one. Measured on the H100 (docs/benchmarks.md): Stage 2 1.0-1.7 us faster on
 //! 14B and 1.4-4.2 us on 32B; on 8B 1.5 us at e = 40 % (290-row tasks), unchanged above.
+//! Candidate 2 has 320 threads: a d_model of 2560 or 5120 (320 or 640 16-byte pieces a row) fills
+//! its GLU steps exactly, where 256 threads leave 37.5 % or 16.7 % of the load slots idle (the plan's
+//! default, glu_down_gemv::default_policy, picks by that). Measured on the H100: FFN 0.7-1.6 us
+//! faster on 4B, 0.7-2.5 us on 14B and 32B; up to 0.9 us slower on 1.7B and 8B, where 256 fits.
 using GluDownGemvPolicies =
-    PolicyList<GluDownPolicy<256, 64, 4, 256, 1024, 4, 2>, GluDownPolicy<256, 64, 2, 256, 1024, 4, 3>>;
+    PolicyList<GluDownPolicy<256, 64, 4, 256, 1024, 4, 2>, GluDownPolicy<256, 64, 2, 256, 1024, 4, 3>,
+               GluDownPolicy<320, 64, 2, 256, 1024, 4, 2>>;
 
 namespace detail {
 
@@ -254,6 +259,39 @@ Status max_grid_blocks(int* out) noexcept {
 template <class Policy>
 constexpr int num_tiles(int d_model) noexcept {
   return ceil_div(d_model, Policy::kTileD);
+}
+
+/**
+ * @brief Load slots a block's GLU part spends on one selected row: the row's d_model / 8 16-byte
+ * pieces are read in steps of kThreads x kPieces pieces, so the last step leaves the threads past
+ * the row's end idle. Host and device.
+ */
+template <class Policy>
+constexpr long glu_row_slots(int d_model) noexcept {
+  const long pieces = d_model / 8;
+  const long step = static_cast<long>(Policy::kThreads) * Policy::Glu::kPieces;
+  return (pieces + step - 1) / step * step;
+}
+
+/**
+ * @brief The fused Stage-2 policy plan() uses without an explicit choice: the candidate of `List`
+ * whose GLU steps cover a row of d_model inputs with the fewest load slots (glu_row_slots), ties to
+ * the lower index. Measured on the H100 (docs/benchmarks.md): with 256 threads a 5120-wide row
+ * takes 3 steps of which the last is half idle, and 320 threads (2 full steps) made the FFN
+ * 0.7-2.5 us faster on Qwen3-14B and 32B; 256 threads stayed faster where they fit (2048, 4096).
+ */
+template <class List>
+int default_policy(int d_model) noexcept {
+  int best = 0;
+  long best_slots = -1;
+  for_each_policy<List>([&](auto p, int i) {
+    const long slots = glu_row_slots<decltype(p)>(d_model);
+    if (best_slots < 0 || slots < best_slots) {
+      best = i;
+      best_slots = slots;
+    }
+  });
+  return best;
 }
 
 /**

@@ -264,7 +264,8 @@ Status SparseFfn<T, Act, ProxyFmt>::plan(const Config& cfg, const Weights& w,
     return Status::kSuccess;
   });
   // The fused Stage 2 needs every block resident: its grid is what fits (SMs x resident blocks).
-  PROX_RETURN_IF_ERROR(pick(opts.choice.glu_down, GluDownPolicies::kSize, 0, &choice_.glu_down));
+  PROX_RETURN_IF_ERROR(pick(opts.choice.glu_down, GluDownPolicies::kSize,
+                            glu_down_gemv::default_policy<GluDownPolicies>(K), &choice_.glu_down));
   glu_down_blocks_ = 0;
   glu_down_max_blocks_ = 0;
   for_each_policy<GluDownPolicies>([&](auto p, int i) {
