@@ -86,13 +86,16 @@ struct GluDownPolicy {
 //! its end). With 256 rows, the Qwen3-14B and 32B tasks (300-750 rows at e = 40-70 %) took 2-3 rounds;
 //! 1024 holds them in one. Measured on the H100 (docs/benchmarks.md): Stage 2 1.0-1.7 us faster on
 //! 14B and 1.4-4.2 us on 32B; on 8B 1.5 us at e = 40 % (290-row tasks), unchanged above.
-//! Candidate 2 has 320 threads: a d_model of 2560 or 5120 (320 or 640 16-byte pieces a row) fills
+//! Candidate 1 has 320 threads: a d_model of 2560 or 5120 (320 or 640 16-byte pieces a row) fills
 //! its GLU steps exactly, where 256 threads leave 37.5 % or 16.7 % of the load slots idle (the plan's
 //! default, glu_down_gemv::default_policy, picks by that). Measured on the H100: FFN 0.7-1.6 us
 //! faster on 4B, 0.7-2.5 us on 14B and 32B; up to 0.9 us slower on 1.7B and 8B, where 256 fits.
+//! The order is a preference: the tuner gives a near-tie to the lower index, and candidate 2 (3
+//! blocks per SM), timed alone within 0.5 % of candidate 1 on the 14B shape (bf16, density 5/16),
+//! made the FFN 1.6-1.8 us slower there.
 using GluDownGemvPolicies =
-    PolicyList<GluDownPolicy<256, 64, 4, 256, 1024, 4, 2>, GluDownPolicy<256, 64, 2, 256, 1024, 4, 3>,
-               GluDownPolicy<320, 64, 2, 256, 1024, 4, 2>>;
+    PolicyList<GluDownPolicy<256, 64, 4, 256, 1024, 4, 2>, GluDownPolicy<320, 64, 2, 256, 1024, 4, 2>,
+               GluDownPolicy<256, 64, 2, 256, 1024, 4, 3>>;
 
 namespace detail {
 
