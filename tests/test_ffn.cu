@@ -129,6 +129,8 @@ void ffn_shape(int K, int N, std::uint64_t seed, bool boundaries, int tokens = 2
   // e = 60 %: (s1, s2) = (55 %, 70 %).
   const auto [tx, ts] = r.thresholds(x0, 0.55, 0.70);
   r.plan(tx, ts);
+  // Without a choice, plan() takes the fused Stage-2 policy of the shape's rule (320 threads at K = 2520).
+  CHECK(r.ffn.choice().glu_down == prox::glu_down_gemv::default_policy<prox::GluDownGemvPolicies>(K));
   for (int t = 0; t < tokens; ++t) check_token(r, t == 0 ? x0 : normal_vector<T>(K, seed + 200 + t, 1.0), "e60");
   if (boundaries) {
     r.plan(0.0f, 0.0f);  // density 1: every input, every channel (the dense FFN)
@@ -151,6 +153,8 @@ TEMPLATE_TEST_CASE("Prox FFN: small and odd shapes, both activations, boundary d
   ffn_shape<T, prox::GeluTanh>(136, 224, 3, true);
   ffn_shape<T, prox::SiLU>(1000, 2016, 4, false);
   // 315 pieces a row: the default fused Stage 2 is the 320-thread candidate (glu_down_gemv::default_policy).
+  STATIC_REQUIRE(prox::PolicyAt<1, prox::GluDownGemvPolicies>::kThreads == 320);
+  CHECK(prox::glu_down_gemv::default_policy<prox::GluDownGemvPolicies>(2520) == 1);
   ffn_shape<T, prox::GeluTanh>(2520, 608, 8, false, 1);
 }
 
