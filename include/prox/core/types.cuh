@@ -41,7 +41,15 @@ struct DTypeTraits<__nv_bfloat16> {
   PROX_HOST_DEVICE static PROX_FORCEINLINE float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
   PROX_HOST_DEVICE static PROX_FORCEINLINE __nv_bfloat16 from_float(float v) { return __float2bfloat16_rn(v); }
 #if defined(__CUDACC__)
-  PROX_DEVICE static PROX_FORCEINLINE float2 to_float2(__nv_bfloat162 v) { return __bfloat1622float2(v); }
+  //! bf16 -> fp32 is exact: an element's 16 bits are the high half of its float. Two integer ops a
+  //! pair; __bfloat1622float2 compiled to three on sm_90 (a PRMT moves the high element down, then
+  //! both are shifted up). Same bits, NaN payloads included.
+  PROX_DEVICE static PROX_FORCEINLINE float2 to_float2(__nv_bfloat162 v) {
+    unsigned u;
+    static_assert(sizeof(v) == sizeof(u), "a bf16 pair is 32 bits");
+    __builtin_memcpy(&u, &v, sizeof(u));
+    return make_float2(__uint_as_float(u << 16), __uint_as_float(u & 0xffff0000u));
+  }
 #endif
 };
 
