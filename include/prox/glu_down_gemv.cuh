@@ -265,15 +265,13 @@ constexpr int num_tiles(int d_model) noexcept {
 }
 
 /**
- * @brief Load slots a block's GLU part spends on one selected row: the row's d_model / 8 16-byte
- * pieces are read in steps of kThreads x kPieces pieces, so the last step leaves the threads past
- * the row's end idle. Host and device.
+ * @brief Load slots a block's GLU part spends on one selected row: its steps
+ * (GluSlicedPolicy::steps_per_row) times the pieces a step loads. Host and device.
  */
 template <class Policy>
 constexpr long glu_row_slots(int d_model) noexcept {
-  const long pieces = d_model / 8;
-  const long step = static_cast<long>(Policy::kThreads) * Policy::Glu::kPieces;
-  return (pieces + step - 1) / step * step;
+  using G = typename Policy::Glu;
+  return static_cast<long>(G::steps_per_row(d_model)) * G::kThreads * G::kPieces;
 }
 
 /**

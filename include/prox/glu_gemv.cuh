@@ -63,6 +63,11 @@ struct GluSlicedPolicy {
   static constexpr int kPieces = Pieces;
   static_assert(Channels % 32 == 0 && Threads % 32 == 0, "policy shape");
   static_assert(is_pow2(2 * Batch) && 2 * Batch <= 32, "2 * Batch must be a power of two <= 32");
+  //! Steps of Threads x Pieces 16-byte pieces that cover one row of d_model inputs (d_model / 8
+  //! pieces); the last one leaves the threads past the row's end idle. Host and device.
+  PROX_HOST_DEVICE static constexpr int steps_per_row(int d_model) noexcept {
+    return ceil_div(d_model / 8, Threads * Pieces);
+  }
   static std::string name() {
     return "glus_t" + std::to_string(Threads) + "_c" + std::to_string(Channels) + "_b" + std::to_string(Batch) +
            "_p" + std::to_string(Pieces) + "_m" + std::to_string(MinBlocks);
@@ -129,7 +134,7 @@ struct GluRows {
       // and pieces q0 + p kThreads of each row. Loads of step st + 1 are issued before the arithmetic
       // of step st (register double buffering), so memory is busy while the block reduces a batch.
       const int pieces = a.d_model / 8;  // 16-byte pieces per row
-      const int steps_per_batch = (pieces + kThreads * kP - 1) / (kThreads * kP);
+      const int steps_per_batch = Policy::steps_per_row(a.d_model);
       const int total_steps = ((count + kB - 1) / kB) * steps_per_batch;
       const std::size_t ld = static_cast<std::size_t>(a.d_model);
 

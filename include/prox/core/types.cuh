@@ -5,6 +5,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <cstdint>
+
 #include "config.hpp"
 
 PROX_NAMESPACE_BEGIN
@@ -20,6 +22,17 @@ constexpr const char* to_string(DType t) noexcept { return t == DType::kF16 ? "f
  */
 template <class T>
 struct DTypeTraits;
+
+#if defined(__CUDACC__)
+//! The 32 bits of a pair of 16-bit elements (bit cast, no conversion); as_pair (vec.cuh) is the inverse.
+template <class P>
+PROX_DEVICE PROX_FORCEINLINE std::uint32_t pair_bits(P p) {
+  std::uint32_t u;
+  static_assert(sizeof(p) == 4, "pair must be 32 bits");
+  __builtin_memcpy(&u, &p, 4);
+  return u;
+}
+#endif
 
 template <>
 struct DTypeTraits<__half> {
@@ -45,9 +58,7 @@ struct DTypeTraits<__nv_bfloat16> {
   //! pair; __bfloat1622float2 compiled to three on sm_90 (a PRMT moves the high element down, then
   //! both are shifted up). Same bits, NaN payloads included.
   PROX_DEVICE static PROX_FORCEINLINE float2 to_float2(__nv_bfloat162 v) {
-    unsigned u;
-    static_assert(sizeof(v) == sizeof(u), "a bf16 pair is 32 bits");
-    __builtin_memcpy(&u, &v, sizeof(u));
+    const std::uint32_t u = pair_bits(v);
     return make_float2(__uint_as_float(u << 16), __uint_as_float(u & 0xffff0000u));
   }
 #endif

@@ -126,14 +126,6 @@ PROX_DEVICE PROX_FORCEINLINE typename DTypeTraits<T>::Pair as_pair(uint32_t u) {
   return p;
 }
 
-template <class P>
-PROX_DEVICE PROX_FORCEINLINE uint32_t pair_bits(P p) {
-  uint32_t u;
-  static_assert(sizeof(p) == 4, "pair must be 32 bits");
-  __builtin_memcpy(&u, &p, 4);
-  return u;
-}
-
 //! Unpack 16 bytes holding 8 elements of T into 8 floats (element order preserved).
 template <class T>
 PROX_DEVICE PROX_FORCEINLINE void unpack8(uint4 v, float (&out)[8]) {
