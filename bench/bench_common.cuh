@@ -40,9 +40,6 @@
 #define PROX_BENCH_PROX(...) \
   ::prox_bench::check_prox((__VA_ARGS__), #__VA_ARGS__ " at " __FILE__ ":" PROX_BENCH_STR(__LINE__))
 
-#ifndef PROX_BENCH_GIT_COMMIT
-#define PROX_BENCH_GIT_COMMIT "unknown"
-#endif
 #ifndef PROX_BENCH_CUDA_ARCHS
 #define PROX_BENCH_CUDA_ARCHS "unknown"
 #endif
@@ -228,11 +225,15 @@ inline std::string describe(const DeviceFacts& f) {
   return buf;
 }
 
-//! The commit to record: --flag value, else $PROX_COMMIT, else the one CMake saw at configure time.
+//! The commit this binary was built from (`git describe`, stamped at build time by
+//! bench/git_commit.cmake into the prox_bench_git_commit library; "unknown" without git).
+const char* git_commit() noexcept;
+
+//! The commit to record: --flag value, else $PROX_COMMIT, else the one the binary was built from.
 inline std::string resolve_commit(const std::string& flag) {
   if (!flag.empty()) return flag;
   if (const char* env = std::getenv("PROX_COMMIT"); env != nullptr && *env != '\0') return env;
-  return PROX_BENCH_GIT_COMMIT;
+  return git_commit();
 }
 
 //! argv joined with spaces (arguments with spaces or quotes are single-quoted), for provenance.
