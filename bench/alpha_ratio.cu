@@ -123,7 +123,8 @@ class AlphaTool {
     const std::size_t kn = static_cast<std::size_t>(K) * N;
     const std::size_t budget = prox_bench::memory_budget(static_cast<std::size_t>(opt_.max_device_gb * 1e9));
     const std::size_t src_bytes = 2 * prox_bench::align_up(sizeof(Half) * kn);
-    if (src_bytes >= budget) throw std::runtime_error(std::string(shape.name) + ": source weights exceed the memory budget");
+    if (src_bytes >= budget)
+      throw std::runtime_error(std::string(shape.name) + ": source weights exceed the memory budget");
     const std::size_t per_format = (budget - src_bytes) / 2;
     const std::size_t rotate = static_cast<std::size_t>(opt_.rotate_gb * 1e9);
 
@@ -180,7 +181,8 @@ class AlphaTool {
 
     const int l4 = prox_bench::launches_per_graph(q4.copies, opt_.tokens, opt_.min_launches);
     const int l16 = prox_bench::launches_per_graph(q16.copies, opt_.tokens, opt_.min_launches);
-    fmt::print(stderr, "[prox_alpha] {}: INT4 {} copies x {:.1f} MB, fp16 {} copies x {:.1f} MB; {} / {} launches per graph\n",
+    fmt::print(stderr,
+               "[prox_alpha] {}: INT4 {} copies x {:.1f} MB, fp16 {} copies x {:.1f} MB; {} / {} launches per graph\n",
                shape.name, q4.copies, q4.stride / 1e6, q16.copies, q16.stride / 1e6, l4, l16);
 
     for (int s1_pct : s1_list) {
@@ -192,11 +194,13 @@ class AlphaTool {
       const float tau_x = prox_bench::magnitude_threshold(abs_x, s1_pct / 100.0);
 
       // Same kept inputs in both formats, checked on the device counters.
-      const unsigned long long kept4 = count_kept<Int4Fmt, prox::ProxyGemvPolicies>(q4, K, N, tau_x, token, mask, counters);
+      const unsigned long long kept4 =
+          count_kept<Int4Fmt, prox::ProxyGemvPolicies>(q4, K, N, tau_x, token, mask, counters);
       const unsigned long long kept16 =
           count_kept<Fp16Fmt, prox::DenseProxyGemvPolicies>(q16, K, N, tau_x, token, mask, counters);
       if (kept4 != kept16)
-        throw std::runtime_error(fmt::format("{} s1={}%: INT4 kept {} inputs, fp16 kept {}", shape.name, s1_pct, kept4, kept16));
+        throw std::runtime_error(
+            fmt::format("{} s1={}%: INT4 kept {} inputs, fp16 kept {}", shape.name, s1_pct, kept4, kept16));
       row.kept_rows = static_cast<double>(kept4) / opt_.tokens;
       row.s1_measured = 1.0 - row.kept_rows / K;
       row.int4_bytes = prox_bench::stage1_int4_bytes(row.kept_rows, K, N, sizeof(Half));
@@ -213,13 +217,14 @@ class AlphaTool {
                                                                     token, mask, l4);
       row.fp16_empty = time_index<Fp16Fmt, prox::DenseProxyGemvPolicies>(row.fp16_best_index, q16, shape,
                                                                          kNothingKept, token, mask, l16);
-      fmt::print(stderr,
-                 "[prox_alpha] {} s1={:>2}% (measured {:.4f}): INT4 {:.2f} us ({}), fp16 {:.2f} us ({}), alpha {:.3f} "
-                 "(default policies {:.3f}); nothing kept: INT4 {:.2f} us, fp16 {:.2f} us; alpha without the INT4 fixed cost "
-                 "{:.3f}\n",
-                 shape.name, s1_pct, row.s1_measured, row.int4_best.median_s * 1e6, row.int4_best_name,
-                 row.fp16_best.median_s * 1e6, row.fp16_best_name, row.alpha(), row.alpha_default(),
-                 row.int4_empty.median_s * 1e6, row.fp16_empty.median_s * 1e6, row.alpha_streaming());
+      fmt::print(
+          stderr,
+          "[prox_alpha] {} s1={:>2}% (measured {:.4f}): INT4 {:.2f} us ({}), fp16 {:.2f} us ({}), alpha {:.3f} "
+          "(default policies {:.3f}); nothing kept: INT4 {:.2f} us, fp16 {:.2f} us; alpha without the INT4 fixed cost "
+          "{:.3f}\n",
+          shape.name, s1_pct, row.s1_measured, row.int4_best.median_s * 1e6, row.int4_best_name,
+          row.fp16_best.median_s * 1e6, row.fp16_best_name, row.alpha(), row.alpha_default(),
+          row.int4_empty.median_s * 1e6, row.fp16_empty.median_s * 1e6, row.alpha_streaming());
       rows_.push_back(row);
     }
   }
@@ -390,14 +395,14 @@ void write_csv(const std::string& path, const std::vector<Row>& rows, double cop
   for (const Row& r : rows) {
     const double g4 = r.int4_bytes / r.int4_best.median_s / 1e9;
     const double g16 = r.fp16_bytes / r.fp16_best.median_s / 1e9;
-    f << fmt::format("{},{},{},{:.2f},{:.5f},{:.1f},{:.3f},{},{:.3f},{},{:.4f},{:.3f},{},{:.3f},{},{:.4f},{:.0f},{:.0f},{:.4f},"
-                     "{:.1f},{:.1f},{:.4f},{:.4f},{:.3f},{:.3f},{:.4f},{:.3f}\n",
-                     r.model, r.d_model, r.d_ff, r.s1_pct / 100.0, r.s1_measured, r.kept_rows, r.int4_best.median_s * 1e6,
-                     r.int4_best_name, r.fp16_best.median_s * 1e6, r.fp16_best_name, r.alpha(),
-                     r.int4_default.median_s * 1e6, r.int4_default_name, r.fp16_default.median_s * 1e6,
-                     r.fp16_default_name, r.alpha_default(), r.int4_bytes, r.fp16_bytes, r.int4_bytes / r.fp16_bytes, g4,
-                     g16, g4 / copy_gbps, g16 / copy_gbps, r.int4_empty.median_s * 1e6, r.fp16_empty.median_s * 1e6,
-                     r.alpha_streaming(), r.int4_fixed_budget_us());
+    f << fmt::format(
+        "{},{},{},{:.2f},{:.5f},{:.1f},{:.3f},{},{:.3f},{},{:.4f},{:.3f},{},{:.3f},{},{:.4f},{:.0f},{:.0f},{:.4f},"
+        "{:.1f},{:.1f},{:.4f},{:.4f},{:.3f},{:.3f},{:.4f},{:.3f}\n",
+        r.model, r.d_model, r.d_ff, r.s1_pct / 100.0, r.s1_measured, r.kept_rows, r.int4_best.median_s * 1e6,
+        r.int4_best_name, r.fp16_best.median_s * 1e6, r.fp16_best_name, r.alpha(), r.int4_default.median_s * 1e6,
+        r.int4_default_name, r.fp16_default.median_s * 1e6, r.fp16_default_name, r.alpha_default(), r.int4_bytes,
+        r.fp16_bytes, r.int4_bytes / r.fp16_bytes, g4, g16, g4 / copy_gbps, g16 / copy_gbps,
+        r.int4_empty.median_s * 1e6, r.fp16_empty.median_s * 1e6, r.alpha_streaming(), r.int4_fixed_budget_us());
   }
   if (!f) throw std::runtime_error("error writing " + path);
 }

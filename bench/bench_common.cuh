@@ -200,7 +200,8 @@ inline DeviceFacts query_device_facts() {
   f.total_mem = p.totalGlobalMem;
   PROX_BENCH_CUDA(cudaRuntimeGetVersion(&f.runtime_version));
   PROX_BENCH_CUDA(cudaDriverGetVersion(&f.driver_version));
-  if (f.cc_major < 8) throw std::runtime_error("device " + f.name + " (" + f.sm() + ") is older than sm_80; prox needs sm_80+");
+  if (f.cc_major < 8)
+    throw std::runtime_error("device " + f.name + " (" + f.sm() + ") is older than sm_80; prox needs sm_80+");
   int* d = nullptr;
   PROX_BENCH_CUDA(cudaMalloc(&d, sizeof(int)));
   detail::probe_kernel<0><<<1, 1>>>(d);
@@ -218,8 +219,9 @@ inline DeviceFacts query_device_facts() {
 
 inline std::string describe(const DeviceFacts& f) {
   char buf[512];
-  std::snprintf(buf, sizeof(buf), "%s (%s, %d SMs, L2 %.0f MB, %.1f GB, %.1f GB free; CUDA runtime %d.%d, driver %d.%d)",
-                f.name.c_str(), f.sm().c_str(), f.sm_count, f.l2_bytes / 1e6, f.total_mem / 1e9, f.free_mem / 1e9,
+  std::snprintf(buf, sizeof(buf),
+                "%s (%s, %d SMs, L2 %.0f MB, %.1f GB, %.1f GB free; CUDA runtime %d.%d, driver %d.%d)", f.name.c_str(),
+                f.sm().c_str(), f.sm_count, f.l2_bytes / 1e6, f.total_mem / 1e9, f.free_mem / 1e9,
                 f.runtime_version / 1000, (f.runtime_version % 1000) / 10, f.driver_version / 1000,
                 (f.driver_version % 1000) / 10);
   return buf;
@@ -372,7 +374,8 @@ struct CopyBandwidth {
  * timed with events, median of `reps`; the figure counts bytes read + written, the bandwidth a
  * kernel that only reads competes with.
  */
-inline CopyBandwidth measure_copy_bandwidth(cudaStream_t stream, std::size_t bytes = std::size_t(1) << 30, int reps = 15) {
+inline CopyBandwidth measure_copy_bandwidth(cudaStream_t stream, std::size_t bytes = std::size_t(1) << 30,
+                                            int reps = 15) {
   DeviceBuffer src(bytes, "copy-bandwidth source");
   DeviceBuffer dst(bytes, "copy-bandwidth destination");
   PROX_BENCH_CUDA(cudaMemsetAsync(src.get(), 0x5a, bytes, stream));
@@ -535,8 +538,8 @@ inline int rotation_copies(std::size_t copy_bytes, std::size_t min_rotate_bytes,
                            int max_copies = 64) {
   if (copy_bytes == 0) throw std::invalid_argument("rotation_copies: empty copy");
   if (copy_bytes > budget_bytes) {
-    throw std::runtime_error("one weight copy (" + std::to_string(copy_bytes / 1000000) + " MB) exceeds the memory budget (" +
-                             std::to_string(budget_bytes / 1000000) + " MB)");
+    throw std::runtime_error("one weight copy (" + std::to_string(copy_bytes / 1000000) +
+                             " MB) exceeds the memory budget (" + std::to_string(budget_bytes / 1000000) + " MB)");
   }
   std::size_t c = (min_rotate_bytes + copy_bytes - 1) / copy_bytes;
   c = std::max<std::size_t>(c, 2);
@@ -623,7 +626,8 @@ class SyntheticLayer {
                                             reinterpret_cast<float*>(c0 + off_.sc_up), stream));
     for (int c = 1; c < copies; ++c)
       PROX_BENCH_CUDA(cudaMemcpyAsync(c0 + off_.stride * c, c0, off_.stride, cudaMemcpyDeviceToDevice, stream));
-    for (int t = 0; t < tokens; ++t) fill_normal(token_mut(t), static_cast<std::size_t>(K), seed + 100 + t, 1.0f, stream);
+    for (int t = 0; t < tokens; ++t)
+      fill_normal(token_mut(t), static_cast<std::size_t>(K), seed + 100 + t, 1.0f, stream);
     PROX_BENCH_CUDA(cudaStreamSynchronize(stream));
   }
 
@@ -646,7 +650,9 @@ class SyntheticLayer {
     return l;
   }
   //! Token t's activations [d_model], 256-byte aligned.
-  const T* token(int t) const { return x_.as<const T>(align_up(sizeof(T) * shape_.d_model) * static_cast<std::size_t>(t)); }
+  const T* token(int t) const {
+    return x_.as<const T>(align_up(sizeof(T) * shape_.d_model) * static_cast<std::size_t>(t));
+  }
 
   //! |x| of every token, as the kernels see it (T -> float), for calibration.
   std::vector<float> host_abs_tokens(cudaStream_t stream) const {
@@ -687,8 +693,10 @@ inline float magnitude_threshold(std::vector<float> abs_values, double sparsity)
   if (drop >= m) return std::nextafter(abs_values.back(), std::numeric_limits<float>::infinity());
   const float a = abs_values[drop];
   // tau = a keeps everything from the first value equal to a; the next distinct value keeps fewer.
-  const std::size_t lo = static_cast<std::size_t>(std::lower_bound(abs_values.begin(), abs_values.end(), a) - abs_values.begin());
-  const std::size_t hi = static_cast<std::size_t>(std::upper_bound(abs_values.begin(), abs_values.end(), a) - abs_values.begin());
+  const std::size_t lo =
+      static_cast<std::size_t>(std::lower_bound(abs_values.begin(), abs_values.end(), a) - abs_values.begin());
+  const std::size_t hi =
+      static_cast<std::size_t>(std::upper_bound(abs_values.begin(), abs_values.end(), a) - abs_values.begin());
   const double keep_a = static_cast<double>(m - lo);
   const double keep_b = static_cast<double>(m - hi);
   const float b = hi < m ? abs_values[hi] : std::nextafter(a, std::numeric_limits<float>::infinity());

@@ -19,7 +19,8 @@
 namespace prox_bench {
 
 inline void check_cublas(cublasStatus_t s, const char* what) {
-  if (s != CUBLAS_STATUS_SUCCESS) throw std::runtime_error(std::string("cuBLAS: ") + what + " failed (" + std::to_string(int(s)) + ")");
+  if (s != CUBLAS_STATUS_SUCCESS)
+    throw std::runtime_error(std::string("cuBLAS: ") + what + " failed (" + std::to_string(int(s)) + ")");
 }
 inline void check_cuda(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throw std::runtime_error(std::string("CUDA: ") + what + ": " + cudaGetErrorString(e));
@@ -31,7 +32,8 @@ constexpr cudaDataType_t cuda_type() {
 }
 
 template <class T, class Act>
-__global__ void glu_act_mul_kernel(const T* __restrict__ g, const T* __restrict__ u, T* __restrict__ s, float* s32, int n) {
+__global__ void glu_act_mul_kernel(const T* __restrict__ g, const T* __restrict__ u, T* __restrict__ s, float* s32,
+                                   int n) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= n) return;
   const float v = prox::to_float(u[i]) * Act{}(prox::to_float(g[i]));

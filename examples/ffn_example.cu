@@ -242,8 +242,8 @@ void show_progress(prox::calib::CalibrationStage stage, int done, int total, voi
   if (p->tty) {
     constexpr int kWidth = 30;
     const int filled = static_cast<int>(static_cast<long long>(kWidth) * done / total);
-    fmt::print(stderr, "\r           s~ [{}{}] {}/{} tokens", std::string(filled, '#'), std::string(kWidth - filled, '.'),
-               done, total);
+    fmt::print(stderr, "\r           s~ [{}{}] {}/{} tokens", std::string(filled, '#'),
+               std::string(kWidth - filled, '.'), done, total);
     if (done == total) fmt::print(stderr, "\r{}\r", std::string(60, ' '));
   } else {
     const int quarter = 4 * done / total;
@@ -298,7 +298,8 @@ void run(const Options& o) {
   cudaDeviceProp prop{};
   EX_CUDA(cudaGetDevice(&dev));
   EX_CUDA(cudaGetDeviceProperties(&prop, dev));
-  if (prop.major < 8) throw ExampleError(fmt::format("{} is sm_{}{}; prox needs sm_80 or newer", prop.name, prop.major, prop.minor));
+  if (prop.major < 8)
+    throw ExampleError(fmt::format("{} is sm_{}{}; prox needs sm_80 or newer", prop.name, prop.major, prop.minor));
   prox::StageSparsity st;
   EX_PROX(prox::allocate_sparsity(o.target, &st));
 
@@ -338,7 +339,8 @@ void run(const Options& o) {
 
     // 2. Plan with placeholder thresholds; calibration re-plans with the calibrated ones.
     prox::SparseFfn<T, Act> ffn;
-    const typename prox::SparseFfn<T, Act>::Weights w{wg.get(), wu.get(), wdt.get(), qg.get(), qu.get(), sg.get(), su.get()};
+    const typename prox::SparseFfn<T, Act>::Weights w{wg.get(), wu.get(), wdt.get(), qg.get(),
+                                                      qu.get(), sg.get(), su.get()};
     EX_PROX(ffn.plan({K, N, 0.0f, 0.0f}, w));
     DevBuf<unsigned char> ws(ffn.workspace_bytes());
     EX_PROX(prox::initialize_workspace(ws.get(), ws.bytes(), stream));

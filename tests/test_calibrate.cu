@@ -494,7 +494,9 @@ TEMPLATE_TEST_CASE("calibrate: calibrate_layer realizes s1 and s2 on its samples
   // Inputs: N(0,1) with a few outlier coordinates, as LLM FFN inputs have.
   auto x = prox_test::random_vector<T>(nx, 84);
   for (int t = 0; t < tokens; ++t)
-    for (int k : {3, 77, 200}) x[static_cast<std::size_t>(t) * K + k] = prox::from_float<T>(6.0f * prox::to_float(x[static_cast<std::size_t>(t) * K + k]));
+    for (int k : {3, 77, 200})
+      x[static_cast<std::size_t>(t) * K + k] =
+          prox::from_float<T>(6.0f * prox::to_float(x[static_cast<std::size_t>(t) * K + k]));
 
   DeviceBuffer<T> dwg(wg), dwu(wu), dwdt(wdt), dx(x), dy(K);
   DeviceBuffer<std::uint32_t> dqg(qg), dqu(qu);
@@ -545,7 +547,8 @@ TEMPLATE_TEST_CASE("calibrate: calibrate_layer realizes s1 and s2 on its samples
   DeviceBuffer<prox::SparsityCounters> dcnt(1);
   PROX_TEST_OK(prox::reset_counters(dcnt.get(), nullptr));
   for (int t = 0; t < tokens; ++t)
-    PROX_TEST_OK(ffn.run(dx.get() + static_cast<std::size_t>(t) * K, dy.get(), ws.get(), ws.size(), nullptr, dcnt.get()));
+    PROX_TEST_OK(
+        ffn.run(dx.get() + static_cast<std::size_t>(t) * K, dy.get(), ws.get(), ws.size(), nullptr, dcnt.get()));
   PROX_TEST_CUDA(cudaDeviceSynchronize());
   const prox::SparsityCounters cnt = dcnt.download()[0];
   CHECK(cnt.calls == static_cast<unsigned long long>(tokens));

@@ -302,7 +302,8 @@ TEST_CASE("Prox FFN: bad input gets a Status before any launch", "[ffn][gpu][sta
   w2 = w;
   w2.w_down_t = w.w_down_t + 1;
   CHECK(f.plan({200, 96, 0.1f, 0.1f}, w2) == prox::Status::kErrorMisalignedPointer);
-  CHECK(f.run(r.x.get(), r.y.get(), nullptr, 0, nullptr) == prox::Status::kErrorNotPlanned);  // failed plans leave it unplanned
+  CHECK(f.run(r.x.get(), r.y.get(), nullptr, 0, nullptr) ==
+        prox::Status::kErrorNotPlanned);  // failed plans leave it unplanned
   REQUIRE(f.plan({200, 96, 0.1f, 0.1f}, w) == prox::Status::kSuccess);
   DeviceBuffer<char> ws(f.workspace_bytes());
   PROX_TEST_OK(prox::initialize_workspace(ws.get(), ws.bytes(), nullptr));

@@ -26,7 +26,8 @@ void glu_down_suite(int K, int N, std::uint64_t seed) {
   const Stage2Case<T> c2(K, N, seed);
   DeviceBuffer<float> ds(N);
   DeviceBuffer<T> dy(K);
-  c2.each_density({0.23, 0.0, 1.0}, ref_act<A>(), [&](double density, const auto& sel, const auto& ref, const auto& dmask) {
+  const prox_ref::Act act = ref_act<A>();
+  c2.each_density({0.23, 0.0, 1.0}, act, [&](double density, const auto& sel, const auto& ref, const auto& dmask) {
     prox::for_each_policy<prox::GluDownGemvPolicies>([&](auto p, int pi) {
       using P = decltype(p);
       int max_blocks = 0;
@@ -85,9 +86,9 @@ void glu_down_suite(int K, int N, std::uint64_t seed) {
           for (int t = 0; t < tiles; ++t) counters_bad += words[256 / 4 + t] != 0u;
           CHECK(counters_bad == 0);
           if (coop)
-            std::printf("[gludown] %-5s %-9s K=%-5d N=%-5d %-28s blocks=%-4d density=%.2f s err/bound=%.3f y err/bound=%.3f\n",
-                        prox::DTypeTraits<T>::kName, A::kName, K, N, P::name().c_str(), blocks, density, cs.worst,
-                        worst_y);
+            std::printf(
+                "[gludown] %-5s %-9s K=%-5d N=%-5d %-28s blocks=%-4d density=%.2f s err/bound=%.3f y err/bound=%.3f\n",
+                prox::DTypeTraits<T>::kName, A::kName, K, N, P::name().c_str(), blocks, density, cs.worst, worst_y);
           CHECK(cs.bad == 0);
           CHECK(cs.untouched_bad == 0);  // unselected channels are written as +0
           CHECK(bad_y == 0);
@@ -99,8 +100,8 @@ void glu_down_suite(int K, int N, std::uint64_t seed) {
 
 }  // namespace
 
-TEMPLATE_TEST_CASE("fused Stage 2 (glu_down_gemv): exact s and y, any grid, repeated launches", "[stage2][gludown][gpu]",
-                   __half, __nv_bfloat16) {
+TEMPLATE_TEST_CASE("fused Stage 2 (glu_down_gemv): exact s and y, any grid, repeated launches",
+                   "[stage2][gludown][gpu]", __half, __nv_bfloat16) {
   using T = TestType;
   glu_down_suite<T, prox::SiLU>(200, 96, 51);
   glu_down_suite<T, prox::GeluTanh>(8, 32, 52);
@@ -113,7 +114,8 @@ TEMPLATE_TEST_CASE("fused Stage 2 (glu_down_gemv): Qwen3-8B shape", "[stage2][gl
   glu_down_suite<TestType, prox::SiLU>(4096, 12288, 55);
 }
 
-TEST_CASE("fused Stage 2 (glu_down_gemv): bad input gets a Status before any launch", "[stage2][gludown][status][gpu]") {
+TEST_CASE("fused Stage 2 (glu_down_gemv): bad input gets a Status before any launch",
+          "[stage2][gludown][status][gpu]") {
   using P = prox::PolicyAt<0, prox::GluDownGemvPolicies>;
   const int K = 64, N = 64;
   DeviceBuffer<__half> x(K + 8), w(static_cast<std::size_t>(K) * N + 8), y(K + 8);

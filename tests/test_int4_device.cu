@@ -35,7 +35,8 @@ TEMPLATE_TEST_CASE("int4: device pack equals host pack bit for bit", "[int4][gpu
     // Edge rows: an all-zero channel and a channel holding exactly +-max.
     for (int k = 0; k < K; ++k) w[k] = prox::from_float<TestType>(0.0f);
     if (N > 1)
-      for (int k = 0; k < K; ++k) w[static_cast<std::size_t>(K) + k] = prox::from_float<TestType>(k % 3 ? 0.75f : -0.75f);
+      for (int k = 0; k < K; ++k)
+        w[static_cast<std::size_t>(K) + k] = prox::from_float<TestType>(k % 3 ? 0.75f : -0.75f);
     std::vector<std::uint32_t> qh(prox::int4::packed_words(K, N));
     std::vector<float> sh(N);
     REQUIRE(prox::int4::pack_host(w.data(), K, N, qh.data(), sh.data()) == prox::Status::kSuccess);

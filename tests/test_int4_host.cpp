@@ -23,7 +23,8 @@ TEMPLATE_TEST_CASE("int4 pack_host: round trip within half a step, layout as doc
   REQUIRE(prox::int4::pack_host(w.data(), K, N, q.data(), sc.data()) == prox::Status::kSuccess);
   for (int n = 0; n < N; ++n) {
     float amax = 0.0f;
-    for (int k = 0; k < K; ++k) amax = std::max(amax, std::fabs(prox::to_float(w[static_cast<std::size_t>(n) * K + k])));
+    for (int k = 0; k < K; ++k)
+      amax = std::max(amax, std::fabs(prox::to_float(w[static_cast<std::size_t>(n) * K + k])));
     REQUIRE(sc[n] == amax / 7.0f);
     for (int k = 0; k < K; ++k) {
       const float v = prox::to_float(w[static_cast<std::size_t>(n) * K + k]);
@@ -52,7 +53,8 @@ TEST_CASE("int4 pack_host: edge cases", "[int4]") {
   // channel 1: values at +max and -max -> +7 and -7 exactly
   for (int k = 0; k < K; ++k) w[static_cast<std::size_t>(K) + k] = __float2half(k % 2 ? 2.0f : -2.0f);
   // channel 2: a tie at exactly half a step rounds to even: amax = 7 -> scale 1; 2.5 -> 2, 3.5 -> 4
-  for (int k = 0; k < K; ++k) w[2 * static_cast<std::size_t>(K) + k] = __float2half(k == 0 ? 7.0f : (k == 1 ? 2.5f : 3.5f));
+  for (int k = 0; k < K; ++k)
+    w[2 * static_cast<std::size_t>(K) + k] = __float2half(k == 0 ? 7.0f : (k == 1 ? 2.5f : 3.5f));
   std::vector<std::uint32_t> q(prox::int4::packed_words(K, N));
   std::vector<float> sc(N);
   REQUIRE(prox::int4::pack_host(w.data(), K, N, q.data(), sc.data()) == prox::Status::kSuccess);

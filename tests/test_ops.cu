@@ -366,7 +366,8 @@ template <class T, class A>
 void glu_suite(int K, int N, std::uint64_t seed) {
   const Stage2Case<T> c2(K, N, seed);
   DeviceBuffer<float> ds(N);
-  c2.each_density({0.3, 0.0, 1.0}, ref_act<A>(), [&](double density, const auto& sel, const auto& ref, const auto& dmask) {
+  const prox_ref::Act act = ref_act<A>();
+  c2.each_density({0.3, 0.0, 1.0}, act, [&](double density, const auto& sel, const auto& ref, const auto& dmask) {
     prox::for_each_policy<prox::GluGemvPolicies>([&](auto p, int pi) {
       using P = decltype(p);
       CAPTURE(K, N, density, pi, P::name(), A::kName, prox::DTypeTraits<T>::kName);
@@ -391,7 +392,8 @@ void glu_suite(int K, int N, std::uint64_t seed) {
 }
 }  // namespace
 
-TEMPLATE_TEST_CASE("masked GLU GEMV: exact s on selected channels, +0 elsewhere", "[stage2][glu][gpu]", __half, __nv_bfloat16) {
+TEMPLATE_TEST_CASE("masked GLU GEMV: exact s on selected channels, +0 elsewhere", "[stage2][glu][gpu]", __half,
+                   __nv_bfloat16) {
   using T = TestType;
   glu_suite<T, prox::SiLU>(200, 96, 31);
   glu_suite<T, prox::GeluTanh>(8, 32, 32);

@@ -269,7 +269,8 @@ TEST_CASE("tuning cache: file round trip", "[tuning]") {
   CHECK(text.find("# sm_count\t132\n") != std::string::npos);
   CHECK(text.find("# cc\t9.0\n") != std::string::npos);
   CHECK(text.find("# prox\t" PROX_VERSION_STRING "\n") != std::string::npos);
-  CHECK(text.find("\nop\tdtype\tweights\tact\td_model\td_ff\tdensity16\tbatch\tpolicy\tmedian_us\tp20_us\tp80_us\treps\n") !=
+  CHECK(text.find(
+            "\nop\tdtype\tweights\tact\td_model\td_ff\tdensity16\tbatch\tpolicy\tmedian_us\tp20_us\tp80_us\treps\n") !=
         std::string::npos);
   CHECK(text.find("we%09ird%0Aact%25") != std::string::npos);
   CHECK(text.find("glu_gemv\tf16\tf16\tsilu\t4096\t12288\t8\t1\tglu_b\t21.500\t21.070\t22.145\t25\n") !=
@@ -360,17 +361,16 @@ TEST_CASE("tuning cache: corrupt or mismatched files are ignored with exactly on
     return [=](const std::string& v) { return replace_first(v, row_b, replace_first(row_b, from, to)); };
   };
   const std::vector<CorruptCase> cases = {
-      {"garbage", [](const std::string&) { return std::string("\x7f" "ELF\x01\x02\x00\xff garbage\n\n\t\t\n", 20); }, 0,
-       FS::kCorrupt},
+      {"garbage", [](const std::string&) { return std::string("\x7f" "ELF\x01\x02\x00\xff garbage\n\n\t\t\n", 20); },
+       0, FS::kCorrupt},
       {"empty", [](const std::string&) { return std::string(); }, 0, FS::kCorrupt},
       {"json", [](const std::string&) { return std::string("{\"prox\": 1}\n"); }, 0, FS::kCorrupt},
-      {"wrong header", [](const std::string& v) { return replace_first(v, "# prox_autotune v1", "# prox_autotune"); }, 0,
-       FS::kCorrupt},
+      {"wrong header", [](const std::string& v) { return replace_first(v, "# prox_autotune v1", "# prox_autotune"); },
+       0, FS::kCorrupt},
       {"other format version", [](const std::string& v) { return replace_first(v, "v1\n", "v2\n"); }, 0,
        FS::kVersionMismatch},
-      {"signature mismatch: gpu",
-       [](const std::string& v) { return replace_first(v, "Test GPU 80GB", "Other GPU"); }, 0,
-       FS::kSignatureMismatch},
+      {"signature mismatch: gpu", [](const std::string& v) { return replace_first(v, "Test GPU 80GB", "Other GPU"); },
+       0, FS::kSignatureMismatch},
       {"signature mismatch: prox version",
        [](const std::string& v) { return replace_first(v, "# prox\t" PROX_VERSION_STRING, "# prox\t9.9.9"); }, 0,
        FS::kSignatureMismatch},
@@ -382,29 +382,22 @@ TEST_CASE("tuning cache: corrupt or mismatched files are ignored with exactly on
          return s;
        },
        0, FS::kSignatureMismatch},
-      {"signature field missing",
-       [](const std::string& v) { return replace_first(v, "# sm_count\t132\n", ""); }, 0, FS::kSignatureMismatch},
+      {"signature field missing", [](const std::string& v) { return replace_first(v, "# sm_count\t132\n", ""); }, 0,
+       FS::kSignatureMismatch},
       {"header row lacks a column", [](const std::string& v) { return replace_first(v, "\tp80_us", "\tp81_us"); }, 0,
        FS::kCorrupt},
-      {"no header row",
-       [](const std::string& v) { return v.substr(0, v.find("\nop\t") + 1); }, 0, FS::kCorrupt},
-      {"bad number",
-       in_row_b("\t21.500\t", "\t21.5x0\t"), 1, FS::kLoaded},
-      {"negative number", in_row_b("\t4096\t12288", "\t-4096\t12288"), 1,
-       FS::kLoaded},
+      {"no header row", [](const std::string& v) { return v.substr(0, v.find("\nop\t") + 1); }, 0, FS::kCorrupt},
+      {"bad number", in_row_b("\t21.500\t", "\t21.5x0\t"), 1, FS::kLoaded},
+      {"negative number", in_row_b("\t4096\t12288", "\t-4096\t12288"), 1, FS::kLoaded},
       {"nan timing", in_row_b("\t21.500\t", "\tnan\t"), 1, FS::kLoaded},
-      {"percentiles out of order",
-       in_row_b("\t21.070\t", "\t99.000\t"), 1, FS::kLoaded},
-      {"density bucket out of range",
-       in_row_b("\t12288\t8\t", "\t12288\t17\t"), 1, FS::kLoaded},
+      {"percentiles out of order", in_row_b("\t21.070\t", "\t99.000\t"), 1, FS::kLoaded},
+      {"density bucket out of range", in_row_b("\t12288\t8\t", "\t12288\t17\t"), 1, FS::kLoaded},
       {"bad escape", in_row_b("\tglu_b\t", "\tglu%zb\t"), 1, FS::kLoaded},
       {"too few fields", in_row_b("\t25\n", "\n"), 1, FS::kLoaded},
-      {"too many fields", in_row_b("\t25\n", "\t25\textra\n"), 1,
+      {"too many fields", in_row_b("\t25\n", "\t25\textra\n"), 1, FS::kLoaded},
+      {"unknown policy name", in_row_b("\tglu_b\t", "\tglu_zz\t"), 1, FS::kLoaded},
+      {"unknown op", [&](const std::string& v) { return replace_first(v, row_b, "fused_ffn" + row_b.substr(8)); }, 1,
        FS::kLoaded},
-      {"unknown policy name", in_row_b("\tglu_b\t", "\tglu_zz\t"), 1,
-       FS::kLoaded},
-      {"unknown op",
-       [&](const std::string& v) { return replace_first(v, row_b, "fused_ffn" + row_b.substr(8)); }, 1, FS::kLoaded},
       {"duplicate keys",
        [&](const std::string& v) {
          std::string dup = row_b;
@@ -528,8 +521,9 @@ TEST_CASE("tuning cache: a table that gains an op (the fused glu_down_gemv) inva
   pt::PolicyTable with_fused = test_table();
   with_fused["glu_down_gemv"] = {"glud_a", "glud_b"};
   CHECK(pt::policy_table_hash(with_fused) != pt::policy_table_hash(test_table()));
-  CHECK(pt::Cache(test_signature(), with_fused, file_options("")).signature().hash_hex() !=
-        pt::Cache(test_signature(), test_table(), file_options("")).signature().hash_hex());  // another default file name
+  CHECK(
+      pt::Cache(test_signature(), with_fused, file_options("")).signature().hash_hex() !=
+      pt::Cache(test_signature(), test_table(), file_options("")).signature().hash_hex());  // another default file name
 
   pt::Cache c(test_signature(), with_fused, file_options(p));
   CHECK(c.load() == prox::Status::kSuccess);
@@ -562,7 +556,8 @@ TEST_CASE("tuning cache: a table that gains an op (the fused glu_down_gemv) inva
 TEST_CASE("tuning cache: the largest accepted timing survives save and load", "[tuning]") {
   TempDir dir;
   const std::string p = dir.file("big.tsv");
-  const pt::Entry big{"glu_a", pt::detail::kMaxTimingUs / 2, pt::detail::kMaxTimingUs / 4, pt::detail::kMaxTimingUs, 25};
+  const pt::Entry big{"glu_a", pt::detail::kMaxTimingUs / 2, pt::detail::kMaxTimingUs / 4, pt::detail::kMaxTimingUs,
+                      25};
   {
     pt::Cache c(test_signature(), test_table(), file_options(p));
     REQUIRE(c.record(glu_key(64, 128, 4), big) == prox::Status::kSuccess);
