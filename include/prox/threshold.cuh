@@ -52,40 +52,65 @@ struct ThresholdArgs {
   T* x_sparse = nullptr;        //!< out [n] (optional): x with dropped coordinates set to +0
 };
 
-//! Tile policy of the threshold op: one block sweeps the vector kThreads items at a time.
-template <int Threads>
+//! Tile policy of the threshold op: one block sweeps the vector in steps of kThreads x kItems
+//! elements; each thread issues the loads of its kItems elements of a step together, so a step
+//! costs one memory latency (one item per thread paid one per kThreads elements).
+template <int Threads, int Items = 1>
 struct ThresholdPolicy {
   static constexpr int kThreads = Threads;  //!< threads of the single block
+  static constexpr int kItems = Items;      //!< elements per thread and step
   static_assert(Threads % 32 == 0 && Threads <= 1024, "block size");
-  static std::string name() { return "thr" + std::to_string(Threads); }
+  static_assert(Items >= 1 && Items <= 32, "items per thread");
+  static std::string name() {
+    return "thr" + std::to_string(Threads) + (Items > 1 ? "_i" + std::to_string(Items) : std::string());
+  }
 };
 
-//! Candidates (index 0 is the default). Measured choice lives in the tuning cache.
-using ThresholdPolicies = PolicyList<ThresholdPolicy<1024>, ThresholdPolicy<256>>;
+//! Candidates (index 0 is the default). Measured choice lives in the tuning cache. Steps of 4096
+//! elements: a Qwen3 x (2048-5120) takes one or two. The former default, 1024 threads and one item,
+//! paid a memory latency per 1024 elements: 3.7 / 6.0 / 7.2 us for n = 2048 / 4096 / 5120 on the H100.
+using ThresholdPolicies =
+    PolicyList<ThresholdPolicy<256, 16>, ThresholdPolicy<512, 8>, ThresholdPolicy<1024, 4>>;
 
 // ---------------------------------------------------------------- L2: kernel
 template <class Policy, class T>
 PROX_KERNEL __launch_bounds__(Policy::kThreads) void threshold_kernel(const ThresholdArgs<T> a) {
   constexpr int kThreads = Policy::kThreads;
-  __shared__ int warp_counts[kThreads / kWarpSize];
+  constexpr int kItems = Policy::kItems;
+  __shared__ int warp_counts[kItems * (kThreads / kWarpSize)];
   pdl_wait();
   pdl_launch_dependents();
+  const int tid = static_cast<int>(threadIdx.x);
   int offset = 0;
-  for (int base = 0; base < a.n; base += kThreads) {
-    const int i = base + static_cast<int>(threadIdx.x);
-    float v = 0.0f;
-    bool keep = false;
-    if (i < a.n) {
-      v = to_float(a.x[i]);
-      keep = keep_magnitude(v, a.tau);
+  for (int base = 0; base < a.n; base += kThreads * kItems) {
+    // Item j of thread t is element base + j * kThreads + t: each warp covers whole mask words, and
+    // the kept elements of item j precede those of item j + 1 in the compacted order.
+    T raw[kItems];
+#pragma unroll
+    for (int j = 0; j < kItems; ++j) {
+      const int i = base + j * kThreads + tid;
+      raw[j] = i < a.n ? a.x[i] : from_float<T>(0.0f);
     }
-    const unsigned word = __ballot_sync(0xffffffffu, keep);
-    if (lane_id() == 0 && i < a.n) a.mask[i / kWarpSize] = word;  // base is a multiple of 32
-    if (a.x_sparse != nullptr && i < a.n) a.x_sparse[i] = keep ? a.x[i] : from_float<T>(0.0f);
-    int total = 0;
-    const int pos = block_compact_position<kThreads>(keep, warp_counts, &total);
-    if (a.indices != nullptr && keep) a.indices[offset + pos] = i;
-    offset += total;
+    bool keep[kItems];
+#pragma unroll
+    for (int j = 0; j < kItems; ++j) {
+      keep[j] = base + j * kThreads + tid < a.n && keep_magnitude(to_float(raw[j]), a.tau);
+    }
+    int pos[kItems];
+    int total[kItems];
+    block_compact_positions<kThreads, kItems>(keep, warp_counts, pos, total);
+#pragma unroll
+    for (int j = 0; j < kItems; ++j) {
+      const int i = base + j * kThreads + tid;
+      const unsigned word = __ballot_sync(0xffffffffu, keep[j]);
+      if (i < a.n) {
+        if (lane_id() == 0) a.mask[i / kWarpSize] = word;  // i is a multiple of 32 on lane 0
+        if (a.x_sparse != nullptr) a.x_sparse[i] = keep[j] ? raw[j] : from_float<T>(0.0f);
+        if (a.indices != nullptr && keep[j]) a.indices[offset + pos[j]] = i;
+      }
+      offset += total[j];
+    }
+    __syncthreads();  // warp_counts is written again by the next step
   }
   if (a.count != nullptr && threadIdx.x == 0) *a.count = offset;
 }
