@@ -21,15 +21,18 @@
 //!   proxy_int4_empty Stage 1 with tau_x = +inf (no input kept): Stage 1's fixed cost
 //!   glu              glu_gemv on Stage 1's masks                        bytes: selected d_model 2 2
 //!   down             down_gemv on Stage 1's masks and s                 bytes: selected d_model 2
+//!   glu_empty, down_empty  glu / down on an all-zero mask: their fixed costs
 //! Every bench reports per-launch time from CUDA-graph replays (UseManualTime) and the counters
 //! t_us, bytes_needed, GBps, copy_GBps, frac_copy; sparse benches add s1, s2, e_hat (measured with
-//! SparsityCounters on the real masks); FFN benches add speedup_vs_dense. docs/benchmarks.md explains.
+//! SparsityCounters on the real masks); the FFN and Stage-2 benches add speedup_vs_dense and dense_us
+//! against dense_ffn, and the op benches against the cuBLAS GEMVs the op stands for: glu and proxy_int4
+//! against two dense_gemv_up (gate and up), down against dense_gemv_down. docs/benchmarks.md explains.
 //!
 //! Own flags (before or after Google Benchmark's): --prox_shapes=8B,14B --prox_dtypes=f16,bf16
 //! --prox_targets=40,50,60,70 --prox_iterations=N --prox_warmup=N --prox_tokens=N
 //! --prox_min_launches=N --prox_rotate_gb=G --prox_max_device_gb=G --prox_policy=P,G,D[,F]
-//! --prox_fuse=0|1 --prox_cluster=0|1 --prox_spread=0|1 --prox_tuning=FILE --prox_commit=SHA. Use --benchmark_filter=REGEX
-//! for subsets.
+//! --prox_fuse=0|1 --prox_cluster=0|1 --prox_spread=0|1 --prox_tuning=FILE --prox_commit=SHA. Use
+//! --benchmark_filter=REGEX for subsets.
 
 #include <benchmark/benchmark.h>
 
@@ -88,7 +91,7 @@ struct Globals {
 Globals g;
 
 //! Dense FFN seconds per launch, measured in this process: "Qwen3-8B/f16" -> s.
-std::map<std::string, double> g_dense_ffn_s;
+std::map<std::string, double> g_dense_s;  //!< median seconds of a dense baseline, by bench name
 
 // ---------------------------------------------------------------- per-layer context (one alive at a time)
 struct ContextBase {
@@ -294,7 +297,8 @@ SparseSetup<T>& sparse_setup(Context<T>& ctx, int e_pct) {
   PROX_BENCH_PROX(prox::reset_counters(counters, s));
   for (int t = 0; t < ntok; ++t) {
     PROX_BENCH_PROX(sp->ffns[0].run(ctx.layer.token(t), sp->y_scratch.template as<T>(),
-                                    sp->ws_tok.as(sp->ws_bytes * static_cast<std::size_t>(t)), sp->ws_bytes, s, counters));
+                                    sp->ws_tok.as(sp->ws_bytes * static_cast<std::size_t>(t)), sp->ws_bytes, s,
+                                    counters));
   }
   PROX_BENCH_PROX(prox::read_report(counters, K, N, s, &sp->report));
   if (sp->report.calls != static_cast<unsigned long long>(ntok))
@@ -435,16 +439,46 @@ void enqueue_dense_ffn(Context<T>& ctx, int i, cudaStream_t s) {
 }
 
 //! Dense FFN seconds for (shape, T), measured once per process (by dense_ffn or on demand).
+//! The dense baselines, as their benches name them.
+enum class DenseKind { kFfn, kGemvUp, kGemvDown };
+constexpr const char* dense_name(DenseKind k) {
+  return k == DenseKind::kFfn ? "dense_ffn" : (k == DenseKind::kGemvUp ? "dense_gemv_up" : "dense_gemv_down");
+}
+
+//! Enqueue launch i of a dense baseline (weight copy i mod copies, token i mod tokens).
+template <class T>
+void enqueue_dense(Context<T>& ctx, DenseKind k, int i, cudaStream_t s) {
+  if (k == DenseKind::kFfn) {
+    enqueue_dense_ffn(ctx, i, s);
+    return;
+  }
+  const prox_bench::LayerCopy<T> l = ctx.layer.copy(i % ctx.layer.copies());
+  if (k == DenseKind::kGemvUp) {
+    ctx.dense.gemv(l.w_up, ctx.layer.token(i % ctx.layer.tokens()), ctx.gemv_out.template as<T>(), ctx.shape.d_ff,
+                   ctx.shape.d_model, s);
+  } else {
+    ctx.dense.gemv(l.w_down_t, ctx.down_in.template as<const T>(), ctx.y.template as<T>(), ctx.shape.d_model,
+                   ctx.shape.d_ff, s);
+  }
+}
+
+//! Median seconds of a dense baseline of this shape and dtype in this process: the time its bench
+//! measured (`measured`, recorded), else measured here once (a filtered run that skipped the bench).
+template <class T>
+double dense_seconds(Context<T>& ctx, DenseKind k, const Timing* measured = nullptr) {
+  const std::string key = std::string(dense_name(k)) + "/" + key_of<T>(ctx.shape);
+  if (measured != nullptr) g_dense_s[key] = measured->median_s;
+  auto it = g_dense_s.find(key);
+  if (it != g_dense_s.end()) return it->second;
+  GraphReplay graph(g.stream, ctx.launches, [&](int i, cudaStream_t s) { enqueue_dense(ctx, k, i, s); });
+  const Timing t = graph.measure(g_opt.warmup, g_opt.iterations);
+  g_dense_s[key] = t.median_s;
+  return t.median_s;
+}
+
 template <class T>
 double dense_ffn_seconds(Context<T>& ctx, const Timing* measured = nullptr) {
-  const std::string key = key_of<T>(ctx.shape);
-  if (measured != nullptr) g_dense_ffn_s[key] = measured->median_s;
-  auto it = g_dense_ffn_s.find(key);
-  if (it != g_dense_ffn_s.end()) return it->second;
-  GraphReplay graph(g.stream, ctx.launches, [&](int i, cudaStream_t s) { enqueue_dense_ffn(ctx, i, s); });
-  const Timing t = graph.measure(g_opt.warmup, g_opt.iterations);
-  g_dense_ffn_s[key] = t.median_s;
-  return t.median_s;
+  return dense_seconds(ctx, DenseKind::kFfn, measured);
 }
 
 template <class T>
@@ -466,17 +500,10 @@ template <class T>
 void bench_dense_gemv(benchmark::State& st, const std::string& name, FfnShape shape, bool up) {
   try {
     Context<T>& ctx = context_for<T>(shape);
-    GraphReplay graph(g.stream, ctx.launches, [&](int i, cudaStream_t s) {
-      const prox_bench::LayerCopy<T> l = ctx.layer.copy(i % ctx.layer.copies());
-      if (up) {
-        ctx.dense.gemv(l.w_up, ctx.layer.token(i % ctx.layer.tokens()), ctx.gemv_out.template as<T>(), shape.d_ff,
-                       shape.d_model, s);
-      } else {
-        ctx.dense.gemv(l.w_down_t, ctx.down_in.template as<const T>(), ctx.y.template as<T>(), shape.d_model,
-                       shape.d_ff, s);
-      }
-    });
+    const DenseKind k = up ? DenseKind::kGemvUp : DenseKind::kGemvDown;
+    GraphReplay graph(g.stream, ctx.launches, [&](int i, cudaStream_t s) { enqueue_dense(ctx, k, i, s); });
     const Timing t = run_loop(st, graph);
+    dense_seconds(ctx, k, &t);
     set_counters(st, name, ctx, t, static_cast<double>(shape.d_model) * shape.d_ff * sizeof(T));
   } catch (const std::exception& e) {
     report_error(st, name, e);
@@ -484,11 +511,25 @@ void bench_dense_gemv(benchmark::State& st, const std::string& name, FfnShape sh
 }
 
 // ---------------------------------------------------------------- prox benches
-enum class Op { kFfn, kFfnPaired, kStage2, kStage2Unfused, kStage2Empty, kThreshold, kProxy, kProxyEmpty, kGlu, kDown };
+enum class Op {
+  kFfn,
+  kFfnPaired,
+  kStage2,
+  kStage2Unfused,
+  kStage2Empty,
+  kThreshold,
+  kProxy,
+  kProxyEmpty,
+  kGlu,
+  kGluEmpty,
+  kDown,
+  kDownEmpty
+};
 
 //! The GLU GEMV's arguments for launch i (weight copy i mod copies, token i mod tokens).
 template <class T>
-prox::GluGemvArgs<T> glu_args(const Context<T>& ctx, const SparseSetup<T>& sp, int i, float* s_out, bool empty = false) {
+prox::GluGemvArgs<T> glu_args(const Context<T>& ctx, const SparseSetup<T>& sp, int i, float* s_out,
+                              bool empty = false) {
   const prox_bench::LayerCopy<T> l = ctx.layer.copy(i % ctx.layer.copies());
   const int t = i % ctx.layer.tokens();
   prox::GluGemvArgs<T> a;
@@ -503,7 +544,8 @@ prox::GluGemvArgs<T> glu_args(const Context<T>& ctx, const SparseSetup<T>& sp, i
 }
 
 template <class T>
-void enqueue_glu(const Context<T>& ctx, const SparseSetup<T>& sp, int i, float* s_out, cudaStream_t s, bool empty = false) {
+void enqueue_glu(const Context<T>& ctx, const SparseSetup<T>& sp, int i, float* s_out, cudaStream_t s,
+                 bool empty = false) {
   prox::GluGemvArgs<T> a = glu_args(ctx, sp, i, s_out, empty);
   a.grid_blocks = sp.ffns[0].glu_blocks();  // the grid SparseFfn plans (SMs x resident blocks)
   PROX_BENCH_PROX(prox::dispatch_policy<prox::GluGemvPolicies>(sp.choice.glu, [&](auto p) {
@@ -524,7 +566,8 @@ void enqueue_down(const Context<T>& ctx, const SparseSetup<T>& sp, int i, const 
   a.d_ff = ctx.shape.d_ff;
   a.y = sp.y_scratch.template as<T>();
   PROX_BENCH_PROX(prox::dispatch_policy<prox::DownGemvPolicies>(sp.choice.down, [&](auto p) {
-    return prox::down_gemv::launch<decltype(p)>(a, sp.down_ws.get(), sp.down_ws.bytes(), s, prox::LaunchOptions{sp.pdl});
+    return prox::down_gemv::launch<decltype(p)>(a, sp.down_ws.get(), sp.down_ws.bytes(), s,
+                                                prox::LaunchOptions{sp.pdl});
   }));
 }
 
@@ -637,12 +680,17 @@ void bench_prox(benchmark::State& st, const std::string& name, FfnShape shape, i
         };
         break;
       case Op::kGlu:
-        bytes = glu;
-        enqueue = [&](int i, cudaStream_t s) { enqueue_glu(ctx, sp, i, sp.s_scratch.template as<float>(), s); };
+      case Op::kGluEmpty:
+        // kGluEmpty, kDownEmpty: an all-zero mask, no weight byte read: the op's fixed cost. Bytes: the mask.
+        bytes = op == Op::kGlu ? glu : static_cast<double>(N) / 8.0;
+        enqueue = [&, op](int i, cudaStream_t s) {
+          enqueue_glu(ctx, sp, i, sp.s_scratch.template as<float>(), s, op == Op::kGluEmpty);
+        };
         break;
       case Op::kDown:
-        bytes = down;
-        enqueue = [&](int i, cudaStream_t s) { enqueue_down(ctx, sp, i, nullptr, s); };
+      case Op::kDownEmpty:
+        bytes = op == Op::kDown ? down : static_cast<double>(N) / 8.0;
+        enqueue = [&, op](int i, cudaStream_t s) { enqueue_down(ctx, sp, i, nullptr, s, op == Op::kDownEmpty); };
         break;
     }
     GraphReplay graph(g.stream, ctx.launches, enqueue);
@@ -671,15 +719,21 @@ void bench_prox(benchmark::State& st, const std::string& name, FfnShape shape, i
       prox::SparsityReport rep{};
       PROX_BENCH_PROX(prox::read_report(cnt, K, N, g.stream, &rep));
       if (rep.s1 != sp.report.s1 || rep.s2 != sp.report.s2) {
-        std::fprintf(stderr, "[prox_bench] warning: %s: densities after timing (%.5f, %.5f) differ from setup (%.5f, %.5f)\n",
+        std::fprintf(stderr,
+                     "[prox_bench] warning: %s: densities after timing (%.5f, %.5f) differ from setup (%.5f, %.5f)\n",
                      name.c_str(), rep.s1, rep.s2, sp.report.s1, sp.report.s2);
       }
     }
     set_counters(st, name, ctx, t, bytes, rotates);
     set_sparse_counters(st, sp);
-    if (op == Op::kFfn || op == Op::kStage2 || op == Op::kStage2Unfused) {  // ffn_paired: its own, above
-      st.counters["speedup_vs_dense"] = dense_ffn_seconds(ctx) / t.median_s;
-      st.counters["dense_us"] = dense_ffn_seconds(ctx) * 1e6;
+    // The dense work the bench stands for (ffn_paired: its own counters, above).
+    double dense_s = 0.0;
+    if (op == Op::kFfn || op == Op::kStage2 || op == Op::kStage2Unfused) dense_s = dense_ffn_seconds(ctx);
+    if (op == Op::kGlu || op == Op::kProxy) dense_s = 2.0 * dense_seconds(ctx, DenseKind::kGemvUp);
+    if (op == Op::kDown) dense_s = dense_seconds(ctx, DenseKind::kGemvDown);
+    if (dense_s > 0.0) {
+      st.counters["speedup_vs_dense"] = dense_s / t.median_s;
+      st.counters["dense_us"] = dense_s * 1e6;
     }
   } catch (const std::exception& e) {
     report_error(st, name, e);
@@ -706,7 +760,7 @@ void register_shape(const FfnShape& shape, const std::vector<int>& targets) {
       {"prox_ffn", Op::kFfn},         {"ffn_paired", Op::kFfnPaired},     {"prox_stage2", Op::kStage2},
       {"stage2_unfused", Op::kStage2Unfused}, {"stage2_empty", Op::kStage2Empty}, {"threshold", Op::kThreshold},
       {"proxy_int4", Op::kProxy},     {"proxy_int4_empty", Op::kProxyEmpty}, {"glu", Op::kGlu},
-      {"down", Op::kDown}};
+      {"glu_empty", Op::kGluEmpty},   {"down", Op::kDown},                {"down_empty", Op::kDownEmpty}};
   for (int e : targets) {
     for (const auto& [opname, op] : ops) {
       const Op o = op;
@@ -814,8 +868,8 @@ void parse_flags(int* argc, char** argv) {
   }
   *argc = out;
   argv[out] = nullptr;
-  if (g_opt.iterations < 1 || g_opt.warmup < 0 || g_opt.tokens < 1 || g_opt.min_launches < 1 || !(g_opt.rotate_gb > 0) ||
-      !(g_opt.max_device_gb > 0)) {
+  if (g_opt.iterations < 1 || g_opt.warmup < 0 || g_opt.tokens < 1 || g_opt.min_launches < 1 ||
+      !(g_opt.rotate_gb > 0) || !(g_opt.max_device_gb > 0)) {
     throw std::invalid_argument("flag values out of range (iterations, tokens, min_launches >= 1; warmup >= 0)");
   }
 }
@@ -885,7 +939,8 @@ int main(int argc, char** argv) {
     }
     benchmark::AddCustomContext("prox_cuda_archs", PROX_BENCH_CUDA_ARCHS);
     char opts[160];
-    std::snprintf(opts, sizeof(opts), "iterations=%d warmup=%d tokens=%d min_launches=%d rotate_gb=%.2f fuse=%d cluster=%d",
+    std::snprintf(opts, sizeof(opts),
+                  "iterations=%d warmup=%d tokens=%d min_launches=%d rotate_gb=%.2f fuse=%d cluster=%d",
                   g_opt.iterations, g_opt.warmup, g_opt.tokens, g_opt.min_launches, g_opt.rotate_gb, int(g_opt.fuse),
                   int(g_opt.cluster));
     benchmark::AddCustomContext("prox_options", opts);
