@@ -353,11 +353,15 @@ double alpha_of(const Row& r, Alpha which) {
   }
 }
 
-void print_table(const std::vector<Row>& rows, const std::vector<int>& s1_list, Alpha which, const std::string& title) {
+//! A table laid out like the paper's measured-alpha table: "Input sparsity" over the s1 columns, and
+//! the GPU as a group row above the models.
+void print_table(const std::vector<Row>& rows, const std::vector<int>& s1_list, Alpha which, const std::string& gpu,
+                 const std::string& title) {
   fmt::print("\n{}\n", title);
-  fmt::print("{:<12}", "Model");
+  fmt::print("{:<12} {}\n", "Model", "Input sparsity");
+  fmt::print("{:<12}", "");
   for (int s : s1_list) fmt::print(" {:>7}", fmt::format("{}%", s));
-  fmt::print("\n");
+  fmt::print("\n{}\n", gpu);
   std::vector<std::string> models;
   for (const Row& r : rows)
     if (std::find(models.begin(), models.end(), r.model) == models.end()) models.push_back(r.model);
@@ -581,14 +585,15 @@ int main(int argc, char** argv) {
     fmt::print("\nGPU: {} ({}, {} SMs), copy bandwidth {:.0f} GB/s, CUDA runtime {}, commit {}\n", dev.name, dev.sm(),
                dev.sm_count, copy.GBps, dev.runtime_version, commit);
     fmt::print("command: {}\n", command);
-    print_table(tool.rows(), s1_list, Alpha::kBest,
+    print_table(tool.rows(), s1_list, Alpha::kBest, dev.name,
                 "Measured proxy-cost ratio alpha = t(INT4 proxy GEMV) / t(FP16 input-sparse GEMV), same kernel "
                 "family, same kept inputs (best policy of each list)");
-    print_table(tool.rows(), s1_list, Alpha::kDefault, "Same, with the plan-time default policy of each list");
-    print_table(tool.rows(), s1_list, Alpha::kStreaming,
+    print_table(tool.rows(), s1_list, Alpha::kDefault, dev.name,
+                "Same, with the plan-time default policy of each list");
+    print_table(tool.rows(), s1_list, Alpha::kStreaming, dev.name,
                 "Alpha without the INT4 kernel's fixed cost, (t_INT4 - t_INT4,empty) / t_FP16 (empty: the same "
                 "policy with nothing kept, tau_x = +inf)");
-    print_table(tool.rows(), s1_list, Alpha::kFixedBudget,
+    print_table(tool.rows(), s1_list, Alpha::kFixedBudget, dev.name,
                 "INT4 fixed cost (us) at which alpha would be 0.28, the streaming as measured");
     double lo = 1e9, hi = 0.0;
     int pass = 0;

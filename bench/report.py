@@ -28,7 +28,9 @@ import sys
 MODELS = ["Qwen3-1.7B", "Qwen3-4B", "Qwen3-8B", "Qwen3-14B", "Qwen3-32B"]
 DTYPES = ["f16", "bf16"]
 TARGETS = [40, 50, 60, 70]
-KERNEL_OPS = ["proxy_int4", "glu", "down"]  # the bandwidth-bound kernels the >= 85 % target is about
+# The weight-streaming kernels the >= 85 % target is about: Stage 1, the GLU and down ops, and the fused
+# Stage 2 the FFN runs. The threshold op reads only x (kilobytes) and is latency-bound: not judged.
+KERNEL_OPS = ["proxy_int4", "glu", "down", "prox_stage2"]
 SECTIONS = ["provenance", "dense", "ffn", "kernels", "targets", "alpha", "plots"]
 
 # docs/performance-targets.md
@@ -37,6 +39,16 @@ TARGET_SPEEDUP_MODELS = ["Qwen3-8B", "Qwen3-14B"]
 TARGET_FRAC = {"Qwen3-8B": 0.85, "Qwen3-14B": 0.85, "Qwen3-1.7B": 0.70}
 TARGET_ALPHA = 0.28
 TARGET_BF16 = 1.03
+# The paper's measured α (its measured-α table): GPU, then (model, α at input sparsity 0/10/55/70 %).
+PAPER_ALPHA_TABLE = [
+    ("NVIDIA A6000", [("Qwen3-4B", (0.280, 0.292, 0.304, 0.286)), ("Qwen3-8B", (0.267, 0.272, 0.286, 0.277)),
+                      ("Qwen3-14B", (0.261, 0.273, 0.287, 0.292)), ("Qwen3-32B", (0.255, 0.263, 0.268, 0.262))]),
+    ("NVIDIA GeForce RTX 3090", [("Qwen3-4B", (0.300, 0.311, 0.328, 0.309)), ("Qwen3-8B", (0.279, 0.298, 0.310, 0.292)),
+                                 ("Qwen3-14B", (0.274, 0.291, 0.316, 0.323)),
+                                 ("Qwen3-32B", (0.261, 0.278, 0.290, 0.281))]),
+    ("NVIDIA A100", [("Qwen3-4B", (0.234, 0.292, 0.274, 0.273)), ("Qwen3-8B", (0.281, 0.341, 0.261, 0.248)),
+                     ("Qwen3-14B", (0.279, 0.351, 0.320, 0.241)), ("Qwen3-32B", (0.272, 0.313, 0.288, 0.239))]),
+]
 
 
 def model_order(m):
@@ -308,7 +320,7 @@ def section_ffn(runs):
 def section_kernels(runs):
     out = []
     ops = [("threshold", "threshold"), ("proxy_int4", "Stage 1 INT4 proxy"), ("glu", "GLU"), ("down", "down"),
-           ("prox_ffn", "FFN")]
+           ("prox_stage2", "Stage 2 fused"), ("prox_ffn", "FFN")]
     for r in runs:
         rows = []
         for m in r.models():
@@ -383,6 +395,19 @@ def section_targets(runs, alpha):
         if worst:
             rows.append(["bf16 within 3 % of fp16 (FFN)", "all shapes", f"max bf16/fp16 {worst[0]:.3f} ({worst[1]})",
                          verdict(worst[0] <= TARGET_BF16), tag])
+        worst = None
+        for m in TARGET_SPEEDUP_MODELS:
+            for op in ["threshold"] + KERNEL_OPS:
+                for e in r.targets():
+                    a = r.get(op, m, "f16", e)
+                    b = r.get(op, m, "bf16", e)
+                    if a and b and a.get("t_us") and b.get("t_us"):
+                        q = b["t_us"] / a["t_us"]
+                        if worst is None or q > worst[0]:
+                            worst = (q, f"{op} {m} e{e}")
+        if worst:
+            rows.append(["bf16 within 3 % of fp16 (each kernel)", "8B, 14B",
+                         f"max bf16/fp16 {worst[0]:.3f} ({worst[1]})", verdict(worst[0] <= TARGET_BF16), tag])
     if alpha:
         vals = [(r["alpha"], r["model"], r["s1_target"]) for r in alpha["rows"]]
         if vals:
@@ -416,7 +441,18 @@ def section_alpha(alpha):
                "measured 0.234–0.351 on A6000, RTX 3090 and A100.")
     out.append("")
     hdr = ["Model"] + [f"{s * 100:.0f} %" for s in s1s]
-    out.append(table(hdr, [[m] + [f"{by[(m, s)]['alpha']:.3f}" if (m, s) in by else "-" for s in s1s] for m in models]))
+    # Laid out like the paper's measured-α table: "Input sparsity" over the columns, the GPU as a group
+    # row, and the paper's three GPUs below for comparison (their values as the paper prints them).
+    gpu = alpha["context"].get("gpu", "this GPU")
+    main_hdr = ["**Model**"] + [("**Input sparsity** " if i == 0 else "") + f"**{s * 100:.0f} %**"
+                                for i, s in enumerate(s1s)]
+    main = [[f"**{gpu}** (prox, this run)"] + [""] * len(s1s)]
+    main += [[m] + [f"{by[(m, s)]['alpha']:.3f}" if (m, s) in by else "-" for s in s1s] for m in models]
+    if [round(s * 100) for s in s1s] == [0, 10, 55, 70]:
+        for name, vals in PAPER_ALPHA_TABLE:
+            main.append([f"**{name}** (paper)"] + [""] * len(s1s))
+            main += [[m] + [f"{v:.3f}" for v in row] for m, row in vals]
+    out.append(table(main_hdr, main))
     out.append("")
     out.append("With the plan-time default policy of each list:")
     out.append("")
