@@ -66,11 +66,13 @@ struct ThresholdPolicy {
   }
 };
 
-//! Candidates (index 0 is the default). Measured choice lives in the tuning cache. Steps of 4096
-//! elements: a Qwen3 x (2048-5120) takes one or two. The former default, 1024 threads and one item,
-//! paid a memory latency per 1024 elements: 3.7 / 6.0 / 7.2 us for n = 2048 / 4096 / 5120 on the H100.
-using ThresholdPolicies =
-    PolicyList<ThresholdPolicy<256, 16>, ThresholdPolicy<512, 8>, ThresholdPolicy<1024, 4>>;
+//! Candidates (index 0 is the default). Measured choice lives in the tuning cache. The former default,
+//! 1024 threads and one item, paid a memory latency per 1024 elements: 3.7 / 6.0 / 7.2 us at
+//! n = 2048 / 4096 / 5120 (prox-tune on the H100, launches chained with PDL). With the loads of a step
+//! together the time follows the items per thread (each costs a compaction round in one block):
+//! 256 x 16 takes 3.1 / 3.3 / 5.0 us, 128 x 16 2.6 / 3.9 / 5.0 us, 256 x 32 4.7 / 4.9 / 5.0 us;
+//! more threads per step cost more (512 x 8 3.7 us, 1024 x 4 5.2 us at n = 2048).
+using ThresholdPolicies = PolicyList<ThresholdPolicy<256, 16>, ThresholdPolicy<128, 16>, ThresholdPolicy<256, 32>>;
 
 // ---------------------------------------------------------------- L2: kernel
 template <class Policy, class T>
