@@ -47,16 +47,31 @@ struct FfnRig {
     return {tau_x, quantile_abs(values_of(probe.s), s2)};
   }
 
+  //! Plan; `init`: zero the workspace afterwards (a re-plan of the same shape needs it not).
   void plan(float tau_x, float tau_s, prox::PolicyChoice choice = {}, bool pdl = true, bool fuse = true,
-            bool cluster = false) {
+            bool cluster = false, bool init = true) {
     typename Ffn::PlanOptions o;
     o.choice = choice;
     o.pdl = pdl;
     o.fuse_stage2 = fuse;
     o.cluster = cluster;
     PROX_TEST_OK(ffn.plan({L.K, L.N, tau_x, tau_s}, weights(), o));
-    if (ws.bytes() < ffn.workspace_bytes()) ws = DeviceBuffer<char>(ffn.workspace_bytes());
-    PROX_TEST_OK(prox::initialize_workspace(ws.get(), ws.bytes(), nullptr));
+    if (ws.bytes() < ffn.workspace_bytes()) {
+      REQUIRE(init);  // workspace_bytes() covers every policy: a re-plan never needs more
+      ws = DeviceBuffer<char>(ffn.workspace_bytes());
+    }
+    if (init) PROX_TEST_OK(prox::initialize_workspace(ws.get(), ws.bytes(), nullptr));
+  }
+
+  //! Run the planned layer on the uploaded x: y's bits, then the channel mask.
+  std::vector<std::uint32_t> run_bits() {
+    y.poison();
+    REQUIRE(ffn.run(x.get(), y.get(), ws.get(), ws.bytes(), nullptr) == prox::Status::kSuccess);
+    PROX_TEST_CUDA(cudaDeviceSynchronize());
+    std::vector<std::uint32_t> out;
+    for (T v : y.download()) out.push_back(bits16(v));
+    for (std::uint32_t w : mask()) out.push_back(w);
+    return out;
   }
 
   std::vector<std::uint32_t> mask() const {
@@ -186,6 +201,45 @@ TEST_CASE("Prox FFN: every compiled policy combination gives a correct result", 
   // An index past a list is refused at plan time.
   CHECK(r.ffn.plan({520, 1056, tx, ts}, r.weights(), {prox::PolicyChoice{Ffn::ProxyPolicies::kSize, 0, 0}, true}) ==
         prox::Status::kErrorInvalidArgument);
+}
+
+TEST_CASE("Prox FFN: re-plans with other policies, fused or not, share one workspace zeroed once",
+          "[ffn][gpu][workspace]") {
+  // The fused Stage 2 leaves its grid barrier's generation word non-zero; it shared a region with the
+  // unfused down GEMV's tile counters, so an unfused run after a fused one on the same workspace
+  // combined its second column tile wrongly. Each plan below, run on a workspace zeroed once and
+  // never again, must give the bits it gives on a freshly zeroed workspace.
+  using Ffn = prox::SparseFfn<__half, prox::SiLU>;
+  FfnRig<__half, prox::SiLU> r(1032, 2080, 12);  // 5 or 9 down tiles of 256 or 128 columns
+  const auto x0 = normal_vector<__half>(1032, 1201, 1.0);
+  const auto [tx, ts] = r.thresholds(x0, 0.10, 0.70);
+  r.x.upload(x0);
+  struct Plan {
+    prox::PolicyChoice choice;
+    bool fuse;
+  };
+  std::vector<Plan> plans = {{{}, true}, {{0, 0, 1}, false}, {{1, -1, -1, 1}, true}, {{2, 1, 0}, false}};
+  if (Ffn::ProxyPolicies::kSize > 3) plans.push_back({{3, -1, -1, 2}, true});
+  if (Ffn::DownPolicies::kSize > 2) plans.push_back({{0, 0, 2}, false});
+  std::vector<std::vector<std::uint32_t>> fresh;
+  for (const Plan& p : plans) {
+    r.plan(tx, ts, p.choice, true, p.fuse);  // zeroed
+    fresh.push_back(r.run_bits());
+  }
+  r.plan(tx, ts, plans[0].choice, true, plans[0].fuse);  // zeroed once, here
+  int differing = 0;
+  for (int round = 0; round < 2; ++round) {
+    for (std::size_t i = 0; i < plans.size(); ++i) {
+      r.plan(tx, ts, plans[i].choice, true, plans[i].fuse, false, /*init=*/false);
+      const auto out = r.run_bits();
+      CAPTURE(round, i, plans[i].fuse, plans[i].choice.proxy, plans[i].choice.glu, plans[i].choice.down,
+              plans[i].choice.glu_down);
+      CHECK(out == fresh[i]);
+      differing += out != fresh[i];
+    }
+  }
+  std::printf("[workspace] SparseFfn: %zu plans x 2 rounds on one workspace, %d differ from a fresh one\n",
+              plans.size(), differing);
 }
 
 TEST_CASE("Prox FFN: deterministic, PDL on and off bit-identical", "[ffn][gpu][determinism]") {

@@ -268,6 +268,71 @@ TEST_CASE("fused Stage 2: the plan's default policy covers a row with the fewest
   CHECK(gd::default_policy<L>(8) == 0);
 }
 
+namespace {
+//! Bytes of split-K partials an op's launch puts after its counter region (0 without split-K).
+constexpr std::size_t partial_bytes(int chunks, int mats, int columns) {
+  return chunks > 1 ? sizeof(float) * static_cast<std::size_t>(mats) * static_cast<std::size_t>(chunks) *
+                          static_cast<std::size_t>(columns)
+                    : 0;
+}
+
+template <class List>
+void check_proxy_counter_region(int K, int N) {
+  prox::ProxyGemvArgs<__half> a;
+  a.d_model = K;
+  a.d_ff = N;
+  const std::size_t region = prox::detail::tile_counter_bytes(N);
+  prox::for_each_policy<List>([&](auto p, int pi) {
+    using P = decltype(p);
+    CAPTURE(K, N, pi, P::name());
+    // Its counters fit the common region, and its partials start right after it.
+    CHECK(sizeof(unsigned) * static_cast<std::size_t>(prox::proxy_gemv::num_tiles<P>(N)) <= region);
+    CHECK(prox::proxy_gemv::workspace_bytes<P>(a) ==
+          region + partial_bytes(prox::proxy_gemv::num_chunks<P>(K), 2, N));
+  });
+}
+}  // namespace
+
+TEST_CASE("workspace: every policy of an op keeps its tile counters in one region of the same size",
+          "[validation][workspace]") {
+  // A workspace zeroed once serves every policy of an op at one shape only if no policy's split-K
+  // partials land on another policy's counters (tests/test_workspace.cu runs it on the GPU).
+  for (int N : {32, 1056, 2080, 16640, 17408, 25600, 1 << 20}) {
+    check_proxy_counter_region<prox::ProxyGemvPolicies>(4096, N);
+    check_proxy_counter_region<prox::DenseProxyGemvPolicies>(1032, N);
+    // The narrowest tile any policy may have fits too.
+    CHECK(sizeof(unsigned) * static_cast<std::size_t>((N + prox::detail::kMinTileWidth - 1) /
+                                                      prox::detail::kMinTileWidth) <=
+          prox::detail::tile_counter_bytes(N));
+    CHECK(prox::detail::tile_counter_bytes(N) % 256 == 0);
+  }
+  for (int K : {8, 1032, 4096, 8448, 1 << 20}) {
+    prox::DownGemvArgs<__half> d;
+    d.d_model = K;
+    d.d_ff = 12288;
+    const std::size_t region = prox::detail::tile_counter_bytes(K);
+    prox::for_each_policy<prox::DownGemvPolicies>([&](auto p, int pi) {
+      using P = decltype(p);
+      CAPTURE(K, pi, P::name());
+      CHECK(sizeof(unsigned) * static_cast<std::size_t>(prox::down_gemv::num_tiles<P>(K)) <= region);
+      CHECK(prox::down_gemv::workspace_bytes<P>(d) ==
+            region + partial_bytes(prox::down_gemv::num_chunks<P>(12288), 1, K));
+    });
+    prox::for_each_policy<prox::GluDownGemvPolicies>([&](auto p, int pi) {
+      using P = decltype(p);
+      for (int blocks : {1, 7, 264, 396}) {
+        CAPTURE(K, pi, P::name(), blocks);
+        const auto l = prox::glu_down_gemv::workspace_layout<P>(K, blocks);
+        CHECK(l.barrier == 0u);  // the same offsets for every policy and grid
+        CHECK(l.counters == 256u);
+        CHECK(l.partials == 256u + region);
+        CHECK(sizeof(unsigned) * static_cast<std::size_t>(prox::glu_down_gemv::num_tiles<P>(K)) <= region);
+        CHECK(l.total >= l.partials);
+      }
+    });
+  }
+}
+
 TEMPLATE_TEST_CASE("packing and transpose: bad input gets a Status before any launch", "[validation]", __half,
                    __nv_bfloat16) {
   using T = TestType;

@@ -309,7 +309,9 @@ Status can_implement(const GluDownGemvArgs<T>& a) noexcept {
   return Status::kSuccess;
 }
 
-//! Workspace layout for a grid: barrier words, down tile counters, split-K partials.
+//! Workspace layout for a grid: barrier words, down tile counters (a region of the same size for
+//! every policy: detail::tile_counter_bytes), split-K partials. The barrier and counters are at the
+//! same offsets for every policy and grid, so one workspace serves them all.
 struct WorkspaceLayout {
   std::size_t barrier = 0, counters = 0, partials = 0, total = 0;
 };
@@ -320,7 +322,8 @@ constexpr WorkspaceLayout workspace_layout(int d_model, int grid_blocks) noexcep
   WorkspaceLayout l;
   l.barrier = 0;
   l.counters = 256;
-  l.partials = l.counters + round_up<std::size_t>(sizeof(unsigned) * static_cast<std::size_t>(tiles), 256);
+  static_assert(Policy::kTileD % detail::kMinTileWidth == 0, "tile narrower than the counter region allows");
+  l.partials = l.counters + detail::tile_counter_bytes(d_model);
   l.total = l.partials + (parts > 1 ? sizeof(float) * static_cast<std::size_t>(parts) * d_model : 0);
   return l;
 }

@@ -466,12 +466,14 @@ Status can_implement(const ProxyGemvArgs<T>& a) noexcept {
   return Status::kSuccess;
 }
 
-//! Workspace: tile counters (zero before first use; left zero) + split-K partials. Sized for the
-//! global split-K combine whether or not the launch uses clusters (the cluster combine touches none
-//! of it), so one workspace serves both.
+//! Workspace: tile counters (zero before first use; left zero), in a region of the same size for
+//! every policy (detail::tile_counter_bytes), then split-K partials. Sized for the global split-K
+//! combine whether or not the launch uses clusters (the cluster combine touches none of it), so one
+//! workspace serves both, and every policy of the same shape.
 template <class Policy, class T>
 constexpr std::size_t workspace_bytes(const ProxyGemvArgs<T>& a) noexcept {
-  const std::size_t counters = round_up<std::size_t>(sizeof(unsigned) * num_tiles<Policy>(a.d_ff), 256);
+  static_assert(Policy::kTileN % detail::kMinTileWidth == 0, "tile narrower than the counter region allows");
+  const std::size_t counters = detail::tile_counter_bytes(a.d_ff);
   const int chunks = num_chunks<Policy>(a.d_model);
   const std::size_t parts = chunks > 1 ? sizeof(float) * 2 * static_cast<std::size_t>(chunks) * a.d_ff : 0;
   return counters + parts;
@@ -501,8 +503,7 @@ Status launch(const ProxyGemvArgs<T>& a, void* workspace, std::size_t workspace_
   if (workspace_size < need) return Status::kErrorWorkspaceTooSmall;
   if (!is_aligned(workspace, 16)) return Status::kErrorMisalignedPointer;
   auto* counters = static_cast<unsigned*>(workspace);
-  float* partials = reinterpret_cast<float*>(static_cast<char*>(workspace) +
-                                             round_up<std::size_t>(sizeof(unsigned) * num_tiles<Policy>(a.d_ff), 256));
+  float* partials = reinterpret_cast<float*>(static_cast<char*>(workspace) + detail::tile_counter_bytes(a.d_ff));
   const dim3 grid(static_cast<unsigned>(num_tiles<Policy>(a.d_ff)),
                   static_cast<unsigned>(num_chunks<Policy>(a.d_model)));
   if (grid.y > 65535u) return Status::kErrorInvalidShape;

@@ -214,8 +214,8 @@ class SparseFfn {
   int glu_down_blocks_ = 0;      // fused Stage-2 grid of the chosen policy
   int glu_down_max_blocks_ = 0;  // largest fused grid over the policies (workspace sizing)
   int glu_blocks_ = 0;  // GLU grid: SMs x resident blocks of the chosen policy
-  std::size_t ws_proxy_ = 0, ws_down_ = 0;
-  std::size_t off_proxy_ = 0, off_mask_ = 0, off_s_ = 0, off_down_ = 0, ws_total_ = 0;
+  std::size_t ws_proxy_ = 0, ws_down_ = 0, ws_glu_down_ = 0;
+  std::size_t off_proxy_ = 0, off_mask_ = 0, off_s_ = 0, off_down_ = 0, off_glu_down_ = 0, ws_total_ = 0;
 };
 
 // The members that launch or query kernels are defined out of the class, so they are not inline:
@@ -310,7 +310,7 @@ Status SparseFfn<T, Act, ProxyFmt>::run(const T* x, T* y, void* workspace, std::
     f.w_down_t = w_.w_down_t;
     f.y = y;
     return dispatch_policy<GluDownPolicies>(choice_.glu_down, [&](auto p) {
-      return glu_down_gemv::launch<decltype(p), Act>(f, ws + off_down_, ws_down_, stream, chained);
+      return glu_down_gemv::launch<decltype(p), Act>(f, ws + off_glu_down_, ws_glu_down_, stream, chained);
     });
   }
   a2.grid_blocks = glu_blocks_;
@@ -371,20 +371,30 @@ void SparseFfn<T, Act, ProxyFmt>::layout_workspace() noexcept {
     const std::size_t b = down_gemv::workspace_bytes<decltype(p)>(a3);
     ws_down_ = b > ws_down_ ? b : ws_down_;
   });
-  for_each_policy<GluDownPolicies>([&](auto p, int) {  // the fused kernel uses the same region
+  // The fused kernel has a region of its own: its grid barrier's generation word is left non-zero,
+  // where the down GEMV keeps a tile counter, so a re-plan between fused and unfused Stage 2 on one
+  // workspace must not share the region. Within each op's region every policy finds its counters at
+  // the same place (detail::tile_counter_bytes), so a re-plan needs no new initialize_workspace.
+  ws_glu_down_ = 0;
+  for_each_policy<GluDownPolicies>([&](auto p, int) {
     const std::size_t b = glu_down_gemv::workspace_bytes<decltype(p)>(cfg_.d_model, glu_down_max_blocks_);
-    ws_down_ = b > ws_down_ ? b : ws_down_;
+    ws_glu_down_ = b > ws_glu_down_ ? b : ws_glu_down_;
   });
   constexpr std::size_t kAlign = 256;
   off_proxy_ = 0;
   off_mask_ = round_up(off_proxy_ + ws_proxy_, kAlign);
   off_s_ = round_up(off_mask_ + sizeof(std::uint32_t) * static_cast<std::size_t>(cfg_.d_ff / 32), kAlign);
   off_down_ = round_up(off_s_ + sizeof(float) * static_cast<std::size_t>(cfg_.d_ff), kAlign);
-  ws_total_ = round_up(off_down_ + ws_down_, kAlign);
+  off_glu_down_ = round_up(off_down_ + ws_down_, kAlign);
+  ws_total_ = round_up(off_glu_down_ + ws_glu_down_, kAlign);
 }
 /**
- * @brief Zero a workspace on `stream` before its first use (split-K tile counters must start at
- * zero; prox kernels leave them zero after every launch). Asynchronous and capturable.
+ * @brief Zero a workspace on `stream` before its first use (split-K tile counters and the fused
+ * Stage 2's grid barrier must start at zero; prox kernels leave them ready for the next launch).
+ * Asynchronous and capturable. Once zeroed, a workspace serves every launch of an op at one shape
+ * with any of its policies, and every plan of a SparseFfn with the same Config (any policies, fused
+ * Stage 2 or not). Used by an op or layer of another shape, it needs zeroing again first: that
+ * shape's counters may lie where the other wrote split-K partials.
  */
 inline Status initialize_workspace(void* workspace, std::size_t bytes, cudaStream_t stream) noexcept {
   if (workspace == nullptr) return Status::kErrorNullPointer;
