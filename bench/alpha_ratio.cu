@@ -46,7 +46,7 @@ using Half = __half;
 using Int4Fmt = prox::Int4Weights;
 using Fp16Fmt = prox::DenseWeights<Half>;
 
-constexpr double kTargetAlpha = 0.28;  // docs/performance-targets.md
+constexpr double kTargetAlpha = 0.28;  // the H100 target (docs/benchmarks.md, "Targets")
 
 struct Options {
   std::string shapes = "4B,8B,14B,32B";

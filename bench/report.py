@@ -33,7 +33,7 @@ TARGETS = [40, 50, 60, 70]
 KERNEL_OPS = ["proxy_int4", "glu", "down", "prox_stage2"]
 SECTIONS = ["provenance", "dense", "ffn", "kernels", "targets", "alpha", "plots"]
 
-# docs/performance-targets.md
+# The H100 targets (docs/benchmarks.md, "Targets")
 TARGET_SPEEDUP = {70: 3.0, 50: 2.0}
 TARGET_SPEEDUP_MODELS = ["Qwen3-8B", "Qwen3-14B"]
 TARGET_FRAC = {"Qwen3-8B": 0.85, "Qwen3-14B": 0.85, "Qwen3-1.7B": 0.70}
