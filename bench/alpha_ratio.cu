@@ -488,7 +488,7 @@ void usage(const Options& o) {
       "  --rotate-gb=G        bytes rotated per format, at least     [{:.1f}]\n"
       "  --max-device-gb=G    device memory cap                      [{:.1f}]\n"
       "  --pdl=0|1            launch with PDL (sm_90+), as SparseFfn launches Stage 1 [{}]\n"
-      "  --commit=SHA         commit to record (else $PROX_COMMIT, else configure-time)\n",
+      "  --commit=SHA         commit to record (else $PROX_COMMIT, else the one built from)\n",
       o.shapes, o.sparsities, o.csv, o.json, o.iterations, o.warmup, o.tokens, o.min_launches, o.rotate_gb,
       o.max_device_gb, o.pdl ? 1 : 0);
 }

@@ -809,7 +809,7 @@ void usage() {
       "  --prox_spread=0|1         spread a small Stage-1 grid over the SMs [%d]\n"
       "  --prox_tuning=FILE        plan with the policies of this prox-tune cache (read-only;\n"
       "                            a miss or a file of another GPU/build keeps the defaults)\n"
-      "  --prox_commit=SHA         commit to record (else $PROX_COMMIT, else configure-time)\n"
+      "  --prox_commit=SHA         commit to record (else $PROX_COMMIT, else the one built from)\n"
       "plus Google Benchmark's flags, e.g. --benchmark_filter=REGEX --benchmark_out=FILE\n"
       "--benchmark_out_format=json --benchmark_list_tests\n",
       g_opt.shapes.c_str(), g_opt.dtypes.c_str(), g_opt.targets.c_str(), g_opt.iterations, g_opt.warmup, g_opt.tokens,
