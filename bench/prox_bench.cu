@@ -477,17 +477,12 @@ double dense_seconds(Context<T>& ctx, DenseKind k, const Timing* measured = null
 }
 
 template <class T>
-double dense_ffn_seconds(Context<T>& ctx, const Timing* measured = nullptr) {
-  return dense_seconds(ctx, DenseKind::kFfn, measured);
-}
-
-template <class T>
 void bench_dense_ffn(benchmark::State& st, const std::string& name, FfnShape shape) {
   try {
     Context<T>& ctx = context_for<T>(shape);
     GraphReplay graph(g.stream, ctx.launches, [&](int i, cudaStream_t s) { enqueue_dense_ffn(ctx, i, s); });
     const Timing t = run_loop(st, graph);
-    dense_ffn_seconds(ctx, &t);
+    dense_seconds(ctx, DenseKind::kFfn, &t);
     set_counters(st, name, ctx, t, prox_bench::dense_ffn_bytes(shape.d_model, shape.d_ff, sizeof(T)));
     st.counters["speedup_vs_dense"] = 1.0;
   } catch (const std::exception& e) {
@@ -728,7 +723,7 @@ void bench_prox(benchmark::State& st, const std::string& name, FfnShape shape, i
     set_sparse_counters(st, sp);
     // The dense work the bench stands for (ffn_paired: its own counters, above).
     double dense_s = 0.0;
-    if (op == Op::kFfn || op == Op::kStage2 || op == Op::kStage2Unfused) dense_s = dense_ffn_seconds(ctx);
+    if (op == Op::kFfn || op == Op::kStage2 || op == Op::kStage2Unfused) dense_s = dense_seconds(ctx, DenseKind::kFfn);
     if (op == Op::kGlu || op == Op::kProxy) dense_s = 2.0 * dense_seconds(ctx, DenseKind::kGemvUp);
     if (op == Op::kDown) dense_s = dense_seconds(ctx, DenseKind::kGemvDown);
     if (dense_s > 0.0) {

@@ -345,6 +345,21 @@ def verdict(ok):
     return "**pass**" if ok else "**FAIL**"
 
 
+def worst_bf16_ratio(r, ops, models, label):
+    """(largest bf16/fp16 time ratio over ops x models x targets of run r, label(op, m, e)), or None."""
+    worst = None
+    for op in ops:
+        for m in models:
+            for e in r.targets():
+                a = r.get(op, m, "f16", e)
+                b = r.get(op, m, "bf16", e)
+                if a and b and a.get("t_us") and b.get("t_us"):
+                    q = b["t_us"] / a["t_us"]
+                    if worst is None or q > worst[0]:
+                        worst = (q, label(op, m, e))
+    return worst
+
+
 def section_targets(runs, alpha):
     rows = []
     for r in runs:
@@ -383,31 +398,14 @@ def section_targets(runs, alpha):
             if worst:
                 rows.append([f"every kernel ≥ {need * 100:.0f} % of copy", m, f"min {fmt_pct(worst[0])} ({worst[1]})",
                              verdict(worst[0] >= need), tag])
-        worst = None
-        for m in r.models():
-            for e in r.targets():
-                a = r.get("prox_ffn", m, "f16", e)
-                b = r.get("prox_ffn", m, "bf16", e)
-                if a and b and a.get("t_us") and b.get("t_us"):
-                    q = b["t_us"] / a["t_us"]
-                    if worst is None or q > worst[0]:
-                        worst = (q, f"{m} e{e}")
-        if worst:
-            rows.append(["bf16 within 3 % of fp16 (FFN)", "all shapes", f"max bf16/fp16 {worst[0]:.3f} ({worst[1]})",
-                         verdict(worst[0] <= TARGET_BF16), tag])
-        worst = None
-        for m in TARGET_SPEEDUP_MODELS:
-            for op in ["threshold"] + KERNEL_OPS:
-                for e in r.targets():
-                    a = r.get(op, m, "f16", e)
-                    b = r.get(op, m, "bf16", e)
-                    if a and b and a.get("t_us") and b.get("t_us"):
-                        q = b["t_us"] / a["t_us"]
-                        if worst is None or q > worst[0]:
-                            worst = (q, f"{op} {m} e{e}")
-        if worst:
-            rows.append(["bf16 within 3 % of fp16 (each kernel)", "8B, 14B",
-                         f"max bf16/fp16 {worst[0]:.3f} ({worst[1]})", verdict(worst[0] <= TARGET_BF16), tag])
+        for what, where, ops, models, label in [
+                ("FFN", "all shapes", ["prox_ffn"], r.models(), lambda op, m, e: f"{m} e{e}"),
+                ("each kernel", "8B, 14B", ["threshold"] + KERNEL_OPS, TARGET_SPEEDUP_MODELS,
+                 lambda op, m, e: f"{op} {m} e{e}")]:
+            worst = worst_bf16_ratio(r, ops, models, label)
+            if worst:
+                rows.append([f"bf16 within 3 % of fp16 ({what})", where, f"max bf16/fp16 {worst[0]:.3f} ({worst[1]})",
+                             verdict(worst[0] <= TARGET_BF16), tag])
     if alpha:
         vals = [(r["alpha"], r["model"], r["s1_target"]) for r in alpha["rows"]]
         if vals:

@@ -281,7 +281,7 @@ void check_proxy_counter_region(int K, int N) {
   prox::ProxyGemvArgs<__half> a;
   a.d_model = K;
   a.d_ff = N;
-  const std::size_t region = prox::detail::tile_counter_bytes(N);
+  const std::size_t region = prox::detail::tile_counter_bytes<prox::detail::kMinTileWidth>(N);
   prox::for_each_policy<List>([&](auto p, int pi) {
     using P = decltype(p);
     CAPTURE(K, N, pi, P::name());
@@ -303,14 +303,17 @@ TEST_CASE("workspace: every policy of an op keeps its tile counters in one regio
     // The narrowest tile any policy may have fits too.
     CHECK(sizeof(unsigned) * static_cast<std::size_t>((N + prox::detail::kMinTileWidth - 1) /
                                                       prox::detail::kMinTileWidth) <=
-          prox::detail::tile_counter_bytes(N));
-    CHECK(prox::detail::tile_counter_bytes(N) % 256 == 0);
+          prox::detail::tile_counter_bytes<prox::detail::kMinTileWidth>(N));
+    CHECK(prox::detail::tile_counter_bytes<prox::detail::kMinTileWidth>(N) % 256 == 0);
+    // The launching policy's tile only checks its width: the region is the same for every tile.
+    CHECK(prox::detail::tile_counter_bytes<256>(N) == prox::detail::tile_counter_bytes<prox::detail::kMinTileWidth>(N));
+    CHECK(prox::detail::tile_counter_bytes<512>(N) == prox::detail::tile_counter_bytes<prox::detail::kMinTileWidth>(N));
   }
   for (int K : {8, 1032, 4096, 8448, 1 << 20}) {
     prox::DownGemvArgs<__half> d;
     d.d_model = K;
     d.d_ff = 12288;
-    const std::size_t region = prox::detail::tile_counter_bytes(K);
+    const std::size_t region = prox::detail::tile_counter_bytes<prox::detail::kMinTileWidth>(K);
     prox::for_each_policy<prox::DownGemvPolicies>([&](auto p, int pi) {
       using P = decltype(p);
       CAPTURE(K, pi, P::name());

@@ -225,8 +225,7 @@ Status can_implement(const DownGemvArgs<T>& a) noexcept {
 //! policy of the same shape.
 template <class Policy, class T>
 constexpr std::size_t workspace_bytes(const DownGemvArgs<T>& a) noexcept {
-  static_assert(Policy::kTileD % detail::kMinTileWidth == 0, "tile narrower than the counter region allows");
-  const std::size_t counters = detail::tile_counter_bytes(a.d_model);
+  const std::size_t counters = detail::tile_counter_bytes<Policy::kTileD>(a.d_model);
   const int chunks = num_chunks<Policy>(a.d_ff);
   return counters + (chunks > 1 ? sizeof(float) * static_cast<std::size_t>(chunks) * a.d_model : 0);
 }
@@ -248,7 +247,8 @@ Status launch(const DownGemvArgs<T>& a, void* workspace, std::size_t workspace_s
   if (workspace_size < workspace_bytes<Policy>(a)) return Status::kErrorWorkspaceTooSmall;
   if (!is_aligned(workspace, 16)) return Status::kErrorMisalignedPointer;
   auto* counters = static_cast<unsigned*>(workspace);
-  float* partials = reinterpret_cast<float*>(static_cast<char*>(workspace) + detail::tile_counter_bytes(a.d_model));
+  float* partials =
+      reinterpret_cast<float*>(static_cast<char*>(workspace) + detail::tile_counter_bytes<Policy::kTileD>(a.d_model));
   const dim3 grid(static_cast<unsigned>(num_tiles<Policy>(a.d_model)),
                   static_cast<unsigned>(num_chunks<Policy>(a.d_ff)));
   if (grid.y > 65535u) return Status::kErrorInvalidShape;

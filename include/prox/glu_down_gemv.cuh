@@ -322,8 +322,7 @@ constexpr WorkspaceLayout workspace_layout(int d_model, int grid_blocks) noexcep
   WorkspaceLayout l;
   l.barrier = 0;
   l.counters = 256;
-  static_assert(Policy::kTileD % detail::kMinTileWidth == 0, "tile narrower than the counter region allows");
-  l.partials = l.counters + detail::tile_counter_bytes(d_model);
+  l.partials = l.counters + detail::tile_counter_bytes<Policy::kTileD>(d_model);
   l.total = l.partials + (parts > 1 ? sizeof(float) * static_cast<std::size_t>(parts) * d_model : 0);
   return l;
 }

@@ -472,8 +472,7 @@ Status can_implement(const ProxyGemvArgs<T>& a) noexcept {
 //! workspace serves both, and every policy of the same shape.
 template <class Policy, class T>
 constexpr std::size_t workspace_bytes(const ProxyGemvArgs<T>& a) noexcept {
-  static_assert(Policy::kTileN % detail::kMinTileWidth == 0, "tile narrower than the counter region allows");
-  const std::size_t counters = detail::tile_counter_bytes(a.d_ff);
+  const std::size_t counters = detail::tile_counter_bytes<Policy::kTileN>(a.d_ff);
   const int chunks = num_chunks<Policy>(a.d_model);
   const std::size_t parts = chunks > 1 ? sizeof(float) * 2 * static_cast<std::size_t>(chunks) * a.d_ff : 0;
   return counters + parts;
@@ -503,7 +502,8 @@ Status launch(const ProxyGemvArgs<T>& a, void* workspace, std::size_t workspace_
   if (workspace_size < need) return Status::kErrorWorkspaceTooSmall;
   if (!is_aligned(workspace, 16)) return Status::kErrorMisalignedPointer;
   auto* counters = static_cast<unsigned*>(workspace);
-  float* partials = reinterpret_cast<float*>(static_cast<char*>(workspace) + detail::tile_counter_bytes(a.d_ff));
+  float* partials =
+      reinterpret_cast<float*>(static_cast<char*>(workspace) + detail::tile_counter_bytes<Policy::kTileN>(a.d_ff));
   const dim3 grid(static_cast<unsigned>(num_tiles<Policy>(a.d_ff)),
                   static_cast<unsigned>(num_chunks<Policy>(a.d_model)));
   if (grid.y > 65535u) return Status::kErrorInvalidShape;

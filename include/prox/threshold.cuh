@@ -100,13 +100,13 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads) void threshold_kernel(const Thre
     }
     int pos[kItems];
     int total[kItems];
-    block_compact_positions<kThreads, kItems>(keep, warp_counts, pos, total);
+    unsigned word[kItems];  // each warp's ballot of item j: one mask word
+    block_compact_positions<kThreads, kItems>(keep, warp_counts, pos, total, word);
 #pragma unroll
     for (int j = 0; j < kItems; ++j) {
       const int i = base + j * kThreads + tid;
-      const unsigned word = __ballot_sync(0xffffffffu, keep[j]);
       if (i < a.n) {
-        if (lane_id() == 0) a.mask[i / kWarpSize] = word;  // i is a multiple of 32 on lane 0
+        if (lane_id() == 0) a.mask[i / kWarpSize] = word[j];  // i is a multiple of 32 on lane 0
         if (a.x_sparse != nullptr) a.x_sparse[i] = keep[j] ? raw[j] : from_float<T>(0.0f);
         if (a.indices != nullptr && keep[j]) a.indices[offset + pos[j]] = i;
       }

@@ -76,19 +76,19 @@ PROX_DEVICE PROX_FORCEINLINE float warp_sum_many(float (&v)[V]) {
 /**
  * @brief Block-wide stream compaction of kPer items per thread, in order (item i of thread t comes
  * at i * kThreads + t): pos[i] gets the number of flagged items of round i below this thread's,
- * total[i] the round's flagged count. One block barrier for all kPer rounds: every warp publishes
- * its kPer ballot counts at once and each thread adds up the counts below it.
+ * total[i] the round's flagged count, ballot[i] the warp's flags of round i (bit l: lane l). One
+ * block barrier for all kPer rounds: every warp publishes its kPer ballot counts at once and each
+ * thread adds up the counts below it.
  * @param warp_counts shared scratch of kPer * kThreads/32 ints. Contains one __syncthreads(); every
  *        thread of the block must call it, and the block syncs again before reusing the scratch.
  */
 template <int kThreads, int kPer>
 PROX_DEVICE PROX_FORCEINLINE void block_compact_positions(const bool (&flag)[kPer], int* warp_counts, int (&pos)[kPer],
-                                                          int (&total)[kPer]) {
+                                                          int (&total)[kPer], unsigned (&ballot)[kPer]) {
   static_assert(kThreads % kWarpSize == 0, "block size must be a multiple of 32");
   constexpr int kWarps = kThreads / kWarpSize;
   const int lane = lane_id();
   const int warp = warp_id();
-  unsigned ballot[kPer];
 #pragma unroll
   for (int i = 0; i < kPer; ++i) {
     ballot[i] = __ballot_sync(0xffffffffu, flag[i]);
@@ -112,22 +112,6 @@ PROX_DEVICE PROX_FORCEINLINE void block_compact_positions(const bool (&flag)[kPe
 }
 
 /**
- * @brief One compaction step (block_compact_positions of one item): thread t with `flag` set gets
- * the number of flagged threads below it. Returns that position; `*total` gets the block's flagged
- * count. The scratch (kThreads/32 ints) may be reused on return: contains a __syncthreads() pair.
- */
-template <int kThreads>
-PROX_DEVICE PROX_FORCEINLINE int block_compact_position(bool flag, int* warp_counts, int* total) {
-  const bool f[1] = {flag};
-  int pos[1];
-  int tot[1];
-  block_compact_positions<kThreads, 1>(f, warp_counts, pos, tot);
-  __syncthreads();
-  *total = tot[0];
-  return pos[0];
-}
-
-/**
  * @brief Append, in order, the flagged items of a block to shared lists: item i of thread t has index
  * `first + i * kThreads + t` and payload val[i]; flagged ones go to out_idx / out_val in index order.
  * Returns the number appended. Used by the input-sparse GEMVs to compact their chunk of x or of the
@@ -141,7 +125,8 @@ PROX_DEVICE PROX_FORCEINLINE int block_compact_append(const bool (&flag)[kPer], 
                                                       int* out_idx, float* out_val, int* warp_scratch) {
   int pos[kPer];
   int total[kPer];
-  block_compact_positions<kThreads, kPer>(flag, warp_scratch, pos, total);
+  unsigned ballot[kPer];
+  block_compact_positions<kThreads, kPer>(flag, warp_scratch, pos, total, ballot);
   int count = 0;
 #pragma unroll
   for (int i = 0; i < kPer; ++i) {

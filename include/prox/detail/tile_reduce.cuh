@@ -29,7 +29,10 @@ constexpr int kMinTileWidth = 8;
 //! workspace, zeroed once, serves every policy of an op and shape (a re-plan, the tuner), each of
 //! which leaves its counters zero. (Sized by the policy's own tile count, a 128-column policy's
 //! counters overlapped a 256-column policy's partials as soon as they passed 256 bytes.)
+//! kTileWidth, the launching policy's tile, only checks that it is a multiple of kMinTileWidth.
+template <int kTileWidth>
 PROX_HOST_DEVICE constexpr std::size_t tile_counter_bytes(int columns) noexcept {
+  static_assert(kTileWidth > 0 && kTileWidth % kMinTileWidth == 0, "tile narrower than the counter region allows");
   return round_up<std::size_t>(sizeof(unsigned) * static_cast<std::size_t>(ceil_div(columns, kMinTileWidth)), 256);
 }
 
