@@ -76,19 +76,19 @@ PROX_DEVICE PROX_FORCEINLINE float warp_sum_many(float (&v)[V]) {
 /**
  * @brief Block-wide stream compaction of kPer items per thread, in order (item i of thread t comes
  * at i * kThreads + t): pos[i] gets the number of flagged items of round i below this thread's,
- * total[i] the round's flagged count, ballot[i] the warp's flags of round i (bit l: lane l). One
- * block barrier for all kPer rounds: every warp publishes its kPer ballot counts at once and each
- * thread adds up the counts below it.
+ * total[i] the round's flagged count. One block barrier for all kPer rounds: every warp publishes
+ * its kPer ballot counts at once and each thread adds up the counts below it.
  * @param warp_counts shared scratch of kPer * kThreads/32 ints. Contains one __syncthreads(); every
  *        thread of the block must call it, and the block syncs again before reusing the scratch.
  */
 template <int kThreads, int kPer>
 PROX_DEVICE PROX_FORCEINLINE void block_compact_positions(const bool (&flag)[kPer], int* warp_counts, int (&pos)[kPer],
-                                                          int (&total)[kPer], unsigned (&ballot)[kPer]) {
+                                                          int (&total)[kPer]) {
   static_assert(kThreads % kWarpSize == 0, "block size must be a multiple of 32");
   constexpr int kWarps = kThreads / kWarpSize;
   const int lane = lane_id();
   const int warp = warp_id();
+  unsigned ballot[kPer];
 #pragma unroll
   for (int i = 0; i < kPer; ++i) {
     ballot[i] = __ballot_sync(0xffffffffu, flag[i]);
@@ -125,8 +125,7 @@ PROX_DEVICE PROX_FORCEINLINE int block_compact_append(const bool (&flag)[kPer], 
                                                       int* out_idx, float* out_val, int* warp_scratch) {
   int pos[kPer];
   int total[kPer];
-  unsigned ballot[kPer];
-  block_compact_positions<kThreads, kPer>(flag, warp_scratch, pos, total, ballot);
+  block_compact_positions<kThreads, kPer>(flag, warp_scratch, pos, total);
   int count = 0;
 #pragma unroll
   for (int i = 0; i < kPer; ++i) {
