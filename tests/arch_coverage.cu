@@ -18,7 +18,9 @@ prox::Status standalone_ops(const __nv_bfloat16* w, int d_model, int d_ff, std::
                             __nv_bfloat16* wt, const prox::ThresholdArgs<__nv_bfloat16>& t, cudaStream_t stream) {
   PROX_RETURN_IF_ERROR(prox::int4::pack_device(w, d_model, d_ff, packed, scales, stream));
   PROX_RETURN_IF_ERROR(prox::transpose_device(w, d_ff, d_model, wt, stream));
-  return prox::threshold::launch<prox::PolicyAt<0, prox::ThresholdPolicies>>(t, nullptr, stream);
+  prox::Operator<prox::ThresholdOp<__nv_bfloat16>> thr;
+  PROX_RETURN_IF_ERROR(thr.initialize(t));
+  return thr.run(nullptr, 0, stream);
 }
 
 }  // namespace prox_arch_coverage

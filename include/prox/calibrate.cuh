@@ -669,8 +669,10 @@ struct LayerCalibration {
  * 3. tau_s = quantile of |s~| at s2;  4. re-plan `ffn` with (tau_x, tau_s).
  * `cal` is reset and reused for both signals (its state afterwards is s~'s).
  *
- * `ffn` must be planned (any thresholds); re-plans keep its policy choice and PDL setting, so the
- * workspace stays valid. Synchronizes `stream` (finalize). Allocates nothing.
+ * `ffn` must be planned (any thresholds); re-plans keep every plan option (ffn.plan_options(): the
+ * policies, fusion, clusters, spread, PDL, cooperative launch). A Config::thresholds pointer is kept
+ * for the final plan, and the caller writes the calibrated values there. The workspace is
+ * initialized here (initialize_workspace). Synchronizes `stream` (finalize). Allocates nothing.
  * @return kSuccess; kErrorUnreachableTarget when a target was not met within max(1/n, 0.01):
  *   both thresholds are then still computed (nearest achievable), `out` is filled and `ffn` is
  *   planned with them, so the caller decides whether to accept; any other error stops early.
@@ -688,7 +690,7 @@ Status calibrate_layer(SparseFfn<T, Act, ProxyFmt>& ffn, const typename SparseFf
   using Ffn = SparseFfn<T, Act, ProxyFmt>;
   if (out == nullptr || a.x == nullptr || a.s_proxy == nullptr || a.ffn_workspace == nullptr)
     return Status::kErrorNullPointer;
-  if (ffn.workspace_bytes() == 0) return Status::kErrorNotPlanned;
+  if (!ffn.planned()) return Status::kErrorNotPlanned;
   if (a.tokens < 1 || a.batch_tokens < 1) return Status::kErrorInvalidShape;
   if (!(a.target.s1 >= 0.0) || !(a.target.s1 <= 1.0) || !(a.target.s2 >= 0.0) || !(a.target.s2 <= 1.0))
     return Status::kErrorInvalidTarget;
@@ -697,9 +699,20 @@ Status calibrate_layer(SparseFfn<T, Act, ProxyFmt>& ffn, const typename SparseFf
   const typename Ffn::Config cfg0 = ffn.config();
   const int K = cfg0.d_model;
   const int N = cfg0.d_ff;
-  typename Ffn::PlanOptions opts;
-  opts.choice = ffn.choice();
-  opts.pdl = ffn.uses_pdl();
+  // Re-plans keep every plan option (policies, fusion, clusters, spread, PDL, cooperative launch);
+  // only the thresholds change. Step 2 runs on the scalar tau_x (a device-threshold pointer would
+  // override it); the final plan keeps the caller's pointer, whose values the caller sets to *out.
+  const typename Ffn::PlanOptions opts = ffn.plan_options();
+  const auto with_taus = [&](float tau_x, float tau_s, const float* thresholds) {
+    typename Ffn::Config c = cfg0;
+    c.tau_x = tau_x;
+    c.tau_s = tau_s;
+    c.thresholds = thresholds;
+    return c;
+  };
+  // The workspace is this call's for its duration: initialized here, so a workspace the caller never
+  // initialized cannot turn s~ into the NaNs of a not-ready workspace (core/workspace.cuh).
+  PROX_RETURN_IF_ERROR(initialize_workspace(a.ffn_workspace, a.ffn_workspace_bytes, stream));
 
   // 1. tau_x from every input sample of the layer.
   PROX_RETURN_IF_ERROR(cal.reset(stream));
@@ -711,7 +724,7 @@ Status calibrate_layer(SparseFfn<T, Act, ProxyFmt>& ffn, const typename SparseFf
   if (a.progress != nullptr) a.progress(CalibrationStage::kInputs, a.tokens, a.tokens, a.progress_user);
 
   // 2. s~ with the finalized input mask: Stage 1's values mode under the new tau_x.
-  PROX_RETURN_IF_ERROR(ffn.plan(typename Ffn::Config{K, N, out->tau_x, cfg0.tau_s}, w, opts));
+  PROX_RETURN_IF_ERROR(ffn.plan(with_taus(out->tau_x, cfg0.tau_s, nullptr), w, opts));
   PROX_RETURN_IF_ERROR(cal.reset(stream));
   for (int t0 = 0; t0 < a.tokens; t0 += a.batch_tokens) {
     const int nb = a.tokens - t0 < a.batch_tokens ? a.tokens - t0 : a.batch_tokens;
@@ -733,7 +746,7 @@ Status calibrate_layer(SparseFfn<T, Act, ProxyFmt>& ffn, const typename SparseFf
   if (st_s != Status::kSuccess && st_s != Status::kErrorUnreachableTarget) return st_s;
   out->tau_s = out->s.tau;
   if (a.histogram_s != nullptr) PROX_RETURN_IF_ERROR(cal.read_histogram(a.histogram_s, stream));
-  PROX_RETURN_IF_ERROR(ffn.plan(typename Ffn::Config{K, N, out->tau_x, out->tau_s}, w, opts));
+  PROX_RETURN_IF_ERROR(ffn.plan(with_taus(out->tau_x, out->tau_s, cfg0.thresholds), w, opts));
   return st_x != Status::kSuccess ? st_x : st_s;
 }
 

@@ -1,46 +1,24 @@
 // SPDX-License-Identifier: Apache-2.0
-//! @file dispatch.hpp  L4 runtime choice: device facts read once at plan time, and the constexpr
-//! default policy when the tuning cache has no entry. No allocation, no sync, no device query on
-//! the hot path: the choice is an index fixed at plan().
+//! @file dispatch.hpp  L4, the runtime choice: the policy an op runs when nobody chose one (no tuning-
+//! cache entry, no explicit index), for a device and a shape. Every default rule of prox is here, one
+//! overload of default_policy() per op. Plan time only: nothing here allocates, synchronizes or
+//! queries the device (the DeviceInfo was read once by the planner).
 #pragma once
 
-#include <cuda_runtime.h>
-
 #include "core/config.hpp"
+#include "core/device.hpp"
 #include "core/policy.hpp"
-#include "core/status.hpp"
+#include "down_gemv.cuh"
+#include "glu_down_gemv.cuh"
+#include "glu_gemv.cuh"
+#include "proxy_gemv.cuh"
+#include "threshold.cuh"
 
 PROX_NAMESPACE_BEGIN
 
-//! Facts about the current device that planning needs (read once, cached by the planner).
-struct DeviceInfo {
-  int device = 0;
-  int sm_count = 0;
-  int cc_major = 0;
-  int cc_minor = 0;
-  bool supports_pdl() const noexcept { return cc_major >= 9; }
-};
+namespace detail {
 
-//! Query the current device (planning time only).
-inline Status query_device(DeviceInfo* out) noexcept {
-  if (out == nullptr) return Status::kErrorNullPointer;
-  int dev = 0;
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) return Status::kErrorNoDevice;
-  if (cudaGetDevice(&dev) != cudaSuccess) return Status::kErrorCudaRuntime;
-  DeviceInfo info;
-  info.device = dev;
-  if (cudaDeviceGetAttribute(&info.sm_count, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&info.cc_major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&info.cc_minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
-    return Status::kErrorCudaRuntime;
-  }
-  if (info.cc_major < 8) return Status::kErrorUnsupportedDevice;
-  *out = info;
-  return Status::kSuccess;
-}
-
-//! default_policy()'s preference for multi-wave grids when none is given: no candidate preferred.
+//! default_fewest_waves()'s preference for multi-wave grids when none is given: no candidate preferred.
 struct NoWavePreference {
   template <class P>
   constexpr bool operator()(P) const noexcept {
@@ -49,16 +27,15 @@ struct NoWavePreference {
 };
 
 /**
- * @brief Default policy of a list for a shape: the candidate whose grid needs the fewest waves
- * (a wave = SMs x P::kMinBlocks resident blocks); when that is more than one wave, a candidate for
- * which `prefer_multi_wave(policy)` holds; then the one with the most blocks (more bytes in
- * flight); ties go to the lower index. `blocks(policy)` returns the grid size of a policy.
- * Measured reasons (H100): a Qwen3-8B Stage-1 grid of 1.45 waves ran as slowly as 2 full waves;
- * on the Qwen3-32B shape, whose Stage-1 grid needs 2 waves, the cp.async-pipelined candidate was
- * 3-8 us faster than the register-buffered one with the same grid at every target (benchmarks.md).
+ * @brief The candidate of `List` whose grid needs the fewest waves (a wave = SMs x P::kMinBlocks
+ * resident blocks); when that is more than one wave, a candidate for which `prefer_multi_wave(policy)`
+ * holds; then the one with the most blocks (more bytes in flight); ties go to the lower index.
+ * `blocks(policy)` returns the grid size of a policy. Measured reasons (H100): a Qwen3-8B Stage-1 grid
+ * of 1.45 waves ran as slowly as 2 full waves; on the Qwen3-32B shape, whose Stage-1 grid needs 2
+ * waves, the cp.async-pipelined candidate was 3-8 us faster than the register-buffered one.
  */
 template <class List, class BlocksFn, class PreferFn = NoWavePreference>
-int default_policy(int sm_count, BlocksFn&& blocks, PreferFn&& prefer_multi_wave = PreferFn{}) {
+int default_fewest_waves(int sm_count, BlocksFn&& blocks, PreferFn&& prefer_multi_wave = PreferFn{}) {
   int best_index = 0;
   long best_waves = -1;
   long best_blocks = -1;
@@ -82,6 +59,67 @@ int default_policy(int sm_count, BlocksFn&& blocks, PreferFn&& prefer_multi_wave
     }
   });
   return best_index;
+}
+
+/**
+ * @brief Load slots a fused Stage-2 block's GLU part spends on one selected row of d_model inputs:
+ * its steps (GluGemvPolicy::steps_per_row) times the pieces a step loads.
+ */
+template <class Policy>
+constexpr long glu_row_slots(int d_model) noexcept {
+  using G = typename Policy::Glu;
+  return static_cast<long>(G::steps_per_row(d_model)) * G::kThreads * G::kUnroll;
+}
+
+}  // namespace detail
+
+//! Threshold op: policy 0 (256 x 16), the fastest or within 0.5 us at n = 2048-5120 (threshold.cuh).
+template <class T>
+int default_policy(ThresholdOp<T>, const DeviceInfo&, const ThresholdArgs<T>&) noexcept {
+  return 0;
+}
+
+//! Stage 1: the fewest waves, preferring a cp.async-pipelined candidate (kStages > 0) when the grid
+//! needs more than one wave, then the most blocks (detail::default_fewest_waves).
+template <class T, class Act, class Fmt>
+int default_policy(ProxyGemvOp<T, Act, Fmt>, const DeviceInfo& d, const ProxyGemvArgs<T, Fmt>& a) noexcept {
+  using Op = ProxyGemvOp<T, Act, Fmt>;
+  return detail::default_fewest_waves<typename Op::Policies>(
+      d.sm_count, [&](auto p) { return Op::template num_blocks<decltype(p)>(a.d_model, a.d_ff); },
+      [](auto p) { return decltype(p)::kStages > 0; });
+}
+
+//! Unfused GLU GEMV: policy 0. Its grid is one wave whatever the policy (rows split evenly by rank).
+template <class T, class Act>
+int default_policy(GluGemvOp<T, Act>, const DeviceInfo&, const GluGemvArgs<T>&) noexcept {
+  return 0;
+}
+
+//! Unfused down GEMV: the fewest waves, then the most blocks (detail::default_fewest_waves).
+template <class T>
+int default_policy(DownGemvOp<T>, const DeviceInfo& d, const DownGemvArgs<T>& a) noexcept {
+  return detail::default_fewest_waves<DownGemvPolicies>(
+      d.sm_count, [&](auto p) { return DownGemvOp<T>::template num_blocks<decltype(p)>(a.d_model, a.d_ff); });
+}
+
+/**
+ * @brief Fused Stage 2: the candidate whose GLU steps cover a row of d_model inputs with the fewest
+ * load slots (detail::glu_row_slots), ties to the lower index. Measured on the H100: with 256 threads
+ * a 5120-wide row takes 3 steps of which the last is half idle, and 320 threads (2 full steps) made
+ * the FFN 0.7-2.5 us faster on Qwen3-14B and 32B; 256 threads stayed faster where they fit (2048, 4096).
+ */
+template <class T, class Act>
+int default_policy(GluDownGemvOp<T, Act>, const DeviceInfo&, const GluDownGemvArgs<T>& a) noexcept {
+  int best = 0;
+  long best_slots = -1;
+  for_each_policy<GluDownGemvPolicies>([&](auto p, int i) {
+    const long slots = detail::glu_row_slots<decltype(p)>(a.d_model);
+    if (best_slots < 0 || slots < best_slots) {
+      best = i;
+      best_slots = slots;
+    }
+  });
+  return best;
 }
 
 PROX_NAMESPACE_END

@@ -2,7 +2,7 @@
 //! @file down_gemv.cuh  Op 4, Stage 2: the input-sparse down GEMV, y = sum_{j selected} s_j W_down^T[j,:].
 //! Reads only the selected rows of W_down^T [d_ff][d_model] (row j contiguous over d_model).
 //!
-//! Grid: x = column tiles of kTileD outputs, y = chunks of kChunk channels (split-K). A block
+//! Grid: x = column tiles of kTile outputs, y = chunks of kChunk channels (split-K). A block
 //! compacts the selected channels of its chunk (and their s_j) in shared memory, streams their rows
 //! over its column tile, and the split-K blocks of a tile combine deterministically.
 #pragma once
@@ -13,6 +13,7 @@
 #include <string>
 
 #include "core/config.hpp"
+#include "core/device.hpp"
 #include "core/shape.hpp"
 #include "core/launch.cuh"
 #include "core/math.hpp"
@@ -21,6 +22,7 @@
 #include "core/types.cuh"
 #include "core/vec.cuh"
 #include "core/warp.cuh"
+#include "core/workspace.cuh"
 #include "detail/tile_reduce.cuh"
 
 PROX_NAMESPACE_BEGIN
@@ -41,24 +43,28 @@ struct DownGemvArgs {
 };
 
 /**
- * @brief Tile policy of the down GEMV.
- * @tparam Threads threads per block; @tparam TileD outputs per block (TileD/8 threads share a row,
- * at most 32); @tparam Chunk channels per block (split-K); @tparam Unroll rows in flight per thread.
+ * @brief Tile policy of the down GEMV (vocabulary: core/policy.hpp).
+ * @tparam Threads threads per block; @tparam Tile outputs per block (Tile/8 threads share a row, at
+ * most 32); @tparam Chunk channels per block (split-K); @tparam Unroll rows in flight per thread;
+ * @tparam MinBlocks resident blocks per SM (__launch_bounds__).
  */
-template <int Threads, int TileD, int Chunk, int Unroll, int MinBlocks = 1>
+template <int Threads, int Tile, int Chunk, int Unroll, int MinBlocks = 1>
 struct DownGemvPolicy {
   static constexpr int kThreads = Threads;
-  static constexpr int kTileD = TileD;
+  static constexpr int kTile = Tile;
   static constexpr int kChunk = Chunk;
   static constexpr int kUnroll = Unroll;
-  static constexpr int kMinBlocks = MinBlocks;  //!< __launch_bounds__ minimum resident blocks per SM
-  static_assert(Chunk % 32 == 0 && TileD % 8 == 0 && TileD / 8 <= 32, "policy shape");
+  static constexpr int kMinBlocks = MinBlocks;
+  static_assert(Chunk % 32 == 0 && Tile % 8 == 0 && Tile / 8 <= 32, "policy shape");
   static std::string name() {
-    return "down_t" + std::to_string(Threads) + "_d" + std::to_string(TileD) + "_c" + std::to_string(Chunk) + "_u" +
+    return "down_t" + std::to_string(Threads) + "_d" + std::to_string(Tile) + "_c" + std::to_string(Chunk) + "_u" +
            std::to_string(Unroll) + "_m" + std::to_string(MinBlocks);
   }
 };
 
+//! Candidates (index 0 is the fallback) of the unfused Stage 2. prox-tune on the H100 picks each for
+//! some Qwen3 shape (docs/data/prox-tune-h100.tsv): 1 (128-column tiles) on 1.7B and 4B, 0 on 8B
+//! and 32B, 2 (1024-channel chunks) on 14B; the plan's default follows the grid (dispatch.hpp).
 using DownGemvPolicies = PolicyList<DownGemvPolicy<256, 256, 512, 4, 3>, DownGemvPolicy<256, 128, 512, 4, 3>,
                                     DownGemvPolicy<256, 256, 1024, 4, 3>>;
 
@@ -70,9 +76,9 @@ namespace detail {
  * Stage-2 kernel (glu_down_gemv.cuh). Thread t owns columns d0 + (t % kTn) * 8 .. + 8 and the rows
  * group + i kGroups of the list (group = t / kTn).
  */
-template <int kThreads, int kTileD, int kU, class T>
+template <int kThreads, int kTile, int kU, class T>
 struct DownRows {
-  static constexpr int kTn = kTileD / 8;
+  static constexpr int kTn = kTile / 8;
   static constexpr int kGroups = kThreads / kTn;
   static_assert(kThreads % kTn == 0, "block must hold whole row groups");
 
@@ -136,27 +142,28 @@ struct DownRows {
 
 // ---------------------------------------------------------------- L2: kernel
 template <class Policy, class T>
-PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void down_gemv_kernel(
-    const DownGemvArgs<T> a, float* partials, unsigned* tile_counters) {
+PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void down_gemv_kernel(const DownGemvArgs<T> a,
+                                                                                          const OpWorkspace ws) {
   constexpr int kThreads = Policy::kThreads;
-  constexpr int kTileD = Policy::kTileD;
+  constexpr int kTile = Policy::kTile;
   constexpr int kChunk = Policy::kChunk;
-  using Rows = detail::DownRows<kThreads, kTileD, Policy::kUnroll, T>;
+  using Rows = detail::DownRows<kThreads, kTile, Policy::kUnroll, T>;
   using Reducer = detail::TileReducer<kThreads, Rows::kTn, 8, 1>;
 
   __shared__ int s_rows[kChunk];
   __shared__ float s_val[kChunk];
   constexpr int kPerThread = (kChunk + kThreads - 1) / kThreads;  // channels per thread (compaction)
-  __shared__ int s_warp[kPerThread * (kThreads / kWarpSize)];  // block_compact_append
+  __shared__ int s_warp[kPerThread * (kThreads / kWarpSize)];      // block_compact_append
   __shared__ typename Reducer::Storage s_red;
 
   const int tid = static_cast<int>(threadIdx.x);
   const int tile = static_cast<int>(blockIdx.x);
   const int chunk = static_cast<int>(blockIdx.y);
-  const int d0 = tile * kTileD;
+  const int d0 = tile * kTile;
   const int c0 = chunk * kChunk;
   pdl_wait();  // mask and s come from the previous kernels
   pdl_launch_dependents();
+  const bool ready = detail::workspace_ready(ws.guard);  // block-uniform
 
   // Mask words and s values of the whole chunk are loaded together (one memory latency), then the
   // selected channels are compacted in order.
@@ -180,8 +187,17 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void down_ge
   if (count > 0) Rows::run(a.w_down_t, a.d_model, d0, s_rows, s_val, count, acc[0], [] {});
 
   Reducer::reduce(s_red, acc);
-  const int ncols = min(kTileD, a.d_model - d0);
-  if (!Reducer::split_k(s_red, partials, tile_counters + tile, a.d_model, d0, ncols, chunk,
+  const int ncols = min(kTile, a.d_model - d0);
+  if (!ready) {
+    // Counters not to be trusted (workspace never initialized): not used; zeroed for the next launch
+    // (every block of the launch agrees), y = NaN, flagged (read_workspace_status).
+    if (tid == 0) detail::flag_dirty(ws.guard);
+    detail::grid_zero(ws.sync, static_cast<int>(detail::tile_counter_bytes<kTile>(a.d_model) / sizeof(std::uint32_t)));
+    if (chunk == 0)
+      for (int ch = tid; ch < ncols; ch += kThreads) a.y[d0 + ch] = from_float<T>(__int_as_float(0x7fc00000));
+    return;
+  }
+  if (!Reducer::split_k(s_red, static_cast<float*>(ws.scratch), ws.sync + tile, a.d_model, d0, ncols, chunk,
                         static_cast<int>(gridDim.y))) {
     return;
   }
@@ -189,73 +205,71 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void down_ge
 }
 
 // ---------------------------------------------------------------- L3: op
-namespace down_gemv {
-
-template <class Policy>
-constexpr int num_tiles(int d_model) noexcept {
-  return ceil_div(d_model, Policy::kTileD);
-}
-template <class Policy>
-constexpr int num_chunks(int d_ff) noexcept {
-  return ceil_div(d_ff, Policy::kChunk);
-}
-//! Blocks of the launch grid: column tiles x split-K chunks.
-template <class Policy>
-constexpr long num_blocks(int d_model, int d_ff) noexcept {
-  return static_cast<long>(num_tiles<Policy>(d_model)) * num_chunks<Policy>(d_ff);
-}
-
 /**
- * @brief Validate without launching. Shape rule: d_model a multiple of 8 in [8, 2^20]; d_ff a
- * multiple of 32 in [32, 2^20]; w_down_t 16-byte aligned; s, mask 4-byte aligned; y element-aligned.
+ * @brief The sparse down GEMV as a planned op (drive it with prox::Operator; contract in
+ * proxy_gemv.cuh's ProxyGemvOp).
  */
 template <class T>
-Status can_implement(const DownGemvArgs<T>& a) noexcept {
-  if (a.s == nullptr || a.channel_mask == nullptr || a.w_down_t == nullptr || a.y == nullptr)
-    return Status::kErrorNullPointer;
-  PROX_RETURN_IF_ERROR(check_ffn_shape(a.d_model, a.d_ff));
-  if (!is_aligned(a.w_down_t, 16) || !is_aligned(a.s, 4) || !is_aligned(a.channel_mask, 4) ||
-      !is_aligned(a.y, sizeof(T)))
-    return Status::kErrorMisalignedPointer;
-  return Status::kSuccess;
-}
+struct DownGemvOp {
+  static constexpr const char* kName = "down_gemv";
+  using Args = DownGemvArgs<T>;
+  using Policies = DownGemvPolicies;
+  struct Options {
+    bool pdl = false;  //!< launch with PDL (sm_90+)
+  };
 
-//! Workspace: tile counters (zero before first use; left zero), in a region of the same size for
-//! every policy (detail::tile_counter_bytes), then split-K partials: one workspace serves every
-//! policy of the same shape.
-template <class Policy, class T>
-constexpr std::size_t workspace_bytes(const DownGemvArgs<T>& a) noexcept {
-  const std::size_t counters = detail::tile_counter_bytes<Policy::kTileD>(a.d_model);
-  const int chunks = num_chunks<Policy>(a.d_ff);
-  return counters + (chunks > 1 ? sizeof(float) * static_cast<std::size_t>(chunks) * a.d_model : 0);
-}
+  template <class P>
+  static constexpr int num_tiles(int d_model) noexcept {
+    return ceil_div(d_model, P::kTile);
+  }
+  template <class P>
+  static constexpr int num_chunks(int d_ff) noexcept {
+    return ceil_div(d_ff, P::kChunk);
+  }
+  //! Blocks of the launch grid: column tiles x split-K chunks.
+  template <class P>
+  static constexpr long num_blocks(int d_model, int d_ff) noexcept {
+    return static_cast<long>(num_tiles<P>(d_model)) * num_chunks<P>(d_ff);
+  }
 
-/**
- * @brief Launch the sparse down GEMV on `stream`.
- * @param workspace at least workspace_bytes<Policy>(a), 16-byte aligned, zeroed before first use.
- * @code
- * prox::DownGemvArgs<__half> a{d_s, d_mask, d_wdt, K, N, d_y};
- * using P = prox::PolicyAt<0, prox::DownGemvPolicies>;
- * auto st = prox::down_gemv::launch<P>(a, ws, ws_bytes, stream);
- * @endcode
- */
-template <class Policy, class T>
-Status launch(const DownGemvArgs<T>& a, void* workspace, std::size_t workspace_size, cudaStream_t stream,
-              const LaunchOptions& opts = {}) noexcept {
-  PROX_RETURN_IF_ERROR(can_implement(a));
-  if (workspace == nullptr) return Status::kErrorNullPointer;
-  if (workspace_size < workspace_bytes<Policy>(a)) return Status::kErrorWorkspaceTooSmall;
-  if (!is_aligned(workspace, 16)) return Status::kErrorMisalignedPointer;
-  auto* counters = static_cast<unsigned*>(workspace);
-  float* partials =
-      reinterpret_cast<float*>(static_cast<char*>(workspace) + detail::tile_counter_bytes<Policy::kTileD>(a.d_model));
-  const dim3 grid(static_cast<unsigned>(num_tiles<Policy>(a.d_model)),
-                  static_cast<unsigned>(num_chunks<Policy>(a.d_ff)));
-  if (grid.y > 65535u) return Status::kErrorInvalidShape;
-  return detail::launch_kernel(down_gemv_kernel<Policy, T>, grid, dim3(Policy::kThreads), 0, stream, opts, a, partials,
-                               counters);
-}
+  /**
+   * @brief Validate without launching. Shape rule: d_model a multiple of 8 in [8, 2^20]; d_ff a
+   * multiple of 32 in [32, 2^20]; w_down_t 16-byte aligned; s, mask 4-byte aligned; y element-aligned.
+   */
+  static Status can_implement(const Args& a) noexcept {
+    if (a.s == nullptr || a.channel_mask == nullptr || a.w_down_t == nullptr || a.y == nullptr)
+      return Status::kErrorNullPointer;
+    PROX_RETURN_IF_ERROR(check_ffn_shape(a.d_model, a.d_ff));
+    if (!is_aligned(a.w_down_t, 16) || !is_aligned(a.s, 4) || !is_aligned(a.channel_mask, 4) ||
+        !is_aligned(a.y, sizeof(T)))
+      return Status::kErrorMisalignedPointer;
+    return Status::kSuccess;
+  }
+  static bool same_shape(const Args& a, const Args& b) noexcept { return a.d_model == b.d_model && a.d_ff == b.d_ff; }
 
-}  // namespace down_gemv
+  //! Tile counters (a region of the same size for every policy), then the split-K partials of the
+  //! policy with the most chunks.
+  static WorkspaceNeeds workspace_needs(const Args& a) noexcept {
+    WorkspaceNeeds w;
+    w.sync = detail::tile_counter_bytes<detail::kMinTileWidth>(a.d_model);
+    for_each_policy<Policies>([&](auto p, int) {
+      const int chunks = num_chunks<decltype(p)>(a.d_ff);
+      const std::size_t parts = chunks > 1 ? sizeof(float) * static_cast<std::size_t>(chunks) * a.d_model : 0;
+      w.scratch = parts > w.scratch ? parts : w.scratch;
+    });
+    return w;
+  }
+
+  template <class P>
+  static Status configure(const Args& a, const Options&, const DeviceInfo&, LaunchConfig* lc) noexcept {
+    lc->grid = dim3(static_cast<unsigned>(num_tiles<P>(a.d_model)), static_cast<unsigned>(num_chunks<P>(a.d_ff)));
+    lc->block = dim3(P::kThreads);
+    return lc->grid.y > 65535u ? Status::kErrorInvalidShape : Status::kSuccess;
+  }
+  template <class P>
+  static Status launch(const Args& a, const LaunchConfig& lc, const OpWorkspace& ws, cudaStream_t stream) noexcept {
+    return detail::launch_kernel(down_gemv_kernel<P, T>, lc, stream, a, ws);
+  }
+};
 
 PROX_NAMESPACE_END

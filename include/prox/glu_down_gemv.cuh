@@ -11,7 +11,7 @@
 //! block has arrived; the weights are in flight while the grid converges.
 //!
 //! The wait is a grid-wide barrier, so all blocks must be resident at once: the grid is at most
-//! SMs x resident blocks per SM (checked at launch against the occupancy of this kernel), and it is
+//! SMs x resident blocks per SM (fixed at plan time from the occupancy of this kernel), and it is
 //! launched as a cooperative kernel, so a grid that cannot be co-resident fails to launch instead
 //! of hanging.
 //!
@@ -23,12 +23,12 @@
 
 #include <cuda_runtime.h>
 
-#include <atomic>
 #include <cstdint>
 #include <string>
 
 #include "activation.cuh"
 #include "core/config.hpp"
+#include "core/device.hpp"
 #include "core/launch.cuh"
 #include "core/math.hpp"
 #include "core/policy.hpp"
@@ -36,6 +36,7 @@
 #include "core/status.hpp"
 #include "core/types.cuh"
 #include "core/warp.cuh"
+#include "core/workspace.cuh"
 #include "detail/rank_range.cuh"
 #include "detail/tile_reduce.cuh"
 #include "down_gemv.cuh"
@@ -46,8 +47,6 @@ PROX_NAMESPACE_BEGIN
 /**
  * @brief Arguments of the fused Stage-2 GEMV: those of the GLU GEMV (x, shape, W_gate, W_up, mask,
  * s) plus the down GEMV's W_down^T and y. All pointers are device pointers.
- * `grid_blocks` (inherited): 1..max_grid_blocks(), the grid the workspace is sized for; 0 =
- * max_grid_blocks().
  * @tparam T `__half` or `__nv_bfloat16`.
  */
 template <class T>
@@ -57,50 +56,50 @@ struct GluDownGemvArgs : GluGemvArgs<T> {
 };
 
 /**
- * @brief Policy of the fused Stage-2 GEMV: a GLU part (see GluSlicedPolicy) and a down part (see
- * DownGemvPolicy) sharing the block size and the residency.
+ * @brief Policy of the fused Stage-2 GEMV (vocabulary: core/policy.hpp): a GLU part (a GluGemvPolicy)
+ * and a down part (as DownGemvPolicy) sharing the block size and the residency.
  * @tparam Threads   threads per block
- * @tparam Channels  GLU rows a block holds at a time; @tparam Batch GLU rows processed together
- * @tparam TileD     down outputs per task (TileD/8 threads share a row, at most 32)
+ * @tparam GluRows   GLU rows a block holds at a time; @tparam Batch GLU rows reduced together
+ * @tparam Tile      down outputs per task (Tile/8 threads share a row, at most 32)
  * @tparam Rows      down rows a block holds at a time; @tparam Unroll down rows in flight per thread
- * @tparam MinBlocks resident blocks per SM (__launch_bounds__) and grid = SMs x MinBlocks
+ * @tparam MinBlocks resident blocks per SM (__launch_bounds__); the grid is SMs x MinBlocks at most
  */
-template <int Threads, int Channels, int Batch, int TileD, int Rows, int Unroll, int MinBlocks>
-struct GluDownPolicy {
+template <int Threads, int GluRows, int Batch, int Tile, int Rows, int Unroll, int MinBlocks>
+struct GluDownGemvPolicy {
   static constexpr int kThreads = Threads;
-  static constexpr int kMinBlocks = MinBlocks;
-  static constexpr int kTileD = TileD;
+  static constexpr int kTile = Tile;
   static constexpr int kRows = Rows;
   static constexpr int kUnroll = Unroll;
-  using Glu = GluSlicedPolicy<Threads, Channels, Batch, 1, MinBlocks>;
-  static_assert(TileD % 8 == 0 && TileD / 8 <= 32 && Threads % (TileD / 8) == 0 && Rows % 32 == 0, "policy shape");
+  static constexpr int kMinBlocks = MinBlocks;
+  using Glu = GluGemvPolicy<Threads, GluRows, Batch, 1, MinBlocks>;
+  static_assert(Tile % 8 == 0 && Tile / 8 <= 32 && Threads % (Tile / 8) == 0 && Rows % 32 == 0, "policy shape");
   static std::string name() {
-    return "glud_t" + std::to_string(Threads) + "_c" + std::to_string(Channels) + "_b" + std::to_string(Batch) + "_d" +
-           std::to_string(TileD) + "_r" + std::to_string(Rows) + "_u" + std::to_string(Unroll) + "_m" +
+    return "glud_t" + std::to_string(Threads) + "_c" + std::to_string(GluRows) + "_b" + std::to_string(Batch) + "_d" +
+           std::to_string(Tile) + "_r" + std::to_string(Rows) + "_u" + std::to_string(Unroll) + "_m" +
            std::to_string(MinBlocks);
   }
 };
 
-//! Candidates (index 0 is the default). Rows = 1024: a down task of more rows than a block holds runs
-//! in rounds, and each round starts its stream again from one memory latency (the pipeline drains at
-//! its end). With 256 rows, the Qwen3-14B and 32B tasks (300-750 rows at e = 40-70 %) took 2-3 rounds;
-//! 1024 holds them in one. Measured on the H100 (docs/benchmarks.md): Stage 2 1.0-1.7 us faster on
-//! 14B and 1.4-4.2 us on 32B; on 8B 1.5 us at e = 40 % (290-row tasks), unchanged above.
-//! Candidate 1 has 320 threads: a d_model of 2560 or 5120 (320 or 640 16-byte pieces a row) fills
-//! its GLU steps exactly, where 256 threads leave 37.5 % or 16.7 % of the load slots idle (the plan's
-//! default, glu_down_gemv::default_policy, picks by that). Measured on the H100: FFN 0.7-1.6 us
-//! faster on 4B, 0.7-2.5 us on 14B and 32B; up to 0.9 us slower on 1.7B and 8B, where 256 fits.
-//! The order is a preference: the tuner gives a near-tie to the lower index, and candidate 2 (3
-//! blocks per SM), timed alone within 0.5 % of candidate 1 on the 14B shape (bf16, density 5/16),
-//! made the FFN 1.6-1.8 us slower there.
+//! Candidates (index 0 is the default where 256 threads fill a row's GLU steps; dispatch.hpp picks by
+//! load slots). Rows = 1024 holds a Qwen3 14B/32B down task (300-750 rows at e = 40-70 %) in one round:
+//! with 256, 2-3 rounds each restarted the stream from one memory latency (Stage 2 1.0-4.2 us slower).
+//! The order is a preference: prox-tune gives a near-tie to the lower index. Measured on the H100:
 using GluDownGemvPolicies =
-    PolicyList<GluDownPolicy<256, 64, 4, 256, 1024, 4, 2>, GluDownPolicy<320, 64, 2, 256, 1024, 4, 2>,
-               GluDownPolicy<256, 64, 2, 256, 1024, 4, 3>>;
+    PolicyList<GluDownGemvPolicy<256, 64, 4, 256, 1024, 4, 2>,   // d_model 2048, 4096
+               GluDownGemvPolicy<320, 64, 2, 256, 1024, 4, 2>,   // d_model 2560, 5120: FFN 0.7-2.5 us faster
+               GluDownGemvPolicy<256, 64, 2, 256, 1024, 4, 3>>;  // timed within 0.5 %, FFN 1.6-1.8 us slower (14B)
+
+//! Most blocks a fused Stage-2 grid has: the workspace's partials are sized for it, so the size does not
+//! depend on the device. 1024 exceeds SMs x resident blocks of every current GPU (H100: 132 x 2-3).
+constexpr int kMaxFusedGridBlocks = 1024;
 
 namespace detail {
 
-//! Grid barrier words in the workspace: [0] arrivals of the current launch, [1] generation.
-//! Both start at zero (initialize_workspace) and the arrival count is left at zero.
+/**
+ * @brief Grid barrier in two words of the workspace: [0] arrivals of the current launch, [1]
+ * generation. The arrival count starts at zero (initialize_workspace; SparseFfn's Stage 1 zeroes it
+ * on a workspace it finds not ready) and is left at zero; the generation is whatever it is.
+ */
 struct GridBarrier {
   //! Thread 0: the generation this launch will complete (read before this block arrives).
   PROX_DEVICE static PROX_FORCEINLINE unsigned generation(const unsigned* bar) {
@@ -120,27 +119,46 @@ struct GridBarrier {
     }
   }
   //! Thread 0: wait until every block has arrived (then a block barrier publishes it to the block).
+  //! The sleep between polls keeps 200-400 polling blocks from saturating the L2 slice that holds the
+  //! word while the last blocks still stream their GLU rows.
   PROX_DEVICE static PROX_FORCEINLINE void wait(const unsigned* bar, unsigned gen) {
     unsigned g;
     while (true) {
       asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(g) : "l"(bar + 1) : "memory");
       if (g != gen) break;
-      __nanosleep(20);
+      __nanosleep(kPollSleepNs);
     }
   }
+  static constexpr unsigned kPollSleepNs = 20;
 };
+
+//! Sync words of the fused Stage 2: the barrier in the first 256 bytes, the down tile counters after.
+constexpr int kBarrierWords = 64;
+
+//! The fused Stage 2 launched alone on a workspace that is not ready (the whole grid agrees): the
+//! barrier and counters are not used; they are zeroed for the next launch, y is NaN, the header
+//! flagged. Not inlined: kept out of the kernel's register allocation (inlined, it made the 256-thread
+//! candidates spill 8-16 bytes more).
+template <int kTile, class T>
+__device__ __noinline__ void fused_not_ready(T* y, int d_model, OpWorkspace ws) {
+  if (threadIdx.x == 0) flag_dirty(ws.guard);
+  grid_zero(ws.sync, kBarrierWords + static_cast<int>(tile_counter_bytes<kTile>(d_model) / sizeof(std::uint32_t)));
+  for (int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x); i < d_model;
+       i += static_cast<int>(gridDim.x * blockDim.x))
+    y[i] = from_float<T>(__int_as_float(0x7fc00000));
+}
 
 }  // namespace detail
 
 // ---------------------------------------------------------------- L2: kernel
 template <class Policy, class T, class Act>
 PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void glu_down_gemv_kernel(
-    const GluDownGemvArgs<T> a, float* partials, unsigned* tile_counters, unsigned* barrier) {
+    const GluDownGemvArgs<T> a, const OpWorkspace ws) {
   constexpr int kThreads = Policy::kThreads;
-  constexpr int kTileD = Policy::kTileD;
+  constexpr int kTile = Policy::kTile;
   constexpr int kRows = Policy::kRows;
   using Glu = detail::GluRows<typename Policy::Glu, T, Act>;
-  using Down = detail::DownRows<kThreads, kTileD, Policy::kUnroll, T>;
+  using Down = detail::DownRows<kThreads, kTile, Policy::kUnroll, T>;
   using Reducer = detail::TileReducer<kThreads, Down::kTn, 8, 1>;
 
   __shared__ typename Glu::Storage s_glu;
@@ -155,7 +173,12 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void glu_dow
   pdl_wait();  // the mask comes from Stage 1; the previous launch's barrier state is settled
   // No pdl_launch_dependents() here: the next kernel is let in once every block has streamed its
   // down rows (below), not at the start (see there).
-  const unsigned gen = tid == 0 ? detail::GridBarrier::generation(barrier) : 0u;
+  // Launched alone, the workspace must have been initialized: a block that finds it not ready (the
+  // whole grid agrees) uses neither the barrier nor the counters (the generation read here is then
+  // unused). In SparseFfn, Stage 1 has just made the sync words ready (no check), and this kernel
+  // marks the header ready for the next Stage 1.
+  if (block == 0 && tid == 0) detail::stamp_header(ws.guard);
+  const unsigned gen = tid == 0 ? detail::GridBarrier::generation(ws.sync) : 0u;
 
   // GLU part: this block's rank range of the selected channels.
   const GluGemvArgs<T>& g = a;
@@ -167,18 +190,24 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void glu_dow
   detail::rank_range(total, block, blocks, &lo, &hi);
   Glu::zero_unselected(g, block, blocks);
   Glu::run(g, offset, lo, hi, s_glu);
+  const int tiles = ceil_div(a.d_model, kTile);
+  // Checked after the GLU part, so nothing of it stays live across the GLU loop (SparseFfn passes no
+  // header to check: then this costs no memory access).
+  if (!detail::workspace_ready(ws.guard)) {
+    detail::fused_not_ready<kTile>(a.y, a.d_model, ws);
+    return;
+  }
   __syncthreads();  // every s store of the block (rows and zero fill) precedes thread 0's release
-  if (tid == 0) detail::GridBarrier::arrive(barrier, gen, static_cast<unsigned>(blocks));
+  if (tid == 0) detail::GridBarrier::arrive(ws.sync, gen, static_cast<unsigned>(blocks));
 
   // Down part: tasks (tile, part); the weights of a task's first rows are requested before the wait.
-  const int tiles = ceil_div(a.d_model, kTileD);
   const int parts = max(1, blocks / tiles);
   bool waited = false;
 #pragma unroll 1
   for (int task = block; task < tiles * parts; task += blocks) {
     const int tile = task % tiles;
     const int part = task / tiles;
-    const int d0 = tile * kTileD;
+    const int d0 = tile * kTile;
     detail::rank_range(total, part, parts, &lo, &hi);
     float acc[1][8];
 #pragma unroll
@@ -190,7 +219,7 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void glu_dow
       __syncthreads();
       Down::run(a.w_down_t, a.d_model, d0, s_rows, s_val, count, acc[0], [&] {
         if (!waited) {  // block-uniform
-          if (tid == 0) detail::GridBarrier::wait(barrier, gen);
+          if (tid == 0) detail::GridBarrier::wait(ws.sync, gen);
           __syncthreads();
           waited = true;
         }
@@ -214,13 +243,13 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void glu_dow
     }
     // Every weight load of this block is done: let the next kernel of the stream launch (PDL) while
     // the split-K combine runs. With the trigger at the start the FFN was 0.3-1.6 us slower on every
-    // Qwen3 shape (1.7B-32B, e = 40-70 %; measured on the H100, docs/benchmarks.md); our reading, not
-    // verified: the next kernel's blocks then crowd onto the first SMs this grid frees. Blocks
-    // without a down task count as triggered when they exit.
+    // Qwen3 shape (H100); our reading, not verified: the next kernel's blocks then crowd onto the first
+    // SMs this grid frees. Blocks without a down task count as triggered when they exit.
     if (task + blocks >= tiles * parts) pdl_launch_dependents();
     Reducer::reduce(s_red, acc);
-    const int ncols = min(kTileD, a.d_model - d0);
-    if (Reducer::split_k(s_red, partials, tile_counters + tile, a.d_model, d0, ncols, part, parts)) {
+    const int ncols = min(kTile, a.d_model - d0);
+    if (Reducer::split_k(s_red, static_cast<float*>(ws.scratch), ws.sync + detail::kBarrierWords + tile, a.d_model, d0, ncols, part,
+                         parts)) {
       for (int ch = tid; ch < ncols; ch += kThreads) a.y[d0 + ch] = from_float<T>(Reducer::at(s_red, 0, ch));
     }
     __syncthreads();  // s_red is reused by the next task
@@ -228,146 +257,80 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void glu_dow
 }
 
 // ---------------------------------------------------------------- L3: op
-namespace glu_down_gemv {
-
 /**
- * @brief Largest grid this policy can run with on the current device: SMs x min(Policy::kMinBlocks,
- * blocks of this kernel that fit on one SM). Host only; the driver is queried once per device.
+ * @brief The fused Stage 2 as a planned op (drive it with prox::Operator; contract in proxy_gemv.cuh's
+ * ProxyGemvOp). A cooperative launch: every block resident, so the grid-wide barrier cannot wait on a
+ * block that never runs.
  */
-template <class Policy, class Act, class T>
-Status max_grid_blocks(int* out) noexcept {
-  if (out == nullptr) return Status::kErrorNullPointer;
-  // Both facts are read from the driver once per device (detail::cached_for_device): the launcher
-  // checks every grid against them, and the hot path must not pay a driver query per call.
-  static std::atomic<int> fit_cache[detail::kMaxCachedDevices];
-  int dev = 0;
-  int sms = 0;
-  int fit = 0;
-  PROX_RETURN_IF_ERROR(detail::current_device(&dev));
-  PROX_RETURN_IF_ERROR(detail::device_attribute<cudaDevAttrMultiProcessorCount>(dev, &sms));
-  PROX_RETURN_IF_ERROR(detail::cached_for_device(
-      fit_cache, dev,
-      [](int, int* v) {
-        return cudaOccupancyMaxActiveBlocksPerMultiprocessor(v, glu_down_gemv_kernel<Policy, T, Act>, Policy::kThreads,
-                                                             0) == cudaSuccess
-                   ? Status::kSuccess
-                   : Status::kErrorCudaRuntime;
-      },
-      &fit));
-  if (fit <= 0 || sms <= 0) return Status::kErrorUnsupportedDevice;
-  *out = sms * (fit < Policy::kMinBlocks ? fit : Policy::kMinBlocks);
-  return Status::kSuccess;
-}
+template <class T, class Act = SiLU>
+struct GluDownGemvOp {
+  static constexpr const char* kName = "glu_down_gemv";
+  using Args = GluDownGemvArgs<T>;
+  using Policies = GluDownGemvPolicies;
+  struct Options {
+    bool pdl = false;  //!< launch with PDL (sm_90+)
+    //! Launch as a cooperative kernel, so a grid that cannot be co-resident fails to launch instead of
+    //! hanging. Leave it on unless a platform rejects cooperative launches (MPS, green contexts); the
+    //! grid is sized to fit either way.
+    bool cooperative = true;
+    //! Blocks to launch, at most SMs x min(kMinBlocks, blocks that fit); 0 = that maximum.
+    int grid_blocks = 0;
+  };
 
-template <class Policy>
-constexpr int num_tiles(int d_model) noexcept {
-  return ceil_div(d_model, Policy::kTileD);
-}
+  template <class P>
+  static constexpr int num_tiles(int d_model) noexcept {
+    return ceil_div(d_model, P::kTile);
+  }
 
-/**
- * @brief Load slots a block's GLU part spends on one selected row: its steps
- * (GluSlicedPolicy::steps_per_row) times the pieces a step loads. Host and device.
- */
-template <class Policy>
-constexpr long glu_row_slots(int d_model) noexcept {
-  using G = typename Policy::Glu;
-  return static_cast<long>(G::steps_per_row(d_model)) * G::kThreads * G::kPieces;
-}
+  //! The GLU GEMV's rules (GluGemvOp::can_implement), W_down^T 16-byte aligned, y element-aligned.
+  static Status can_implement(const Args& a) noexcept {
+    PROX_RETURN_IF_ERROR(GluGemvOp<T, Act>::can_implement(a));
+    if (a.w_down_t == nullptr || a.y == nullptr) return Status::kErrorNullPointer;
+    if (!is_aligned(a.w_down_t, 16) || !is_aligned(a.y, sizeof(T))) return Status::kErrorMisalignedPointer;
+    return Status::kSuccess;
+  }
+  static bool same_shape(const Args& a, const Args& b) noexcept { return a.d_model == b.d_model && a.d_ff == b.d_ff; }
 
-/**
- * @brief The fused Stage-2 policy plan() uses without an explicit choice: the candidate of `List`
- * whose GLU steps cover a row of d_model inputs with the fewest load slots (glu_row_slots), ties to
- * the lower index. Measured on the H100 (docs/benchmarks.md): with 256 threads a 5120-wide row
- * takes 3 steps of which the last is half idle, and 320 threads (2 full steps) made the FFN
- * 0.7-2.5 us faster on Qwen3-14B and 32B; 256 threads stayed faster where they fit (2048, 4096).
- */
-template <class List>
-int default_policy(int d_model) noexcept {
-  int best = 0;
-  long best_slots = -1;
-  for_each_policy<List>([&](auto p, int i) {
-    const long slots = glu_row_slots<decltype(p)>(d_model);
-    if (best_slots < 0 || slots < best_slots) {
-      best = i;
-      best_slots = slots;
-    }
-  });
-  return best;
-}
+  //! Barrier words and down tile counters (the same place for every policy and grid), and the split-K
+  //! partials of the largest grid any policy may have (kMaxFusedGridBlocks).
+  static WorkspaceNeeds workspace_needs(const Args& a) noexcept {
+    WorkspaceNeeds w;
+    w.sync = sizeof(std::uint32_t) * detail::kBarrierWords + detail::tile_counter_bytes<detail::kMinTileWidth>(a.d_model);
+    for_each_policy<Policies>([&](auto p, int) {
+      const int tiles = num_tiles<decltype(p)>(a.d_model);
+      const int parts = kMaxFusedGridBlocks / tiles;
+      const std::size_t b = parts > 1 ? sizeof(float) * static_cast<std::size_t>(parts) * a.d_model : 0;
+      w.scratch = b > w.scratch ? b : w.scratch;
+    });
+    return w;
+  }
 
-/**
- * @brief Validate without launching (the grid size is checked against the device at launch): the
- * GLU GEMV's rules (glu_gemv::can_implement), W_down^T 16-byte aligned, y element-aligned,
- * grid_blocks >= 0.
- */
-template <class T>
-Status can_implement(const GluDownGemvArgs<T>& a) noexcept {
-  PROX_RETURN_IF_ERROR(glu_gemv::can_implement<T>(a));
-  if (a.w_down_t == nullptr || a.y == nullptr) return Status::kErrorNullPointer;
-  if (a.grid_blocks < 0) return Status::kErrorInvalidArgument;
-  if (!is_aligned(a.w_down_t, 16) || !is_aligned(a.y, sizeof(T))) return Status::kErrorMisalignedPointer;
-  return Status::kSuccess;
-}
+  //! Largest grid of policy P on device `d`: SMs x min(P::kMinBlocks, blocks that fit on one SM),
+  //! at most kMaxFusedGridBlocks. Plan time (the occupancy is read once per device).
+  template <class P>
+  static Status max_grid_blocks(const DeviceInfo& d, int* out) noexcept {
+    int fit = 0;
+    PROX_RETURN_IF_ERROR((detail::occupancy<glu_down_gemv_kernel<P, T, Act>, P::kThreads>(d.device, &fit)));
+    if (fit <= 0 || d.sm_count <= 0) return Status::kErrorUnsupportedDevice;
+    const int blocks = d.sm_count * (fit < P::kMinBlocks ? fit : P::kMinBlocks);
+    *out = blocks < kMaxFusedGridBlocks ? blocks : kMaxFusedGridBlocks;
+    return Status::kSuccess;
+  }
 
-//! Workspace layout for a grid: barrier words, down tile counters (a region of the same size for
-//! every policy: detail::tile_counter_bytes), split-K partials. The barrier and counters are at the
-//! same offsets for every policy and grid, so one workspace serves them all.
-struct WorkspaceLayout {
-  std::size_t barrier = 0, counters = 0, partials = 0, total = 0;
+  template <class P>
+  static Status configure(const Args&, const Options& o, const DeviceInfo& d, LaunchConfig* lc) noexcept {
+    int max_blocks = 0;
+    PROX_RETURN_IF_ERROR(max_grid_blocks<P>(d, &max_blocks));
+    if (o.grid_blocks < 0 || o.grid_blocks > max_blocks) return Status::kErrorInvalidArgument;
+    lc->grid = dim3(static_cast<unsigned>(o.grid_blocks > 0 ? o.grid_blocks : max_blocks));
+    lc->block = dim3(P::kThreads);
+    lc->cooperative = o.cooperative;
+    return Status::kSuccess;
+  }
+  template <class P>
+  static Status launch(const Args& a, const LaunchConfig& lc, const OpWorkspace& ws, cudaStream_t stream) noexcept {
+    return detail::launch_kernel(glu_down_gemv_kernel<P, T, Act>, lc, stream, a, ws);
+  }
 };
-template <class Policy>
-constexpr WorkspaceLayout workspace_layout(int d_model, int grid_blocks) noexcept {
-  const int tiles = num_tiles<Policy>(d_model);
-  const int parts = grid_blocks / tiles > 1 ? grid_blocks / tiles : 1;
-  WorkspaceLayout l;
-  l.barrier = 0;
-  l.counters = 256;
-  l.partials = l.counters + detail::tile_counter_bytes<Policy::kTileD>(d_model);
-  l.total = l.partials + (parts > 1 ? sizeof(float) * static_cast<std::size_t>(parts) * d_model : 0);
-  return l;
-}
-
-/**
- * @brief Workspace bytes for a grid of `grid_blocks` (use the grid you launch with): the grid
- * barrier, the down tiles' counters and split-K partials. Zero it before first use (prox leaves it
- * ready for the next launch).
- */
-template <class Policy>
-constexpr std::size_t workspace_bytes(int d_model, int grid_blocks) noexcept {
-  return workspace_layout<Policy>(d_model, grid_blocks).total;
-}
-
-/**
- * @brief Launch the fused Stage 2 on `stream` (a cooperative launch: every block resident).
- * @code
- * prox::GluDownGemvArgs<__half> a{{d_x, K, N, d_wg, d_wu, d_mask, d_s}, d_wdt, d_y};
- * using P = prox::PolicyAt<0, prox::GluDownGemvPolicies>;
- * prox::glu_down_gemv::max_grid_blocks<P, prox::SiLU, __half>(&a.grid_blocks);      // plan time
- * std::size_t ws = prox::glu_down_gemv::workspace_bytes<P>(K, a.grid_blocks);
- * auto st = prox::glu_down_gemv::launch<P, prox::SiLU>(a, d_ws, ws, stream);
- * @endcode
- */
-template <class Policy, class Act, class T>
-Status launch(const GluDownGemvArgs<T>& a, void* workspace, std::size_t workspace_size, cudaStream_t stream,
-              const LaunchOptions& opts = {}) noexcept {
-  PROX_RETURN_IF_ERROR(can_implement(a));
-  int max_blocks = 0;
-  PROX_RETURN_IF_ERROR((max_grid_blocks<Policy, Act, T>(&max_blocks)));
-  const int blocks = a.grid_blocks > 0 ? a.grid_blocks : max_blocks;
-  if (blocks > max_blocks) return Status::kErrorInvalidArgument;  // could not all be resident
-  if (workspace == nullptr) return Status::kErrorNullPointer;
-  const WorkspaceLayout l = workspace_layout<Policy>(a.d_model, blocks);
-  if (workspace_size < l.total) return Status::kErrorWorkspaceTooSmall;
-  if (!is_aligned(workspace, 16)) return Status::kErrorMisalignedPointer;
-  char* ws = static_cast<char*>(workspace);
-  return detail::launch_kernel_ex(glu_down_gemv_kernel<Policy, T, Act>, dim3(static_cast<unsigned>(blocks)),
-                                        dim3(Policy::kThreads), 0, stream, opts,
-                                        detail::LaunchExtras{0u, opts.cooperative}, a,
-                                        reinterpret_cast<float*>(ws + l.partials),
-                                        reinterpret_cast<unsigned*>(ws + l.counters),
-                                        reinterpret_cast<unsigned*>(ws + l.barrier));
-}
-
-}  // namespace glu_down_gemv
 
 PROX_NAMESPACE_END

@@ -16,6 +16,7 @@
 
 #include "activation.cuh"
 #include "core/config.hpp"
+#include "core/device.hpp"
 #include "core/shape.hpp"
 #include "core/launch.cuh"
 #include "core/math.hpp"
@@ -24,6 +25,7 @@
 #include "core/types.cuh"
 #include "core/vec.cuh"
 #include "core/warp.cuh"
+#include "core/workspace.cuh"
 #include "detail/rank_range.cuh"
 
 PROX_NAMESPACE_BEGIN
@@ -42,40 +44,43 @@ struct GluGemvArgs {
   const std::uint32_t* channel_mask = nullptr;  //!< [d_ff/32] selected channels (Stage 1's output)
   float* s = nullptr;         //!< out [d_ff]: s_j for selected j, +0 for unselected j (every entry written,
                               //!< so the down GEMV can read s without waiting for the mask)
-  int grid_blocks = 0;        //!< blocks to launch; 0 = ceil(d_ff / Policy::kChannels). The planner uses
-                              //!< SMs x resident blocks, so the balanced split fills the GPU in one wave
 };
 
 /**
- * @brief GLU policy: the whole block works on a batch of kBatch selected rows at once, each thread
- * on its own 16-byte pieces of every row of the batch (no warp idles while another finishes a row).
+ * @brief GLU policy (vocabulary: core/policy.hpp): the whole block works on a batch of kBatch selected
+ * rows at once, each thread on its own 16-byte pieces of every row of the batch (no warp idles while
+ * another finishes a row).
  * @tparam Threads   threads per block
- * @tparam Channels  rows a block holds at a time (more are processed in rounds)
- * @tparam Batch     selected rows processed together (2 * Batch a power of two <= 32)
- * @tparam Pieces    16-byte pieces per row and thread in flight
+ * @tparam Rows      selected rows a block holds at a time (more are processed in rounds)
+ * @tparam Batch     selected rows reduced together (2 * Batch a power of two <= 32)
+ * @tparam Unroll    16-byte pieces per row and thread in flight
+ * @tparam MinBlocks resident blocks per SM (__launch_bounds__); the default grid is SMs x MinBlocks
  */
-template <int Threads, int Channels, int Batch, int Pieces, int MinBlocks = 3>
-struct GluSlicedPolicy {
+template <int Threads, int Rows, int Batch, int Unroll, int MinBlocks = 3>
+struct GluGemvPolicy {
   static constexpr int kThreads = Threads;
-  static constexpr int kMinBlocks = MinBlocks;  //!< __launch_bounds__ minimum resident blocks per SM
-  static constexpr int kChannels = Channels;
+  static constexpr int kRows = Rows;
   static constexpr int kBatch = Batch;
-  static constexpr int kPieces = Pieces;
-  static_assert(Channels % 32 == 0 && Threads % 32 == 0, "policy shape");
+  static constexpr int kUnroll = Unroll;
+  static constexpr int kMinBlocks = MinBlocks;
+  static_assert(Rows % 32 == 0 && Threads % 32 == 0, "policy shape");
   static_assert(is_pow2(2 * Batch) && 2 * Batch <= 32, "2 * Batch must be a power of two <= 32");
-  //! Steps of Threads x Pieces 16-byte pieces that cover one row of d_model inputs (d_model / 8
+  //! Steps of Threads x Unroll 16-byte pieces that cover one row of d_model inputs (d_model / 8
   //! pieces); the last one leaves the threads past the row's end idle. Host and device.
   PROX_HOST_DEVICE static constexpr int steps_per_row(int d_model) noexcept {
-    return ceil_div(d_model / 8, Threads * Pieces);
+    return ceil_div(d_model / 8, Threads * Unroll);
   }
   static std::string name() {
-    return "glus_t" + std::to_string(Threads) + "_c" + std::to_string(Channels) + "_b" + std::to_string(Batch) +
-           "_p" + std::to_string(Pieces) + "_m" + std::to_string(MinBlocks);
+    return "glus_t" + std::to_string(Threads) + "_c" + std::to_string(Rows) + "_b" + std::to_string(Batch) + "_p" +
+           std::to_string(Unroll) + "_m" + std::to_string(MinBlocks);
   }
 };
 
+//! Candidates (index 0 is the default) of the unfused Stage 2 (SparseFfn::PlanOptions::fuse_stage2 =
+//! false; the fused Stage 2 has its own list). prox-tune on the H100 picks each of them for some Qwen3
+//! shape and density (docs/data/prox-tune-h100.tsv): 0 on most, 1 on 32B at 5-7/16, 2 on 8B at 5-7/16.
 using GluGemvPolicies =
-    PolicyList<GluSlicedPolicy<128, 32, 4, 1, 3>, GluSlicedPolicy<256, 64, 4, 1, 2>, GluSlicedPolicy<128, 32, 2, 2, 3>>;
+    PolicyList<GluGemvPolicy<128, 32, 4, 1, 3>, GluGemvPolicy<256, 64, 4, 1, 2>, GluGemvPolicy<128, 32, 2, 2, 3>>;
 
 // ---------------------------------------------------------------- L1: block building block
 namespace detail {
@@ -88,15 +93,15 @@ namespace detail {
 template <class Policy, class T, class Act>
 struct GluRows {
   static constexpr int kThreads = Policy::kThreads;
-  static constexpr int kChannels = Policy::kChannels;
+  static constexpr int kRows = Policy::kRows;
   static constexpr int kWarps = kThreads / kWarpSize;
   static constexpr int kB = Policy::kBatch;
-  static constexpr int kP = Policy::kPieces;
+  static constexpr int kP = Policy::kUnroll;
   static constexpr int kV = 2 * kB;  // values reduced per batch: g and u of kB rows
 
   struct Storage {
-    int ch[kChannels];
-    float red[kWarps][2][kChannels];
+    int ch[kRows];
+    float red[kWarps][2][kRows];
   };
 
   //! s = +0 for the unselected channels of mask words w with w % parts == part (each word is
@@ -115,7 +120,7 @@ struct GluRows {
 
   /**
    * @brief Write s_j for the selected channels with rank in [lo, hi) (block-uniform), in rounds of
-   * at most kChannels rows. `offset` is this thread's detail::mask_rank_offset<kThreads>. Ends
+   * at most kRows rows. `offset` is this thread's detail::mask_rank_offset<kThreads>. Ends
    * with a block barrier, after which st may be reused.
    */
   PROX_DEVICE static void run(const GluGemvArgs<T>& a, int offset, int lo, int hi, Storage& st) {
@@ -125,8 +130,8 @@ struct GluRows {
     const int n_words = a.d_ff / kWarpSize;
     const Act act{};
 #pragma unroll 1
-    for (int sub = lo; sub < hi; sub += kChannels) {  // block-uniform rounds of at most kChannels rows
-      const int count = min(kChannels, hi - sub);
+    for (int sub = lo; sub < hi; sub += kRows) {  // block-uniform rounds of at most kRows rows
+      const int count = min(kRows, hi - sub);
       gather_rank_range<kThreads>(a.channel_mask, n_words, offset, sub, sub + count, st.ch);
       __syncthreads();
 
@@ -232,13 +237,16 @@ struct GluRows {
 
 // ---------------------------------------------------------------- L2: kernel
 template <class Policy, class T, class Act>
-PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void glu_gemv_kernel(const GluGemvArgs<T> a) {
+PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void glu_gemv_kernel(const GluGemvArgs<T> a,
+                                                                                         const OpWorkspace ws) {
   using Rows = detail::GluRows<Policy, T, Act>;
   __shared__ typename Rows::Storage s_st;
   __shared__ int s_warp[Rows::kWarps];
 
   pdl_wait();  // the mask comes from Stage 1
   pdl_launch_dependents();
+  // SparseFfn's Stage 1 is complete and left its sync words clean: mark the workspace ready.
+  if (blockIdx.x == 0 && threadIdx.x == 0) detail::stamp_header(ws.guard);
 
   int total = 0;
   const int offset = detail::mask_rank_offset<Policy::kThreads>(a.channel_mask, a.d_ff / kWarpSize, s_warp, &total);
@@ -250,52 +258,49 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void glu_gem
 }
 
 // ---------------------------------------------------------------- L3: op
-namespace glu_gemv {
-
-//! The grid SparseFfn (and the tuner) give this policy: SMs x its resident blocks, so the balanced
-//! split by rank fills the GPU in one wave.
-template <class Policy>
-constexpr int wave_blocks(int sm_count) noexcept {
-  return sm_count * Policy::kMinBlocks;
-}
-
 /**
- * @brief Validate without launching. Shape rule: d_model a multiple of 8 in [8, 2^20]; d_ff a
- * multiple of 32 in [32, 2^20]; x, w_gate, w_up 16-byte aligned; mask and s 4-byte aligned.
+ * @brief The masked GLU GEMV as a planned op (drive it with prox::Operator; contract in
+ * proxy_gemv.cuh's ProxyGemvOp). No workspace of its own.
  */
-template <class T>
-Status can_implement(const GluGemvArgs<T>& a) noexcept {
-  if (a.x == nullptr || a.w_gate == nullptr || a.w_up == nullptr || a.channel_mask == nullptr || a.s == nullptr)
-    return Status::kErrorNullPointer;
-  PROX_RETURN_IF_ERROR(check_ffn_shape(a.d_model, a.d_ff));
-  if (!is_aligned(a.x, 16) || !is_aligned(a.w_gate, 16) || !is_aligned(a.w_up, 16) || !is_aligned(a.channel_mask, 4) ||
-      !is_aligned(a.s, 4))
-    return Status::kErrorMisalignedPointer;
-  return Status::kSuccess;
-}
+template <class T, class Act = SiLU>
+struct GluGemvOp {
+  static constexpr const char* kName = "glu_gemv";
+  using Args = GluGemvArgs<T>;
+  using Policies = GluGemvPolicies;
+  struct Options {
+    bool pdl = false;  //!< launch with PDL (sm_90+)
+    //! Blocks to launch; 0 = one wave (SMs x the policy's kMinBlocks): the selected channels are split
+    //! evenly by rank, so one wave fills the GPU whatever the mask.
+    int grid_blocks = 0;
+  };
 
-template <class T>
-constexpr std::size_t workspace_bytes(const GluGemvArgs<T>&) noexcept {
-  return 0;
-}
+  /**
+   * @brief Validate without launching. Shape rule: d_model a multiple of 8 in [8, 2^20]; d_ff a
+   * multiple of 32 in [32, 2^20]; x, w_gate, w_up 16-byte aligned; mask and s 4-byte aligned.
+   */
+  static Status can_implement(const Args& a) noexcept {
+    if (a.x == nullptr || a.w_gate == nullptr || a.w_up == nullptr || a.channel_mask == nullptr || a.s == nullptr)
+      return Status::kErrorNullPointer;
+    PROX_RETURN_IF_ERROR(check_ffn_shape(a.d_model, a.d_ff));
+    if (!is_aligned(a.x, 16) || !is_aligned(a.w_gate, 16) || !is_aligned(a.w_up, 16) ||
+        !is_aligned(a.channel_mask, 4) || !is_aligned(a.s, 4))
+      return Status::kErrorMisalignedPointer;
+    return Status::kSuccess;
+  }
+  static bool same_shape(const Args& a, const Args& b) noexcept { return a.d_model == b.d_model && a.d_ff == b.d_ff; }
+  static WorkspaceNeeds workspace_needs(const Args&) noexcept { return {}; }
 
-/**
- * @brief Launch the masked GLU GEMV on `stream`.
- * @code
- * prox::GluGemvArgs<__half> a{d_x, K, N, d_wg, d_wu, d_mask, d_s};
- * auto st = prox::glu_gemv::launch<prox::PolicyAt<0, prox::GluGemvPolicies>, prox::SiLU>(a, nullptr, 0, stream);
- * @endcode
- */
-template <class Policy, class Act, class T>
-Status launch(const GluGemvArgs<T>& a, void* /*workspace*/, std::size_t /*workspace_size*/, cudaStream_t stream,
-              const LaunchOptions& opts = {}) noexcept {
-  PROX_RETURN_IF_ERROR(can_implement(a));
-  if (a.grid_blocks < 0) return Status::kErrorInvalidArgument;
-  const int blocks = a.grid_blocks > 0 ? a.grid_blocks : ceil_div(a.d_ff, Policy::kChannels);
-  return detail::launch_kernel(glu_gemv_kernel<Policy, T, Act>, dim3(static_cast<unsigned>(blocks)),
-                               dim3(Policy::kThreads), 0, stream, opts, a);
-}
-
-}  // namespace glu_gemv
+  template <class P>
+  static Status configure(const Args&, const Options& o, const DeviceInfo& d, LaunchConfig* lc) noexcept {
+    if (o.grid_blocks < 0) return Status::kErrorInvalidArgument;
+    lc->grid = dim3(static_cast<unsigned>(o.grid_blocks > 0 ? o.grid_blocks : d.sm_count * P::kMinBlocks));
+    lc->block = dim3(P::kThreads);
+    return Status::kSuccess;
+  }
+  template <class P>
+  static Status launch(const Args& a, const LaunchConfig& lc, const OpWorkspace& ws, cudaStream_t stream) noexcept {
+    return detail::launch_kernel(glu_gemv_kernel<P, T, Act>, lc, stream, a, ws);
+  }
+};
 
 PROX_NAMESPACE_END

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-//! @file int4.cuh  INT4 proxy weights on the device: the register dequantizer (L1) and the device
-//! packer (bit-identical to int4::pack_host). The layout is documented in int4_format.hpp.
+//! @file int4.cuh  INT4 proxy weights on the device: the register dequantizer and the Int4Weights
+//! format Stage 1 streams (L1), and the device packer (bit-identical to int4::pack_host). The layout
+//! is documented in int4_format.hpp.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -19,9 +20,9 @@
 
 PROX_NAMESPACE_BEGIN
 
+#if defined(__CUDACC__)
 namespace int4 {
 
-#if defined(__CUDACC__)
 
 template <uint32_t kLut>
 PROX_DEVICE PROX_FORCEINLINE uint32_t lop3(uint32_t a, uint32_t b, uint32_t c) {
@@ -69,6 +70,79 @@ PROX_DEVICE PROX_FORCEINLINE void dequant_word(uint32_t q, float (&out)[8]) {
     out[2 * i + 1] = f.y;
   }
 }
+
+}  // namespace int4
+
+/**
+ * @brief The INT4 proxy-weight format as Stage 1 reads it (the method): packed [d_model][d_ff/8]
+ * uint32 words (layout above and int4_format.hpp) with float scales [d_ff]. One 8-byte piece holds
+ * 16 channels of one input row.
+ */
+struct Int4Weights {
+  static constexpr const char* kName = "int4";
+  //! One proxy matrix (gate or up): device pointers, owned by the caller.
+  struct Matrix {
+    const std::uint32_t* packed = nullptr;  //!< [d_model][d_ff/8] words, 16-byte aligned (pack_host/pack_device)
+    const float* scales = nullptr;          //!< [d_ff] per-channel scales, required
+  };
+  static constexpr int kVecBytes = 8;  //!< 8-byte pieces: 16 channels, 32 fp32 accumulators for gate+up
+  static constexpr int kChannelsPerVec = 16;
+  static constexpr bool kNeedsScales = true;
+  PROX_HOST_DEVICE static constexpr std::size_t row_bytes(int d_ff) noexcept {
+    return static_cast<std::size_t>(d_ff) / 2;
+  }
+  PROX_HOST_DEVICE static constexpr std::size_t col_bytes(int n) noexcept { return static_cast<std::size_t>(n) / 2; }
+  PROX_HOST_DEVICE static const void* data(const Matrix& m) noexcept { return m.packed; }
+  //! Word whose every nibble decodes to 0 (fills predicated-off loads).
+  static constexpr uint32_t kFill = 0x88888888u;
+  //! Most rows one step may sum in fp16 (see fma_step): kMaxStepRows * 1024 * 8 stays finite.
+  static constexpr int kMaxStepRows = 4;
+  //! x is scaled by 2^-6 before the fp16 products (every finite fp16 |x| <= 65504 becomes <= 1024)
+  //! and the step's sums by 2^6 after: both exact powers of two.
+  static constexpr float kXScale = 0.015625f;
+  static constexpr float kXUnscale = 64.0f;
+  //! A kept x as a step consumes it: x 2^-6 in both halves (converted when the step is loaded).
+  using XReg = __half2;
+  PROX_DEVICE static PROX_FORCEINLINE XReg make_x(float x) { return __float2half2_rn(x * kXScale); }
+
+  /**
+   * @brief acc[c] += sum_u xs[u] * q_{u,c} over the kU rows of one step.
+   *
+   * The decode is what limits the INT4 proxy (it moves a quarter of the bytes of an fp16 GEMV per
+   * weight), so the step is summed in fp16 pairs: per 32-bit word, 4 lop3 + 1 shift + 4 half2 ops
+   * decode q exactly and 4 HFMA2 accumulate (x 2^-6) * q, against 8 conversions + 8 FFMA in fp32;
+   * the kU-row partial sums then go to the fp32 accumulators once per step. The fp16 rounding
+   * (relative 2^-11 per operation, kU <= 4 rows) is far below the INT4 quantization error of the
+   * proxy itself, and tests/reference bounds it. |x 2^-6| <= 1024, |q| <= 8, kU <= 4 rows: no
+   * partial sum can overflow for any finite fp16 x (bf16 x above 2^26 in magnitude would).
+   */
+  template <int kU>
+  PROX_DEVICE static PROX_FORCEINLINE void fma_step(float (&acc)[kChannelsPerVec], const Piece<kVecBytes> (&v)[kU],
+                                                    const __half2 (&x2)[kU]) {
+    static_assert(kU >= 1 && kU <= kMaxStepRows, "fp16 step sums hold at most kMaxStepRows rows");
+    // One word (8 channels) at a time keeps 4 partial-sum registers live, not 8 (the kernel runs at
+    // 3 blocks of 256 threads per SM: 80 registers).
+#pragma unroll
+    for (int i = 0; i < Piece<kVecBytes>::kWords; ++i) {
+      __half2 h[4];
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        __half2 q[4];
+        int4::dequant_word(v[u].w[i], q);  // channel pairs (8i + 2c, 8i + 2c + 1)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) h[c] = u == 0 ? __hmul2(x2[u], q[c]) : __hfma2(x2[u], q[c], h[c]);
+      }
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const float2 f = __half22float2(h[c]);
+        acc[8 * i + 2 * c] = fmaf(f.x, kXUnscale, acc[8 * i + 2 * c]);
+        acc[8 * i + 2 * c + 1] = fmaf(f.y, kXUnscale, acc[8 * i + 2 * c + 1]);
+      }
+    }
+  }
+};
+
+namespace int4 {
 
 namespace detail {
 
@@ -131,10 +205,10 @@ Status pack_device(const T* w, int d_model, int d_ff, uint32_t* packed, float* s
   if (!is_aligned(w, sizeof(T)) || !is_aligned(packed, 4) || !is_aligned(scales, 4))
     return Status::kErrorMisalignedPointer;
   constexpr int kThreads = 256;
-  const LaunchOptions opts{};
-  PROX_RETURN_IF_ERROR(prox::detail::launch_kernel(detail::int4_scale_kernel<T>,
-                                                   dim3(ceil_div(d_ff, kThreads / kWarpSize)), dim3(kThreads), 0,
-                                                   stream, opts, w, d_model, d_ff, scales));
+  LaunchConfig lc;
+  lc.grid = dim3(static_cast<unsigned>(ceil_div(d_ff, kThreads / kWarpSize)));
+  lc.block = dim3(kThreads);
+  PROX_RETURN_IF_ERROR(prox::detail::launch_kernel(detail::int4_scale_kernel<T>, lc, stream, w, d_model, d_ff, scales));
   std::vector<float> tmp;
   if (host_scales == nullptr) {
     tmp.resize(static_cast<std::size_t>(d_ff));
@@ -147,13 +221,12 @@ Status pack_device(const T* w, int d_model, int d_ff, uint32_t* packed, float* s
   for (int n = 0; n < d_ff; ++n)
     if (!(host_scales[n] == host_scales[n])) return Status::kErrorNonFiniteWeight;
   const std::size_t words = packed_words(d_model, d_ff);
-  return prox::detail::launch_kernel(detail::int4_pack_kernel<T>,
-                                     dim3(static_cast<unsigned>((words + kThreads - 1) / kThreads)), dim3(kThreads), 0,
-                                     stream, opts, w, d_model, d_ff, static_cast<const float*>(scales), packed);
+  lc.grid = dim3(static_cast<unsigned>((words + kThreads - 1) / kThreads));
+  return prox::detail::launch_kernel(detail::int4_pack_kernel<T>, lc, stream, w, d_model, d_ff,
+                                     static_cast<const float*>(scales), packed);
 }
 
-#endif  // __CUDACC__
-
 }  // namespace int4
+#endif  // __CUDACC__
 
 PROX_NAMESPACE_END

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-//! @file prox.cuh  Umbrella header: everything public in prox.
+//! @file prox.cuh  Umbrella header: everything an engine needs at run time. Offline tools (calibration:
+//! calibrate.cuh; the tuning cache: tuning/) are included separately.
 #pragma once
 
 #include "version.hpp"
@@ -11,17 +12,22 @@
 #include "core/vec.cuh"
 #include "core/warp.cuh"
 #include "core/policy.hpp"
+#include "core/device.hpp"
 #include "core/launch.cuh"
+#include "core/workspace.cuh"
 #include "allocation.hpp"
 #include "activation.cuh"
 #include "int4_format.hpp"
 #include "int4.cuh"
+#include "dense_weights.cuh"
 #include "layout.cuh"
 #include "stats.cuh"
 #include "threshold.cuh"
 #include "proxy_gemv.cuh"
 #include "glu_gemv.cuh"
 #include "down_gemv.cuh"
+#include "glu_down_gemv.cuh"
 #include "dispatch.hpp"
+#include "operator.cuh"
 #include "sparse_ffn.cuh"
 #include "instantiate.cuh"

@@ -14,12 +14,14 @@
 #include <string>
 
 #include "core/config.hpp"
+#include "core/device.hpp"
 #include "core/launch.cuh"
 #include "core/math.hpp"
 #include "core/policy.hpp"
 #include "core/status.hpp"
 #include "core/types.cuh"
 #include "core/warp.cuh"
+#include "core/workspace.cuh"
 
 PROX_NAMESPACE_BEGIN
 
@@ -37,6 +39,10 @@ PROX_HOST_DEVICE PROX_FORCEINLINE bool keep_magnitude(float v, float tau) {
 inline bool valid_threshold(float tau) noexcept { return tau >= 0.0f; }  // false for NaN
 
 // ---------------------------------------------------------------- L3 arguments
+//! Longest vector the threshold op takes: one block sweeps it, and 2^24 elements keep its int
+//! positions and counts far from overflow.
+constexpr int kMaxThresholdLength = 1 << 24;
+
 /**
  * @brief Arguments of the threshold op. All pointers are device pointers.
  * @tparam T `__half` or `__nv_bfloat16`.
@@ -44,7 +50,7 @@ inline bool valid_threshold(float tau) noexcept { return tau >= 0.0f; }  // fals
 template <class T>
 struct ThresholdArgs {
   const T* x = nullptr;         //!< [n] input vector
-  int n = 0;                    //!< length, 1 <= n <= 2^24
+  int n = 0;                    //!< length, 1 <= n <= kMaxThresholdLength (2^24)
   float tau = 0.0f;             //!< threshold, >= 0
   std::uint32_t* mask = nullptr;  //!< out [ceil(n/32)]: bit (i % 32) of word i / 32 set iff x_i kept (required)
   int* indices = nullptr;       //!< out [n] (optional): kept coordinates in ascending order
@@ -52,9 +58,9 @@ struct ThresholdArgs {
   T* x_sparse = nullptr;        //!< out [n] (optional): x with dropped coordinates set to +0
 };
 
-//! Tile policy of the threshold op: one block sweeps the vector in steps of kThreads x kItems
-//! elements; each thread issues the loads of its kItems elements of a step together, so a step
-//! costs one memory latency (one item per thread paid one per kThreads elements).
+//! Tile policy of the threshold op (vocabulary: core/policy.hpp): one block sweeps the vector in
+//! steps of kThreads x kItems elements; each thread issues the loads of its kItems elements of a step
+//! together, so a step costs one memory latency.
 template <int Threads, int Items = 1>
 struct ThresholdPolicy {
   static constexpr int kThreads = Threads;  //!< threads of the single block
@@ -66,13 +72,11 @@ struct ThresholdPolicy {
   }
 };
 
-//! Candidates (index 0 is the default). Measured choice lives in the tuning cache. The former default,
-//! 1024 threads and one item, paid a memory latency per 1024 elements: 3.7 / 6.0 / 7.2 us at
-//! n = 2048 / 4096 / 5120 (prox-tune on the H100, launches chained with PDL). With the loads of a step
-//! together the time follows the items per thread (each costs a compaction round in one block):
-//! 256 x 16 takes 3.1 / 3.3 / 5.0 us, 128 x 16 2.6 / 3.9 / 5.0 us, 256 x 32 4.7 / 4.9 / 5.0 us;
-//! more threads per step cost more (512 x 8 3.7 us, 1024 x 4 5.2 us at n = 2048).
-using ThresholdPolicies = PolicyList<ThresholdPolicy<256, 16>, ThresholdPolicy<128, 16>, ThresholdPolicy<256, 32>>;
+//! Candidates (index 0 is the default). prox-tune on the H100, launches chained with PDL, n = 2048 /
+//! 4096 / 5120 (each item per thread costs a compaction round in the one block):
+using ThresholdPolicies = PolicyList<ThresholdPolicy<256, 16>,   // 3.1 / 3.3 / 5.0 us
+                                     ThresholdPolicy<128, 16>,   // 2.6 / 3.9 / 5.0 us
+                                     ThresholdPolicy<256, 32>>;  // 4.7 / 4.9 / 5.0 us
 
 // ---------------------------------------------------------------- L2: kernel
 template <class Policy, class T>
@@ -121,43 +125,51 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads) void threshold_kernel(const Thre
 }
 
 // ---------------------------------------------------------------- L3: op
-namespace threshold {
-
-//! Validate arguments without launching. Rules: pointers non-null where required, n in [1, 2^24],
-//! tau >= 0 and not NaN, count given whenever indices is.
-template <class T>
-Status can_implement(const ThresholdArgs<T>& a) noexcept {
-  if (a.x == nullptr || a.mask == nullptr) return Status::kErrorNullPointer;
-  if (a.indices != nullptr && a.count == nullptr) return Status::kErrorNullPointer;
-  if (a.n < 1 || a.n > (1 << 24)) return Status::kErrorInvalidShape;
-  if (!valid_threshold(a.tau)) return Status::kErrorInvalidThreshold;
-  if (!is_aligned(a.x, sizeof(T)) || !is_aligned(a.mask, 4) || !is_aligned(a.indices, 4) || !is_aligned(a.count, 4) ||
-      !is_aligned(a.x_sparse, sizeof(T))) {
-    return Status::kErrorMisalignedPointer;
-  }
-  return Status::kSuccess;
-}
-
-//! The op needs no workspace.
-template <class T>
-constexpr std::size_t workspace_bytes(const ThresholdArgs<T>&) noexcept {
-  return 0;
-}
-
 /**
- * @brief Launch the threshold op on `stream`. Validates first; returns before launching on error.
+ * @brief The threshold op as a planned op (drive it with prox::Operator; contract in proxy_gemv.cuh's
+ * ProxyGemvOp). One block; no workspace.
  * @code
- * prox::ThresholdArgs<__half> a{d_x, 4096, tau_x, d_mask, d_idx, d_count};
- * auto st = prox::threshold::launch<prox::ThresholdPolicy<1024>>(a, nullptr, stream);
+ * prox::ThresholdArgs<__half> a;  a.x = d_x;  a.n = 4096;  a.tau = tau_x;  a.mask = d_mask;
+ * prox::Operator<prox::ThresholdOp<__half>> op;
+ * if (op.initialize(a) == prox::Status::kSuccess) op.run(a, nullptr, 0, stream);
  * @endcode
  */
-template <class Policy, class T>
-Status launch(const ThresholdArgs<T>& a, void* /*workspace*/, cudaStream_t stream,
-              const LaunchOptions& opts = {}) noexcept {
-  PROX_RETURN_IF_ERROR(can_implement(a));
-  return detail::launch_kernel(threshold_kernel<Policy, T>, dim3(1), dim3(Policy::kThreads), 0, stream, opts, a);
-}
+template <class T>
+struct ThresholdOp {
+  static constexpr const char* kName = "threshold";
+  using Args = ThresholdArgs<T>;
+  using Policies = ThresholdPolicies;
+  struct Options {
+    bool pdl = false;  //!< launch with PDL (sm_90+)
+  };
 
-}  // namespace threshold
+  //! Validate arguments without launching. Rules: pointers non-null where required, n in [1, 2^24],
+  //! tau >= 0 and not NaN, count given whenever indices is.
+  static Status can_implement(const Args& a) noexcept {
+    if (a.x == nullptr || a.mask == nullptr) return Status::kErrorNullPointer;
+    if (a.indices != nullptr && a.count == nullptr) return Status::kErrorNullPointer;
+    if (a.n < 1 || a.n > kMaxThresholdLength) return Status::kErrorInvalidShape;
+    if (!valid_threshold(a.tau)) return Status::kErrorInvalidThreshold;
+    if (!is_aligned(a.x, sizeof(T)) || !is_aligned(a.mask, 4) || !is_aligned(a.indices, 4) ||
+        !is_aligned(a.count, 4) || !is_aligned(a.x_sparse, sizeof(T))) {
+      return Status::kErrorMisalignedPointer;
+    }
+    return Status::kSuccess;
+  }
+  static bool same_shape(const Args& a, const Args& b) noexcept { return a.n == b.n; }
+  //! No workspace.
+  static WorkspaceNeeds workspace_needs(const Args&) noexcept { return {}; }
+
+  template <class P>
+  static Status configure(const Args&, const Options&, const DeviceInfo&, LaunchConfig* lc) noexcept {
+    lc->grid = dim3(1);
+    lc->block = dim3(P::kThreads);
+    return Status::kSuccess;
+  }
+  template <class P>
+  static Status launch(const Args& a, const LaunchConfig& lc, const OpWorkspace&, cudaStream_t stream) noexcept {
+    return detail::launch_kernel(threshold_kernel<P, T>, lc, stream, a);
+  }
+};
 
 PROX_NAMESPACE_END

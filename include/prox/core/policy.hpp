@@ -1,13 +1,26 @@
 // SPDX-License-Identifier: Apache-2.0
 //! @file policy.hpp  Compile-time tile-policy lists and the runtime index -> policy dispatch.
 //!
-//! Conventions (see docs/design.md): a policy is a *type* with `static constexpr int` members
-//! (kThreads first) and a host-only `static std::string name()` describing it; an op's candidates
-//! form a `PolicyList<...>`. Tuning and tests iterate the list; changing a tile size is a one-line
-//! edit of the list.
+//! A policy is a *type* with `static constexpr int` members and a host-only `static std::string name()`
+//! (the tuning cache stores names); an op's candidates form a `PolicyList<...>`, index 0 being the
+//! fallback that implements every valid shape. Tuning, benches and tests iterate the list, so a tile
+//! change is a one-line edit of the list.
+//!
+//! One vocabulary for the members of every op's policy (template parameters in this order, as far as
+//! an op has them):
+//!   kThreads    threads per block
+//!   kTile       output columns (channels) one block produces: its split-N tile
+//!   kChunk      reduction-dimension elements one block sums: its split-K chunk
+//!   kRows       selected rows a block holds in shared memory at a time (longer lists go in rounds)
+//!   kBatch      selected rows reduced together (GLU: gate and up of kBatch rows per reduction)
+//!   kUnroll     rows (or 16-byte pieces of a row) each thread has in flight per step
+//!   kItems      elements each thread handles per step (the threshold op)
+//!   kMinBlocks  resident blocks per SM asked of the compiler (__launch_bounds__); grids sized "one
+//!               wave" are SMs x kMinBlocks
+//!   kStages     cp.async pipeline depth (0: register double buffering)
+//! Kernels and launchers order their template parameters <Policy, T, Act, Fmt>.
 #pragma once
 
-#include <cstdint>
 #include <string>
 #include <utility>
 
@@ -31,6 +44,20 @@ template <class P, class... Ps>
 struct PolicyAt<0, PolicyList<P, Ps...>> {
   using type = P;
 };
+
+template <class... Ps, class F>
+Status dispatch_policy_impl(PolicyList<Ps...>, int index, F&& f) {
+  Status st = Status::kErrorInvalidArgument;
+  int i = 0;
+  (void)((i++ == index ? (st = f(Ps{}), true) : false) || ...);
+  return st;
+}
+
+template <class... Ps, class F>
+void for_each_policy_impl(PolicyList<Ps...>, F&& f) {
+  int i = 0;
+  (f(Ps{}, i++), ...);
+}
 }  // namespace detail
 
 //! The I-th policy of a PolicyList.
@@ -43,56 +70,18 @@ using PolicyAt = typename detail::PolicyAt<I, List>::type;
  *
  * @code
  * using Candidates = PolicyList<PolicyA, PolicyB>;
- * Status st = dispatch_policy<Candidates>(idx, [&](auto p) {
- *   return launch<decltype(p)>(args, ws, stream);
- * });
+ * Status st = dispatch_policy<Candidates>(idx, [&](auto p) { return Op::launch<decltype(p)>(...); });
  * @endcode
  */
 template <class List, class F>
-Status dispatch_policy(int index, F&& f);
-
-template <class... Ps, class F>
-Status dispatch_policy_impl(PolicyList<Ps...>, int index, F&& f) {
-  Status st = Status::kErrorInvalidArgument;
-  int i = 0;
-  (void)((i++ == index ? (st = f(Ps{}), true) : false) || ...);
-  return st;
-}
-
-template <class List, class F>
 Status dispatch_policy(int index, F&& f) {
-  return dispatch_policy_impl(List{}, index, std::forward<F>(f));
+  return detail::dispatch_policy_impl(List{}, index, std::forward<F>(f));
 }
 
 //! Call f(Policy{}, index) for every policy of the list, in order.
-template <class... Ps, class F>
-void for_each_policy_impl(PolicyList<Ps...>, F&& f) {
-  int i = 0;
-  (f(Ps{}, i++), ...);
-}
 template <class List, class F>
 void for_each_policy(F&& f) {
-  for_each_policy_impl(List{}, std::forward<F>(f));
-}
-
-//! FNV-1a 64-bit hash (the tuning cache's policy-table signature).
-inline std::uint64_t fnv1a64(const std::string& s, std::uint64_t h = 1469598103934665603ull) noexcept {
-  for (unsigned char c : s) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
-  return h;
-}
-
-//! Names of every policy in a list, joined with ';' (hashed into the tuning-cache signature).
-template <class List>
-std::string policy_list_names() {
-  std::string out;
-  for_each_policy<List>([&](auto p, int) {
-    if (!out.empty()) out += ';';
-    out += decltype(p)::name();
-  });
-  return out;
+  detail::for_each_policy_impl(List{}, std::forward<F>(f));
 }
 
 PROX_NAMESPACE_END

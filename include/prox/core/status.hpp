@@ -31,6 +31,7 @@ enum class Status : int {
   kErrorCacheIo,              //!< the tuning cache file could not be read or written
   kErrorCudaRuntime,          //!< a CUDA runtime call or kernel launch failed
   kErrorCapturing,            //!< the call is not allowed while the stream is being captured
+  kErrorDirtyWorkspace,       //!< a kernel found the workspace not initialized (or last used at another shape)
 };
 
 //! Human-readable name of a Status (never null).
@@ -53,6 +54,7 @@ constexpr const char* to_string(Status s) noexcept {
     case Status::kErrorCacheIo: return "tuning cache I/O error";
     case Status::kErrorCudaRuntime: return "CUDA runtime error";
     case Status::kErrorCapturing: return "not allowed during stream capture";
+    case Status::kErrorDirtyWorkspace: return "workspace not initialized (or last used at another shape)";
   }
   return "unknown status";
 }

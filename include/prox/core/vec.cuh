@@ -114,8 +114,6 @@ PROX_DEVICE PROX_FORCEINLINE Piece<kBytes> ld_stream_piece(const void* p, bool p
   return v;
 }
 
-//! 16-byte store.
-PROX_DEVICE PROX_FORCEINLINE void st_16(void* p, uint4 v) { *reinterpret_cast<uint4*>(p) = v; }
 
 //! Reinterpret 32 bits as a pair of T (bit cast, no conversion).
 template <class T>

@@ -11,6 +11,7 @@
 #include "../core/config.hpp"
 #include "../core/math.hpp"
 #include "../core/warp.cuh"
+#include "../core/workspace.cuh"
 
 PROX_NAMESPACE_BEGIN
 namespace detail {
@@ -18,23 +19,6 @@ namespace detail {
 //! Most split-K blocks combined in one thread-block cluster: the portable cluster size limit of
 //! sm_90 (launchers fall back to the global combine above it).
 constexpr int kMaxClusterSplits = 8;
-
-//! Narrowest column tile any split-K policy may have (one 16-byte piece of 8 fp16/bf16 values).
-constexpr int kMinTileWidth = 8;
-
-//! Bytes of an op's split-K tile-counter region over `columns` output columns: a counter for every
-//! kMinTileWidth columns, the finest tiling any policy can use, whatever the launching policy's tile.
-//! Every policy of the op then finds its counters at the start of the same region and its split-K
-//! partials after it, so the partials of one policy never land on another policy's counters: one
-//! workspace, zeroed once, serves every policy of an op and shape (a re-plan, the tuner), each of
-//! which leaves its counters zero. (Sized by the policy's own tile count, a 128-column policy's
-//! counters overlapped a 256-column policy's partials as soon as they passed 256 bytes.)
-//! kTileWidth, the launching policy's tile, only checks that it is a multiple of kMinTileWidth.
-template <int kTileWidth>
-PROX_HOST_DEVICE constexpr std::size_t tile_counter_bytes(int columns) noexcept {
-  static_assert(kTileWidth > 0 && kTileWidth % kMinTileWidth == 0, "tile narrower than the counter region allows");
-  return round_up<std::size_t>(sizeof(unsigned) * static_cast<std::size_t>(ceil_div(columns, kMinTileWidth)), 256);
-}
 
 #if defined(__CUDACC__)
 
