@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-//! @file dispatch.hpp  L4, the runtime choice: the policy an op runs when nobody chose one (no tuning-
+//! @file dispatch.cuh  L4, the runtime choice: the policy an op runs when nobody chose one (no tuning-
 //! cache entry, no explicit index), for a device and a shape. Every default rule of prox is here, one
 //! overload of default_policy() per op. Plan time only: nothing here allocates, synchronizes or
 //! queries the device (the DeviceInfo was read once by the planner).
@@ -81,9 +81,9 @@ int default_policy(ThresholdOp<T>, const DeviceInfo&, const ThresholdArgs<T>&) n
 
 //! Stage 1: the fewest waves, preferring a cp.async-pipelined candidate (kStages > 0) when the grid
 //! needs more than one wave, then the most blocks (detail::default_fewest_waves).
-template <class T, class Act, class Fmt>
-int default_policy(ProxyGemvOp<T, Act, Fmt>, const DeviceInfo& d, const ProxyGemvArgs<T, Fmt>& a) noexcept {
-  using Op = ProxyGemvOp<T, Act, Fmt>;
+template <class T, class Act, class Fmt, class List>
+int default_policy(ProxyGemvOp<T, Act, Fmt, List>, const DeviceInfo& d, const ProxyGemvArgs<T, Fmt>& a) noexcept {
+  using Op = ProxyGemvOp<T, Act, Fmt, List>;
   return detail::default_fewest_waves<typename Op::Policies>(
       d.sm_count, [&](auto p) { return Op::template num_blocks<decltype(p)>(a.d_model, a.d_ff); },
       [](auto p) { return decltype(p)::kStages > 0; });
