@@ -305,7 +305,7 @@ class AlphaTool {
     return t;
   }
 
-  //! Time every policy of List; report the best and the plan-time default (dispatch.hpp's rule).
+  //! Time every policy of List; report the best and the plan-time default (dispatch.cuh's rule).
   template <class Fmt, class List, class TokenFn>
   void time_all(const char* fmt_name, const ProxySet& set, const FfnShape& shape, int s1_pct, float tau_x,
                 const TokenFn& token, const DeviceBuffer& mask, int launches, Timing* best, std::string* best_name,
