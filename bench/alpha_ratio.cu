@@ -32,6 +32,7 @@
 #include <fstream>
 #include <map>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "bench_common.cuh"
@@ -233,76 +234,101 @@ class AlphaTool {
   const std::vector<PolicyTime>& per_policy() const { return per_policy_; }
 
  private:
+  //! The Stage-1 op of a proxy format, driven through prox::Operator.
   template <class Fmt>
-  prox::ProxyGemvArgs<Half> args(const ProxySet& set, int c, int K, int N, float tau_x, const Half* x,
-                                 std::uint32_t* mask) const {
-    prox::ProxyGemvArgs<Half> a;
+  using ProxyOp = prox::Operator<prox::ProxyGemvOp<Half, prox::SiLU, Fmt>>;
+
+  //! Copy c's gate or up proxy as the typed matrix of Fmt.
+  template <class Fmt>
+  static typename Fmt::Matrix matrix(const void* w, const float* scales) {
+    typename Fmt::Matrix m;
+    if constexpr (std::is_same_v<Fmt, Int4Fmt>) {
+      m.packed = static_cast<const std::uint32_t*>(w);
+    } else {
+      m.w = static_cast<const Half*>(w);
+    }
+    m.scales = scales;  // nullptr for fp16 proxies: scale 1
+    return m;
+  }
+
+  template <class Fmt>
+  prox::ProxyGemvArgs<Half, Fmt> args(const ProxySet& set, int c, int K, int N, float tau_x, const Half* x,
+                                      std::uint32_t* mask) const {
+    prox::ProxyGemvArgs<Half, Fmt> a;
     a.x = x;
     a.d_model = K;
     a.d_ff = N;
     a.tau_x = tau_x;
     a.tau_s = 0.0f;
-    a.w_gate = set.gate(c);
-    a.w_up = set.up(c);
-    a.scale_gate = set.sc_gate(c);  // nullptr for fp16 proxies: scale 1
-    a.scale_up = set.sc_up(c);
+    a.gate = matrix<Fmt>(set.gate(c), set.sc_gate(c));
+    a.up = matrix<Fmt>(set.up(c), set.sc_up(c));
     a.channel_mask = mask;
     return a;
+  }
+
+  //! Throw when a kernel found `ws` not ready since its initialize_workspace() (its outputs were NaN).
+  void check_workspace(const DeviceBuffer& ws) const {
+    prox::Status st = prox::Status::kSuccess;
+    PROX_BENCH_PROX(prox::read_workspace_status(ws.get(), stream_, &st));
+    PROX_BENCH_PROX(st);
   }
 
   //! Kept inputs summed over all tokens, from SparsityCounters of one eager launch per token.
   template <class Fmt, class List, class TokenFn>
   unsigned long long count_kept(const ProxySet& set, int K, int N, float tau_x, const TokenFn& token,
                                 const DeviceBuffer& mask, const DeviceBuffer& counters) {
-    using P = prox::PolicyAt<0, List>;
-    prox::ProxyGemvArgs<Half> probe = args<Fmt>(set, 0, K, N, tau_x, token(0), mask.as<std::uint32_t>());
-    DeviceBuffer ws(prox::proxy_gemv::workspace_bytes<P>(probe), "proxy workspace");
+    static_assert(std::is_same_v<List, typename ProxyOp<Fmt>::Policies>, "List is the format's candidate list");
+    const prox::ProxyGemvArgs<Half, Fmt> probe = args<Fmt>(set, 0, K, N, tau_x, token(0), mask.as<std::uint32_t>());
+    ProxyOp<Fmt> op;
+    PROX_BENCH_PROX(op.initialize(probe, {}, 0));  // policy 0, no PDL
+    DeviceBuffer ws(ProxyOp<Fmt>::workspace_bytes(probe), "proxy workspace");
     PROX_BENCH_PROX(prox::initialize_workspace(ws.get(), ws.bytes(), stream_));
     auto* cnt = counters.as<prox::SparsityCounters>();
     PROX_BENCH_PROX(prox::reset_counters(cnt, stream_));
     for (int t = 0; t < opt_.tokens; ++t) {
-      prox::ProxyGemvArgs<Half> a = args<Fmt>(set, 0, K, N, tau_x, token(t), mask.as<std::uint32_t>());
+      prox::ProxyGemvArgs<Half, Fmt> a = args<Fmt>(set, 0, K, N, tau_x, token(t), mask.as<std::uint32_t>());
       a.counters = cnt;
-      PROX_BENCH_PROX((prox::proxy_gemv::launch<P, Fmt, prox::SiLU>(a, ws.get(), ws.bytes(), stream_)));
+      PROX_BENCH_PROX(op.run(a, ws.get(), ws.bytes(), stream_));
     }
     prox::SparsityCounters h{};
     PROX_BENCH_CUDA(cudaMemcpyAsync(&h, cnt, sizeof(h), cudaMemcpyDeviceToHost, stream_));
     PROX_BENCH_CUDA(cudaStreamSynchronize(stream_));
+    check_workspace(ws);
     if (h.calls != static_cast<unsigned long long>(opt_.tokens))
       throw std::runtime_error(fmt::format("SparsityCounters counted {} calls, expected {}", h.calls, opt_.tokens));
     return h.kept_inputs;
   }
 
-  //! One policy's median per-launch time over graph replays (launch i: weight copy i mod copies,
-  //! token i mod tokens).
-  template <class Fmt, class P, class TokenFn>
-  Timing time_policy(const ProxySet& set, const FfnShape& shape, float tau_x, const TokenFn& token,
+  //! The median per-launch time of the policy at `index` of the format's list over graph replays
+  //! (launch i: weight copy i mod copies, token i mod tokens); planned once, launched per graph node.
+  template <class Fmt, class TokenFn>
+  Timing time_policy(int index, const ProxySet& set, const FfnShape& shape, float tau_x, const TokenFn& token,
                      const DeviceBuffer& mask, int launches) {
     const int K = shape.d_model;
     const int N = shape.d_ff;
-    prox::ProxyGemvArgs<Half> probe = args<Fmt>(set, 0, K, N, tau_x, token(0), mask.as<std::uint32_t>());
-    DeviceBuffer ws(prox::proxy_gemv::workspace_bytes<P>(probe), "proxy workspace");
-    PROX_BENCH_PROX(prox::initialize_workspace(ws.get(), ws.bytes(), stream_));
-    prox::LaunchOptions o;
+    const prox::ProxyGemvArgs<Half, Fmt> probe = args<Fmt>(set, 0, K, N, tau_x, token(0), mask.as<std::uint32_t>());
+    typename ProxyOp<Fmt>::Options o;  // no clusters, spread on: as the launches before the op contract
     o.pdl = opt_.pdl && dev_.cc_major >= 9;
+    ProxyOp<Fmt> op;
+    PROX_BENCH_PROX(op.initialize(probe, o, index));
+    DeviceBuffer ws(ProxyOp<Fmt>::workspace_bytes(probe), "proxy workspace");
+    PROX_BENCH_PROX(prox::initialize_workspace(ws.get(), ws.bytes(), stream_));
     GraphReplay graph(stream_, launches, [&](int i, cudaStream_t s) {
-      const prox::ProxyGemvArgs<Half> a =
+      const prox::ProxyGemvArgs<Half, Fmt> a =
           args<Fmt>(set, i % set.copies, K, N, tau_x, token(i % opt_.tokens), mask.as<std::uint32_t>());
-      PROX_BENCH_PROX((prox::proxy_gemv::launch<P, Fmt, prox::SiLU>(a, ws.get(), ws.bytes(), s, o)));
+      PROX_BENCH_PROX(op.run(a, ws.get(), ws.bytes(), s));
     });
-    return graph.measure(opt_.warmup, opt_.iterations);
+    const Timing t = graph.measure(opt_.warmup, opt_.iterations);
+    check_workspace(ws);
+    return t;
   }
 
   //! time_policy for the policy at `index` of List.
   template <class Fmt, class List, class TokenFn>
   Timing time_index(int index, const ProxySet& set, const FfnShape& shape, float tau_x, const TokenFn& token,
                     const DeviceBuffer& mask, int launches) {
-    Timing t;
-    PROX_BENCH_PROX(prox::dispatch_policy<List>(index, [&](auto p) {
-      t = time_policy<Fmt, decltype(p)>(set, shape, tau_x, token, mask, launches);
-      return prox::Status::kSuccess;
-    }));
-    return t;
+    static_assert(std::is_same_v<List, typename ProxyOp<Fmt>::Policies>, "List is the format's candidate list");
+    return time_policy<Fmt>(index, set, shape, tau_x, token, mask, launches);
   }
 
   //! Time every policy of List; report the best and the plan-time default (dispatch.cuh's rule).
@@ -310,13 +336,16 @@ class AlphaTool {
   void time_all(const char* fmt_name, const ProxySet& set, const FfnShape& shape, int s1_pct, float tau_x,
                 const TokenFn& token, const DeviceBuffer& mask, int launches, Timing* best, std::string* best_name,
                 int* best_index, Timing* dflt, std::string* dflt_name) {
+    static_assert(std::is_same_v<List, typename ProxyOp<Fmt>::Policies>, "List is the format's candidate list");
     const int K = shape.d_model;
     const int N = shape.d_ff;
-    const int default_index = prox::proxy_gemv_default_policy<List>(dev_.sm_count, K, N);
+    ProxyOp<Fmt> planner;  // the policy Operator::initialize picks for this device and shape
+    PROX_BENCH_PROX(planner.initialize(args<Fmt>(set, 0, K, N, tau_x, token(0), mask.as<std::uint32_t>())));
+    const int default_index = planner.policy();
     best->median_s = std::numeric_limits<double>::infinity();
     prox::for_each_policy<List>([&](auto p, int index) {
       using P = decltype(p);
-      const Timing t = time_policy<Fmt, P>(set, shape, tau_x, token, mask, launches);
+      const Timing t = time_policy<Fmt>(index, set, shape, tau_x, token, mask, launches);
       per_policy_.push_back({shape.name, s1_pct, fmt_name, index, P::name(), t});
       if (t.median_s < best->median_s) {
         *best = t;

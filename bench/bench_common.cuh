@@ -571,10 +571,20 @@ struct LayerCopy {
   const T* w_gate = nullptr;           //!< [d_ff][d_model] nn.Linear
   const T* w_up = nullptr;             //!< [d_ff][d_model]
   const T* w_down_t = nullptr;         //!< [d_ff][d_model] = W_down^T
-  const std::uint32_t* q_gate = nullptr;  //!< INT4 proxy [d_model][d_ff/8]
-  const std::uint32_t* q_up = nullptr;
-  const float* sc_gate = nullptr;      //!< [d_ff]
-  const float* sc_up = nullptr;
+  prox::Int4Weights::Matrix proxy_gate{};  //!< INT4 proxy of W_gate: packed [d_model][d_ff/8], scales [d_ff]
+  prox::Int4Weights::Matrix proxy_up{};    //!< INT4 proxy of W_up
+
+  //! This copy as a SparseFfn's weights (members set by name).
+  template <class Act = prox::SiLU>
+  typename prox::SparseFfn<T, Act>::Weights ffn_weights() const {
+    typename prox::SparseFfn<T, Act>::Weights w;
+    w.gate = w_gate;
+    w.up = w_up;
+    w.down_t = w_down_t;
+    w.proxy_gate = proxy_gate;
+    w.proxy_up = proxy_up;
+    return w;
+  }
 };
 
 /**
@@ -643,10 +653,10 @@ class SyntheticLayer {
     l.w_gate = reinterpret_cast<const T*>(b + off_.gate);
     l.w_up = reinterpret_cast<const T*>(b + off_.up);
     l.w_down_t = reinterpret_cast<const T*>(b + off_.down_t);
-    l.q_gate = reinterpret_cast<const std::uint32_t*>(b + off_.q_gate);
-    l.q_up = reinterpret_cast<const std::uint32_t*>(b + off_.q_up);
-    l.sc_gate = reinterpret_cast<const float*>(b + off_.sc_gate);
-    l.sc_up = reinterpret_cast<const float*>(b + off_.sc_up);
+    l.proxy_gate.packed = reinterpret_cast<const std::uint32_t*>(b + off_.q_gate);
+    l.proxy_gate.scales = reinterpret_cast<const float*>(b + off_.sc_gate);
+    l.proxy_up.packed = reinterpret_cast<const std::uint32_t*>(b + off_.q_up);
+    l.proxy_up.scales = reinterpret_cast<const float*>(b + off_.sc_up);
     return l;
   }
   //! Token t's activations [d_model], 256-byte aligned.
@@ -727,6 +737,10 @@ float calibrate_tau_s(const typename prox::SparseFfn<T, Act, Fmt>::Weights& w, c
     const std::vector<float> h = to_host(s_proxy.as<const float>(), static_cast<std::size_t>(shape.d_ff), stream);
     for (float v : h) all.push_back(std::fabs(v));
   }
+  // A workspace a kernel found not ready would have given NaN s~ (core/workspace.cuh): refuse them.
+  prox::Status ws_status = prox::Status::kSuccess;
+  PROX_BENCH_PROX(prox::read_workspace_status(ws.get(), stream, &ws_status));
+  PROX_BENCH_PROX(ws_status);
   return magnitude_threshold(std::move(all), s2);
 }
 

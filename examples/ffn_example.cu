@@ -339,8 +339,12 @@ void run(const Options& o) {
 
     // 2. Plan with placeholder thresholds; calibration re-plans with the calibrated ones.
     prox::SparseFfn<T, Act> ffn;
-    const typename prox::SparseFfn<T, Act>::Weights w{wg.get(), wu.get(), wdt.get(), qg.get(),
-                                                      qu.get(), sg.get(), su.get()};
+    typename prox::SparseFfn<T, Act>::Weights w;
+    w.gate = wg.get();
+    w.up = wu.get();
+    w.down_t = wdt.get();
+    w.proxy_gate = {qg.get(), sg.get()};  // Int4Weights::Matrix {packed, scales}
+    w.proxy_up = {qu.get(), su.get()};
     EX_PROX(ffn.plan({K, N, 0.0f, 0.0f}, w));
     DevBuf<unsigned char> ws(ffn.workspace_bytes());
     EX_PROX(prox::initialize_workspace(ws.get(), ws.bytes(), stream));
@@ -376,7 +380,6 @@ void run(const Options& o) {
     const int mask_words = N / 32;
     DevBuf<std::uint32_t> masks(static_cast<std::size_t>(E) * mask_words);
     DevBuf<prox::SparsityCounters> counters(1);
-    const auto* mask_ws = reinterpret_cast<const std::uint32_t*>(ws.get() + ffn.mask_offset());
     const auto xt = [&](int t) { return x_eval.get() + static_cast<std::size_t>(t) * K; };
     const auto yd = [&](int t) { return y_dense.get() + static_cast<std::size_t>(t) * K; };
     const auto yp = [&](int t) { return y_prox.get() + static_cast<std::size_t>(t) * K; };
@@ -387,12 +390,16 @@ void run(const Options& o) {
     }
     EX_PROX(prox::reset_counters(counters.get(), stream));
     for (int t = 0; t < E; ++t) {
-      EX_PROX(ffn.run(xt(t), yp(t), ws.get(), ws.bytes(), stream, counters.get()));
-      EX_CUDA(cudaMemcpyAsync(masks.get() + static_cast<std::size_t>(t) * mask_words, mask_ws,
-                              sizeof(std::uint32_t) * mask_words, cudaMemcpyDeviceToDevice, stream));
+      typename prox::SparseFfn<T, Act>::Outputs out;  // the counters, and each token's mask kept
+      out.counters = counters.get();
+      out.channel_mask = masks.get() + static_cast<std::size_t>(t) * mask_words;
+      EX_PROX(ffn.run(xt(t), yp(t), ws.get(), ws.bytes(), stream, out));
     }
     prox::SparsityReport rep;
     EX_PROX(prox::read_report(counters.get(), K, N, stream, &rep));
+    prox::Status ws_status = prox::Status::kSuccess;  // a run on a workspace not ready would be dense
+    EX_PROX(prox::read_workspace_status(ws.get(), stream, &ws_status));
+    EX_PROX(ws_status);
 
     // 5. Quality on the host: relative L2 error of y, and overlap of Prox's channel set with the
     //    oracle-s set (the same number of channels, chosen by the exact |s|, ties to the lower index).
