@@ -206,7 +206,7 @@ template <class Op>
 prox::OpWorkspace stage2_view(const DeviceBuffer& ws, const typename Op::Args& a, bool stamp) {
   prox::OpWorkspace v;
   if (prox::Operator<Op>::workspace_bytes(a) > 0)
-    v = prox::detail::standalone_view(ws.get(), prox::Operator<Op>::workspace_needs(a));
+    v = prox::Operator<Op>::workspace_view(ws.get(), a);
   v.guard = prox::WorkspaceGuard{};
   if (stamp) v.guard.stamp = ws.template as<std::uint32_t>();  // {magic, tag 0}: what initialize_workspace wrote
   return v;
