@@ -870,87 +870,125 @@ void register_all() {
 }
 
 // ---------------------------------------------------------------- flags
-void usage() {
-  std::printf(
-      "prox_bench: Google Benchmark suite of prox (see docs/benchmarks.md)\n"
-      "  --prox_shapes=LIST        shapes (1.7B,4B,8B,14B,32B)          [%s]\n"
-      "  --prox_dtypes=LIST        f16,bf16                             [%s]\n"
-      "  --prox_targets=LIST       target effective sparsity, percent   [%s]\n"
-      "  --prox_iterations=N       timed graph replays per benchmark    [%d]\n"
-      "  --prox_warmup=N           untimed replays first                [%d]\n"
-      "  --prox_tokens=N           distinct tokens cycled               [%d]\n"
-      "  --prox_min_launches=N     launches per graph, at least         [%d]\n"
-      "  --prox_rotate_gb=G        weight bytes rotated over, at least  [%.1f]\n"
-      "  --prox_max_device_gb=G    device memory cap                    [%.1f]\n"
-      "  --prox_policy=P,G,D[,F]   policy indices (proxy,glu,down[,fused]), -1 = default\n"
-      "  --prox_fuse=0|1           Stage 2 as one fused kernel          [%d]\n"
-      "  --prox_cluster=0|1        Stage-1 split-K through clusters     [%d]\n"
-      "  --prox_spread=0|1         spread a small Stage-1 grid over the SMs [%d]\n"
-      "  --prox_tuning=FILE        plan with the policies of this prox-tune cache (read-only;\n"
-      "                            a miss or a file of another GPU/build keeps the defaults)\n"
-      "  --prox_commit=SHA         commit to record (else $PROX_COMMIT, else the one built from)\n"
+//! The suite's own flags, bound to g_opt (whose values are the defaults the help shows).
+void add_flags(CLI::App* app) {
+  namespace cli = prox_support::cli;
+  cli::setup(*app, cli::Syntax::kEquals);
+  const auto count = [](int lo) { return cli::value_check(cli::number_in(lo, 1e9, true)); };
+  const auto positive = cli::value_check(cli::positive_number());
+  const auto zero_one = cli::value_check(cli::one_of({"0", "1"}));
+  app->add_option("--prox_shapes", g_opt.shapes, "shapes (1.7B,4B,8B,14B,32B)")
+      ->type_name("LIST")
+      ->capture_default_str()
+      ->check(cli::list_check(prox_bench::shape_name_test()));
+  app->add_option("--prox_dtypes", g_opt.dtypes, "f16,bf16")
+      ->type_name("LIST")
+      ->capture_default_str()
+      ->check(cli::list_check([](const std::string& v) { return cli::one_of({"f16", "bf16"})(prox_bench::lower(v)); }));
+  app->add_option("--prox_targets", g_opt.targets, "target effective sparsity, percent")
+      ->type_name("LIST")
+      ->capture_default_str()
+      ->check(cli::list_check([](const std::string& v) -> std::string {
+        prox::StageSparsity st;
+        if (cli::number_in(0, 93, true)(v).empty() &&
+            prox::allocate_sparsity(std::stoi(v) / 100.0, &st) == prox::Status::kSuccess)
+          return {};
+        return "not a target the allocation reaches (an integer percent, 0 to 93)";
+      }));
+  app->add_option("--prox_iterations", g_opt.iterations, "timed graph replays per benchmark")
+      ->type_name("N")
+      ->capture_default_str()
+      ->check(count(1));
+  app->add_option("--prox_warmup", g_opt.warmup, "untimed replays first")
+      ->type_name("N")
+      ->capture_default_str()
+      ->check(count(0));
+  app->add_option("--prox_tokens", g_opt.tokens, "distinct tokens cycled")
+      ->type_name("N")
+      ->capture_default_str()
+      ->check(count(1));
+  app->add_option("--prox_min_launches", g_opt.min_launches, "launches per graph, at least")
+      ->type_name("N")
+      ->capture_default_str()
+      ->check(count(1));
+  app->add_option("--prox_rotate_gb", g_opt.rotate_gb, "weight bytes rotated over, at least")
+      ->type_name("G")
+      ->capture_default_str()
+      ->check(positive);
+  app->add_option("--prox_max_device_gb", g_opt.max_device_gb, "device memory cap")
+      ->type_name("G")
+      ->capture_default_str()
+      ->check(positive);
+  app->add_option_function<std::string>(
+         "--prox_policy",
+         [](const std::string& v) {
+           const std::vector<std::string> p = prox_bench::split_list(v);
+           g_opt.policy.proxy = std::stoi(p[0]);
+           g_opt.policy.glu = std::stoi(p[1]);
+           g_opt.policy.down = std::stoi(p[2]);
+           if (p.size() == 4) g_opt.policy.glu_down = std::stoi(p[3]);
+         },
+         "policy indices (proxy,glu,down[,fused]), -1 = default")
+      ->type_name("P,G,D[,F]")
+      ->check(cli::list_check(cli::number_in(-1, 1e6, true)))
+      ->check(cli::value_check([](const std::string& v) -> std::string {
+        const std::size_t n = prox_bench::split_list(v).size();
+        return n == 3 || n == 4 ? std::string() : std::string("not three or four indices: proxy,glu,down[,fused]");
+      }));
+  app->add_option("--prox_fuse", g_opt.fuse, "Stage 2 as one fused kernel")
+      ->type_name("0|1")
+      ->capture_default_str()
+      ->check(zero_one);
+  app->add_option("--prox_cluster", g_opt.cluster, "Stage-1 split-K through clusters")
+      ->type_name("0|1")
+      ->capture_default_str()
+      ->check(zero_one);
+  app->add_option("--prox_spread", g_opt.spread, "spread a small Stage-1 grid over the SMs")
+      ->type_name("0|1")
+      ->capture_default_str()
+      ->check(zero_one);
+  app->add_option("--prox_tuning", g_opt.tuning,
+                  "plan with the policies of this prox-tune cache (read-only; a miss or a file of another GPU/build "
+                  "keeps the defaults)")
+      ->type_name("FILE");
+  app->add_option("--prox_commit", g_opt.commit, "commit to record (else $PROX_COMMIT, else the one built from)")
+      ->type_name("SHA");
+  app->footer(
       "plus Google Benchmark's flags, e.g. --benchmark_filter=REGEX --benchmark_out=FILE\n"
-      "--benchmark_out_format=json --benchmark_list_tests\n",
-      g_opt.shapes.c_str(), g_opt.dtypes.c_str(), g_opt.targets.c_str(), g_opt.iterations, g_opt.warmup, g_opt.tokens,
-      g_opt.min_launches, g_opt.rotate_gb, g_opt.max_device_gb, int(g_opt.fuse), int(g_opt.cluster),
-      int(g_opt.spread));
+      "--benchmark_out_format=json --benchmark_list_tests");
 }
 
-//! Consume --prox_* flags from argv (Google Benchmark gets the rest).
+constexpr const char* kDescription = "prox_bench: Google Benchmark suite of prox (see docs/benchmarks.md)";
+
+void usage() {
+  CLI::App app{kDescription, "prox_bench"};
+  add_flags(&app);
+  std::fputs(app.help().c_str(), stdout);
+}
+
+//! Consume the --prox_* flags from argv and leave the rest, in order, for Google Benchmark. A bad
+//! flag or value ends the process: one error line, exit code 2 (prox_support::cli::parse).
 void parse_flags(int* argc, char** argv) {
+  CLI::App app{kDescription, "prox_bench"};
+  add_flags(&app);
+  app.allow_extras();
+  if (const auto rc = prox_support::cli::parse(app, *argc, argv)) std::exit(*rc);
+  // app.remaining() holds the arguments CLI11 did not take, as given and in order: keep those argv
+  // entries (matched in order, so the pointers stay argv's own).
+  const std::vector<std::string> rest = app.remaining();
   int out = 1;
-  for (int i = 1; i < *argc; ++i) {
-    const std::string a = argv[i];
-    const auto val = [&](const char* name, std::string* v) { return prox_bench::flag_value(a, name, v); };
-    std::string v;
-    if (val("prox_shapes", &v)) {
-      g_opt.shapes = v;
-    } else if (val("prox_dtypes", &v)) {
-      g_opt.dtypes = v;
-    } else if (val("prox_targets", &v)) {
-      g_opt.targets = v;
-    } else if (val("prox_iterations", &v)) {
-      g_opt.iterations = std::stoi(v);
-    } else if (val("prox_warmup", &v)) {
-      g_opt.warmup = std::stoi(v);
-    } else if (val("prox_tokens", &v)) {
-      g_opt.tokens = std::stoi(v);
-    } else if (val("prox_min_launches", &v)) {
-      g_opt.min_launches = std::stoi(v);
-    } else if (val("prox_rotate_gb", &v)) {
-      g_opt.rotate_gb = std::stod(v);
-    } else if (val("prox_max_device_gb", &v)) {
-      g_opt.max_device_gb = std::stod(v);
-    } else if (val("prox_fuse", &v)) {
-      g_opt.fuse = std::stoi(v) != 0;
-    } else if (val("prox_cluster", &v)) {
-      g_opt.cluster = std::stoi(v) != 0;
-    } else if (val("prox_policy", &v)) {
-      const std::vector<std::string> p = prox_bench::split_list(v);
-      if (p.size() != 3 && p.size() != 4)
-        throw std::invalid_argument("--prox_policy needs three or four indices: proxy,glu,down[,fused]");
-      if (p.size() == 4) g_opt.policy.glu_down = std::stoi(p[3]);
-      g_opt.policy.proxy = std::stoi(p[0]);
-      g_opt.policy.glu = std::stoi(p[1]);
-      g_opt.policy.down = std::stoi(p[2]);
-    } else if (val("prox_spread", &v)) {
-      g_opt.spread = std::stoi(v) != 0;
-    } else if (val("prox_tuning", &v)) {
-      g_opt.tuning = v;
-    } else if (val("prox_commit", &v)) {
-      g_opt.commit = v;
-    } else if (a.rfind("--prox_", 0) == 0) {
-      throw std::invalid_argument("unknown flag " + a + " (--help lists them)");
-    } else {
-      argv[out++] = argv[i];
+  std::size_t k = 0;
+  for (int i = 1; i < *argc && k < rest.size(); ++i) {
+    if (rest[k] != argv[i]) continue;
+    if (rest[k].rfind("--prox_", 0) == 0) {
+      prox_support::cli::print_error(app, "unknown flag " + rest[k] + " (--help lists them)");
+      std::exit(2);
     }
+    argv[out++] = argv[i];
+    ++k;
   }
   *argc = out;
   argv[out] = nullptr;
-  if (g_opt.iterations < 1 || g_opt.warmup < 0 || g_opt.tokens < 1 || g_opt.min_launches < 1 ||
-      !(g_opt.rotate_gb > 0) || !(g_opt.max_device_gb > 0)) {
-    throw std::invalid_argument("flag values out of range (iterations, tokens, min_launches >= 1; warmup >= 0)");
-  }
 }
 
 bool has_arg(int argc, char** argv, const char* prefix) {

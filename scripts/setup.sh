@@ -3,7 +3,7 @@
 # Install the Debian packages prox's tests, benches and examples need. Idempotent: installs only
 # what is missing. The library itself needs only the CUDA Toolkit (nvcc, cudart, CCCL).
 set -euo pipefail
-pkgs=(cmake ninja-build catch2 libfmt-dev libbenchmark-dev)
+pkgs=(cmake ninja-build catch2 libfmt-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
