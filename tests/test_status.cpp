@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 //! @file test_status.cpp  Status names, the versioned namespace, the policy-list machinery.
-#include <catch2/catch.hpp>
+#include "catch.hpp"
 
 #include <atomic>
 #include <csignal>
