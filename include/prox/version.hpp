@@ -22,12 +22,14 @@
 //! Every prox entity (functions, function-local statics, static data members, types) has hidden
 //! visibility on ELF: a shared object that uses prox exports none of it, so two extension modules
 //! built from different prox versions, or from one version with different CUDA architecture lists,
-//! each call their own launchers and keep their own caches (tests/package/ checks this). The price,
-//! with GCC: a class of *default* visibility that holds a prox type as a field or base gets
-//! "-Wattributes: declared with greater visibility than the type of its field". Compile such code with
-//! -fvisibility=hidden (what a Python extension module does anyway), or define
-//! PROX_DISABLE_HIDDEN_VISIBILITY in every TU of that shared object: prox's symbols are then exported,
-//! still isolated across versions by the namespace name, but no longer across architecture lists.
+//! each call their own launchers and keep their own caches (tests/package/ checks this). It follows
+//! that prox's state (caches, the warning handler) is per shared object, and that the TUs using
+//! PROX_SPARSE_FFN_EXTERN must sit in the shared object of the PROX_SPARSE_FFN_INSTANTIATE TU (across
+//! two, the link fails: "hidden symbol ... isn't defined"). With GCC, a class of *default* visibility
+//! that holds a prox type as a field or base draws "-Wattributes: declared with greater visibility
+//! than the type of its field". Compile such code with -fvisibility=hidden (as pybind11 modules are),
+//! or define PROX_DISABLE_HIDDEN_VISIBILITY in every TU of that shared object: prox's symbols are then
+//! exported, still kept apart across versions by the namespace name, but not across architecture lists.
 #if defined(__GNUC__) && !defined(_WIN32) && !defined(PROX_DISABLE_HIDDEN_VISIBILITY)
 #define PROX_NAMESPACE_VISIBILITY __attribute__((visibility("hidden")))
 #else
