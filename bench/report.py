@@ -5,16 +5,16 @@ and the plots of docs/benchmarks.md.
 
 Tables are written between marker comments in the document:
     <!-- BEGIN prox-report:SECTION -->  ...  <!-- END prox-report:SECTION -->
-for SECTION in provenance, dense, ffn, kernels, targets, alpha, plots. Text outside the markers
-is never touched. Every generated section starts with the GPU, the commit and the command that
+for SECTION in provenance, dense, ffn, budget, kernels, targets, alpha, plots. Text outside the markers
+is never touched. Every generated table starts with the GPU, the commit and the command that
 produced its figures, taken from the JSON context (--commit overrides the commit).
 
 Usage:
     python3 bench/report.py --bench out/bench.json [more.json ...] --alpha out/alpha.json \
-        --doc docs/benchmarks.md --img-dir docs/img [--commit SHA] [--no-plots]
-Only the standard library is needed. The plots are SVG files written by this script (no plotting
-library), deterministic like the tables: the same JSON gives the same bytes. --no-plots leaves the
-plots section and the images as they are.
+        --doc docs/benchmarks.md [--img-dir docs/img] [--commit SHA] [--no-plots] [--stdout]
+The tables need the standard library only. The plots (SVG, under --img-dir, default <doc dir>/img) need
+matplotlib (Debian/Ubuntu python3-matplotlib, or pip); without it report.py stops before writing anything
+unless --no-plots is given, which leaves the plots and the plots section as they are.
 """
 
 import argparse
@@ -31,15 +31,19 @@ TARGETS = [40, 50, 60, 70]
 # The weight-streaming kernels the >= 85 % target is about: Stage 1, the GLU and down ops, and the fused
 # Stage 2 the FFN runs. The threshold op reads only x (kilobytes) and is latency-bound: not judged.
 KERNEL_OPS = ["proxy_int4", "glu", "down", "prox_stage2"]
-SECTIONS = ["provenance", "dense", "ffn", "kernels", "targets", "alpha", "plots"]
+SECTIONS = ["provenance", "dense", "ffn", "budget", "kernels", "targets", "alpha", "plots"]
 
-# The H100 targets (docs/benchmarks.md, "Targets")
+# The project's H100 performance targets, as listed in docs/benchmarks.md, "Targets" (set by the project,
+# not by the paper): speed-up per target e on the 8B and 14B shapes, fraction of copy bandwidth per shape,
+# α, and the bf16/fp16 time ratio.
 TARGET_SPEEDUP = {70: 3.0, 50: 2.0}
 TARGET_SPEEDUP_MODELS = ["Qwen3-8B", "Qwen3-14B"]
 TARGET_FRAC = {"Qwen3-8B": 0.85, "Qwen3-14B": 0.85, "Qwen3-1.7B": 0.70}
 TARGET_ALPHA = 0.28
 TARGET_BF16 = 1.03
-# The paper's measured α (its measured-α table): GPU, then (model, α at input sparsity 0/10/55/70 %).
+# From the paper (Prox: Training-Free FFN Activation Sparsity via Approximate Intermediate-Channel Salience
+# in LLMs), appendix "Empirical Proxy-Cost Ratios", table "Measured proxy-cost ratio α", as printed there:
+# GPU, then (model, α at input sparsity 0/10/55/70 %).
 PAPER_ALPHA_TABLE = [
     ("NVIDIA A6000", [("Qwen3-4B", (0.280, 0.292, 0.304, 0.286)), ("Qwen3-8B", (0.267, 0.272, 0.286, 0.277)),
                       ("Qwen3-14B", (0.261, 0.273, 0.287, 0.292)), ("Qwen3-32B", (0.255, 0.263, 0.268, 0.262))]),
@@ -246,6 +250,28 @@ def section_dense(runs):
     return "\n".join(out) if out else "_No dense results in the input._"
 
 
+def time_split(r, m, d, e, f):
+    """A Prox FFN row f split into its fixed costs and its streaming: the two stages' fixed costs
+    (proxy_int4_empty, stage2_empty: the same launches with nothing kept), their sum, the time the bytes that
+    had to be read take at the copy bandwidth (the floor), and the floor over the time left after the fixed
+    costs (how close the streaming part is to copy). NaN where a bench is missing."""
+    nan = float("nan")
+    f1 = cell(r.get("proxy_int4_empty", m, d, e), "t_us")
+    f2 = cell(r.get("stage2_empty", m, d, e), "t_us")
+    fixed = f1 + f2 if f1 is not None and f2 is not None else nan
+    floor = f.get("bytes_needed", 0) / (f.get("copy_GBps", nan) * 1e3)
+    rest = f.get("t_us", nan) - fixed
+    return {"fixed1": f1, "fixed2": f2, "fixed": fixed, "floor": floor,
+            "rest_frac": floor / rest if rest == rest and rest > 0 else nan}
+
+
+def faster_dense(r, m):
+    """The faster of the run's fp16 and bf16 dense FFN times of shape m (µs), or None. cuBLAS's time moves by
+    up to 5 % between processes and dtypes, so speed-up targets are judged against the faster one."""
+    dense = [t for t in (cell(r.get("dense_ffn", m, d), "t_us") for d in r.dtypes()) if t]
+    return min(dense) if dense else None
+
+
 def section_ffn(runs):
     out = []
     for r in runs:
@@ -272,21 +298,13 @@ def section_ffn(runs):
             # Where the time goes: Stage 2 alone, Stage 1 alone, and the byte floor.
             rows2 = []
             for m, d, e, f in r.each("prox_ffn"):
-                s2 = r.get("prox_stage2", m, d, e)
-                p = r.get("proxy_int4", m, d, e)
-                p0 = r.get("proxy_int4_empty", m, d, e)
-                s20 = r.get("stage2_empty", m, d, e)
-                copy = f.get("copy_GBps", float("nan"))
-                floor = f.get("bytes_needed", 0) / (copy * 1e3)
-                f1, f2 = cell(p0, "t_us"), cell(s20, "t_us")
-                fixed = f1 + f2 if f1 is not None and f2 is not None else float("nan")
-                rest = f.get("t_us", float("nan")) - fixed
-                rest_frac = floor / rest if rest == rest and rest > 0 else float("nan")
+                t = time_split(r, m, d, e, f)
                 rows2.append([m, d, f"{e} %", f"{f.get('s1', 0) * 100:.1f} / {f.get('s2', 0) * 100:.1f}",
-                              fmt_us(f.get("t_us")), fmt_us(cell(p, "t_us")), fmt_us(cell(s2, "t_us")),
-                              f"{fmt_us(cell(p0, 't_us'))} + {fmt_us(cell(s20, 't_us'))}",
-                              f"{f.get('bytes_needed', 0) / 1e6:.1f}", fmt_us(floor),
-                              fmt_pct(f.get("frac_copy")), fmt_pct(rest_frac)])
+                              fmt_us(f.get("t_us")), fmt_us(cell(r.get("proxy_int4", m, d, e), "t_us")),
+                              fmt_us(cell(r.get("prox_stage2", m, d, e), "t_us")),
+                              f"{fmt_us(t['fixed1'])} + {fmt_us(t['fixed2'])}",
+                              f"{f.get('bytes_needed', 0) / 1e6:.1f}", fmt_us(t["floor"]),
+                              fmt_pct(f.get("frac_copy")), fmt_pct(t["rest_frac"])])
             if rows2:
                 out += captioned_table(
                     None,
@@ -314,6 +332,39 @@ def section_ffn(runs):
                 "per-pair ratios, next to `prox_ffn`'s speed-up against the separately timed `dense_ffn`.",
                 ["model", "dtype", "e", "Prox µs", "dense µs", "speed-up", "per pair: median (min–max)",
                  "unpaired speed-up"], rows3)
+    return "\n".join(out) if out else "_No Prox FFN results in the input._"
+
+
+def section_budget(runs):
+    """The speed-up targets' time budget against what the FFN's fixed costs and its bytes leave."""
+    out = []
+    for r in runs:
+        rows = []
+        for m in TARGET_SPEEDUP_MODELS:
+            dense = faster_dense(r, m)
+            for d in r.dtypes():
+                for e, need in sorted(TARGET_SPEEDUP.items()):
+                    f = r.get("prox_ffn", m, d, e)
+                    if f is None or dense is None:
+                        continue
+                    t = time_split(r, m, d, e, f)
+                    budget = dense / need
+                    left = budget - t["fixed"]
+                    needed = fmt_pct(t["floor"] / left) if left > 0 else "-"
+                    rows.append([m, d, f"{e} %", f"{need:.1f}×: ≤ {fmt_us(budget)}", fmt_us(f.get("t_us")),
+                                 f"{fmt_us(t['fixed1'])} + {fmt_us(t['fixed2'])}", fmt_us(t["floor"]),
+                                 fmt_us(t["floor"] + t["fixed"]), fmt_pct(t["rest_frac"]), needed])
+        if rows:
+            out += captioned_table(
+                r.context,
+                "The speed-up targets as a time budget (the faster of the shape's fp16 and bf16 dense FFN times "
+                "divided by the target), the Prox FFN time, its two fixed costs (`proxy_int4_empty` + "
+                "`stage2_empty`), the floor (the bytes that had to be read at the copy bandwidth), floor + fixed "
+                "costs (the FFN with its fixed costs as they are and every byte at the copy bandwidth), the "
+                "fraction of copy the streaming part reaches now, and the fraction it would need to meet the "
+                "target with the fixed costs as they are (above 100 %: out of reach unless the fixed costs fall).",
+                ["model", "dtype", "e", "target: budget µs", "FFN µs", "fixed µs (1 + 2)", "floor µs",
+                 "floor + fixed µs", "streaming now, of copy", "streaming needed, of copy"], rows)
     return "\n".join(out) if out else "_No Prox FFN results in the input._"
 
 
@@ -366,17 +417,15 @@ def section_targets(runs, alpha):
         tag = f"{r.context.get('gpu', '?')} @ `{r.context.get('prox_commit', '?')}`"
         for e, need in sorted(TARGET_SPEEDUP.items(), reverse=True):
             for m in TARGET_SPEEDUP_MODELS:
-                # The verdict uses the faster dense FFN of the shape in this run (fp16 or bf16): cuBLAS's
-                # time moves by up to 5 % between processes and dtypes, so a ratio against the slower one
+                # Against the faster dense FFN of the shape (faster_dense): a ratio against the slower one
                 # would pass on cuBLAS's noise. The ratio against the row's own dtype is kept in brackets.
-                dense = [cell(r.get("dense_ffn", m, dd), "t_us") for dd in r.dtypes()]
-                dense = [t for t in dense if t]
+                dense = faster_dense(r, m)
                 for d in r.dtypes():
                     f = r.get("prox_ffn", m, d, e)
                     if f is None or f.get("speedup_vs_dense") is None:
                         continue
                     own = f["speedup_vs_dense"]
-                    s = min(dense) / f["t_us"] if dense and f.get("t_us") else own
+                    s = dense / f["t_us"] if dense and f.get("t_us") else own
                     shown = fmt_x(s) + (f" (own dtype {fmt_x(own)})" if fmt_x(own) != fmt_x(s) else "")
                     # Where the run has the paired bench (Prox and dense replays alternating), its ratio
                     # must pass too: a pass has to hold whichever way the dense time is taken.
@@ -504,145 +553,31 @@ def section_alpha(alpha):
 
 
 # ---------------------------------------------------------------- plots
-# SVG written with the standard library: the same JSON gives the same bytes (fixed number formatting,
-# no timestamps, no generated ids), so the committed images are checked like the tables.
-PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
-           "#17becf"]
-INK = "#222222"
-GRID = "#e0e0e0"
-BAND = "#d0d0d0"
-DASH = {"solid": None, "dashed": "6 4", "dotted": "2 3"}
+# matplotlib is imported only when plots are drawn: the tables, and tests/check_docs.py (which imports this
+# module in CI), need the standard library alone. The SVGs are made reproducible for one matplotlib version
+# (fixed hash salt, no date, text as text); docs_in_sync checks that they exist and parse, not their bytes.
 PLOT_OPS = ["proxy_int4", "glu", "down", "prox_ffn"]
-PAPER_ALPHA = (0.234, 0.351)
-FRAC_LINE = 0.85
+PAPER_ALPHA = (0.234, 0.351)  # the range of the paper's measured-α table (PAPER_ALPHA_TABLE)
+FRAC_LINE = 0.85  # TARGET_FRAC of the 8B and 14B shapes
 
 
-def svg_num(v):
-    s = f"{v:.1f}"
-    return "0.0" if s == "-0.0" else s
+def pyplot():
+    """matplotlib.pyplot with the Agg backend and reproducible SVG settings, or None if not installed."""
+    try:
+        import matplotlib
+    except ImportError:
+        return None
+    matplotlib.use("Agg")
+    matplotlib.rcParams.update({"svg.hashsalt": "prox", "svg.fonttype": "none", "font.family": "sans-serif",
+                                "font.size": 9, "axes.grid": True, "grid.color": "#e0e0e0",
+                                "axes.axisbelow": True})
+    import matplotlib.pyplot as plt
+    return plt
 
 
-def text_width(s, size):
-    """Estimated width of s in a sans-serif font (generous: layout only has to leave room)."""
-    return 0.58 * size * len(s)
-
-
-class Svg:
-    """A flat list of SVG elements; attribute order and number formatting are fixed."""
-
-    def __init__(self, width, height):
-        self.width = math.ceil(width)
-        self.height = math.ceil(height)
-        self.items = []
-
-    def add(self, tag, attrs, body=None):
-        parts = []
-        for k, v in attrs:
-            if v is None:
-                continue
-            v = svg_num(v) if isinstance(v, (int, float)) else xml_escape(str(v), {'"': "&quot;"})
-            parts.append(f'{k}="{v}"')
-        head = f"<{tag} " + " ".join(parts)
-        self.items.append(head + "/>" if body is None else f"{head}>{xml_escape(body)}</{tag}>")
-
-    def line(self, x1, y1, x2, y2, color=INK, width=1.0, dash="solid"):
-        self.add("line", [("x1", x1), ("y1", y1), ("x2", x2), ("y2", y2), ("stroke", color),
-                          ("stroke-width", width), ("stroke-dasharray", DASH[dash])])
-
-    def polyline(self, pts, color, width=1.5, dash="solid"):
-        self.add("polyline", [("points", " ".join(f"{svg_num(x)},{svg_num(y)}" for x, y in pts)), ("fill", "none"),
-                              ("stroke", color), ("stroke-width", width), ("stroke-dasharray", DASH[dash])])
-
-    def circle(self, x, y, r, color):
-        self.add("circle", [("cx", x), ("cy", y), ("r", r), ("fill", color)])
-
-    def rect(self, x, y, w, h, fill, stroke=None):
-        self.add("rect", [("x", x), ("y", y), ("width", w), ("height", h), ("fill", fill), ("stroke", stroke)])
-
-    def text(self, x, y, s, size=10, anchor="start", rotate=False, bold=False):
-        self.add("text", [("x", x), ("y", y), ("font-family", "sans-serif"), ("font-size", size),
-                          ("font-weight", "bold" if bold else None), ("text-anchor", anchor), ("fill", INK),
-                          ("transform", f"rotate(-90 {svg_num(x)} {svg_num(y)})" if rotate else None)], s)
-
-    def write(self, path):
-        w, h = self.width, self.height
-        out = ['<?xml version="1.0" encoding="UTF-8"?>',
-               f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}">',
-               f'<rect x="0" y="0" width="{w}" height="{h}" fill="#ffffff"/>']
-        out += self.items + ["</svg>", ""]
-        with open(path, "w", encoding="utf-8", newline="\n") as f:
-            f.write("\n".join(out))
-
-
-def xml_escape(s, extra=None):
-    s = s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-    for k, v in (extra or {}).items():
-        s = s.replace(k, v)
-    return s
-
-
-def nice_ticks(lo, hi, n=6):
-    """Ticks at 1, 2, 2.5 or 5 times a power of ten covering [lo, hi], and the decimals their labels need."""
-    if hi <= lo:
-        lo, hi = lo - 0.5, hi + 0.5
-    raw = (hi - lo) / n
-    mag = 10.0 ** math.floor(math.log10(raw))
-    step = next(m * mag for m in (1, 2, 2.5, 5, 10) if raw <= m * mag * (1 + 1e-9))
-    first = math.floor(lo / step + 1e-9)
-    last = math.ceil(hi / step - 1e-9)
-    decimals = next(d for d in range(7) if abs(round(step, d) - step) < 1e-9 * step)
-    return [i * step for i in range(first, last + 1)], decimals
-
-
-class Frame:
-    """One plot area: data to pixel mapping, frame, grid, ticks and tick labels."""
-
-    def __init__(self, svg, x, y, w, h, xlim, ylim):
-        self.svg, self.x, self.y, self.w, self.h = svg, x, y, w, h
-        self.xlim, self.ylim = xlim, ylim
-
-    def px(self, v):
-        return self.x + (v - self.xlim[0]) / (self.xlim[1] - self.xlim[0]) * self.w
-
-    def py(self, v):
-        return self.y + self.h - (v - self.ylim[0]) / (self.ylim[1] - self.ylim[0]) * self.h
-
-    def axes(self, xticks, yticks, ydecimals, ylabels=True, xgrid=True):
-        """xticks: [(position, label)] in data units; yticks: values."""
-        s = self.svg
-        bottom = self.y + self.h
-        for v in yticks:
-            s.line(self.x, self.py(v), self.x + self.w, self.py(v), GRID)
-        if xgrid:
-            for v, _ in xticks:
-                s.line(self.px(v), self.y, self.px(v), bottom, GRID)
-        s.rect(self.x, self.y, self.w, self.h, "none", INK)
-        for v in yticks:
-            s.line(self.x - 4, self.py(v), self.x, self.py(v))
-            if ylabels:
-                s.text(self.x - 7, self.py(v) + 3.5, f"{v:.{ydecimals}f}", 10, "end")
-        for v, label in xticks:
-            s.line(self.px(v), bottom, self.px(v), bottom + 4)
-            s.text(self.px(v), bottom + 16, label, 10, "middle")
-
-
-def legend(svg, x, y, entries, size=10):
-    """entries: (label, kind, color, dash) with kind 'line', 'marker' (line and marker), 'box' or 'band'.
-    Drawn in a box whose top left corner is (x, y); returns the box's width and height."""
-    row = size + 6
-    w = 38 + max(text_width(e[0], size) for e in entries)
-    h = 8 + row * len(entries)
-    svg.rect(x, y, w, h, "#ffffff", "#bbbbbb")
-    for i, (label, kind, color, dash) in enumerate(entries):
-        cy = y + 4 + row * i + row / 2
-        if kind in ("line", "marker"):
-            svg.line(x + 6, cy, x + 28, cy, color, 1.5, dash)
-            if kind == "marker":
-                svg.circle(x + 17, cy, 3, color)
-        else:
-            svg.rect(x + 8, cy - 5, 18, 10, color, None if kind == "box" else "#999999")
-        svg.text(x + 34, cy + size * 0.35, label, size)
-    return w, h
+def save(plt, fig, path):
+    fig.savefig(path, format="svg", metadata={"Date": None, "Creator": None}, bbox_inches="tight")
+    plt.close(fig)
 
 
 def run_tag(ctx):
@@ -663,56 +598,32 @@ def byte_floor(r):
     return None, None, []
 
 
-def draw_series(fr, series):
-    """Each (color, dash, points) as a line with a marker at every point."""
-    for color, dash, pts in series:
-        fr.svg.polyline([(fr.px(x), fr.py(y)) for x, y in pts], color, 1.5, dash)
-        for x, y in pts:
-            fr.svg.circle(fr.px(x), fr.py(y), 3, color)
-
-
-def finish_line_plot(fr, title, xlabel, ylabel, entries, path):
-    """Title, axis labels and the legend right of the frame of a one-frame plot; writes it to path."""
-    svg = fr.svg
-    svg.text(svg.width / 2, 24, title, 13, "middle")
-    svg.text(fr.x + fr.w / 2, fr.y + fr.h + 40, xlabel, 11, "middle")
-    svg.text(18, fr.y + fr.h / 2, ylabel, 11, "middle", rotate=True)
-    legend(svg, fr.x + fr.w + 16, fr.y, entries)
-    svg.write(path)
-
-
-def plot_ffn_speedup(r, path):
+def plot_ffn_speedup(plt, r, path):
     series = []
     for i, m in enumerate(r.models()):
-        for d, dash in (("f16", "solid"), ("bf16", "dashed")):
+        for d, style in (("f16", "-"), ("bf16", "--")):
             pts = [(e, f["speedup_vs_dense"]) for e in r.targets()
                    for f in [r.get("prox_ffn", m, d, e)] if f and f.get("speedup_vs_dense")]
             if pts:
-                series.append((f"{m} {d}", PALETTE[i % len(PALETTE)], dash, pts))
-    fm, fd, floor = byte_floor(r)
+                series.append((f"{m} {d}", f"C{i}", style, pts))
     if not series:
         return False
-    xs = [e for s in series for e, _ in s[3]] + [e for e, _ in floor]
-    ys = [v for s in series for _, v in s[3]] + [v for _, v in floor]
-    yticks, ydec = nice_ticks(min(ys), max(ys))
-    pad = max(1.0, 0.05 * (max(xs) - min(xs)))
-    left, top, pw, ph = 64, 40, 520, 340
-    entries = [(label, "marker", color, dash) for label, color, dash, _ in series]
+    fig, ax = plt.subplots(figsize=(8.0, 4.2))
+    for label, color, style, pts in series:
+        ax.plot(*zip(*pts), style, color=color, marker="o", markersize=4, label=label)
+    fm, fd, floor = byte_floor(r)
     if floor:
-        entries.append((f"byte floor ({fm} {fd}): dense / Prox FFN bytes", "line", INK, "dotted"))
-    lw = 38 + max(text_width(e[0], 10) for e in entries)
-    svg = Svg(left + pw + 16 + lw + 12, top + ph + 56)
-    fr = Frame(svg, left, top, pw, ph, (min(xs) - pad, max(xs) + pad), (yticks[0], yticks[-1]))
-    fr.axes([(e, str(e)) for e in sorted(set(xs))], yticks, ydec)
-    if floor:
-        svg.polyline([(fr.px(e), fr.py(v)) for e, v in floor], INK, 1.5, "dotted")
-    draw_series(fr, [(color, dash, pts) for _, color, dash, pts in series])
-    finish_line_plot(fr, f"Prox FFN speed-up over cuBLAS dense FFN, {run_tag(r.context)}",
-                     "target effective sparsity e (%)", "speed-up over cuBLAS dense FFN", entries, path)
+        ax.plot(*zip(*floor), ":", color="#222222", label=f"byte floor ({fm} {fd}): dense / Prox FFN bytes")
+    ax.set_xticks(sorted({e for s in series for e, _ in s[3]}))
+    ax.set_xlabel("target effective sparsity e (%)")
+    ax.set_ylabel("speed-up over cuBLAS dense FFN")
+    ax.set_title(f"Prox FFN speed-up over cuBLAS dense FFN, {run_tag(r.context)}")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8)
+    save(plt, fig, path)
     return True
 
 
-def plot_kernel_bandwidth(r, path):
+def plot_kernel_bandwidth(plt, r, path):
     models = r.models()
     targets = r.targets()
     d = "f16" if "f16" in r.dtypes() else (r.dtypes() or ["f16"])[0]
@@ -720,82 +631,70 @@ def plot_kernel_bandwidth(r, path):
             for x in [r.get(op, m, d, e)] if x and x.get("frac_copy") is not None}
     if not vals:
         return False
-    yticks, ydec = nice_ticks(0.0, max([FRAC_LINE] + list(vals.values())))
-    left, top, pw, ph, gap = 64, 76, 200, 250, 16
-    svg = Svg(left + len(targets) * (pw + gap) - gap + 16, top + ph + 58)
-    slot = pw / len(models)
-    bw = 0.8 * slot / len(PLOT_OPS)
-    for k, e in enumerate(targets):
-        x0 = left + k * (pw + gap)
-        fr = Frame(svg, x0, top, pw, ph, (0.0, float(len(models))), (yticks[0], yticks[-1]))
-        fr.axes([(i + 0.5, m.replace("Qwen3-", "")) for i, m in enumerate(models)], yticks, ydec,
-                ylabels=(k == 0), xgrid=False)
-        for i, m in enumerate(models):
-            for j, op in enumerate(PLOT_OPS):
-                v = vals.get((op, m, e))
-                if v is None:
-                    continue
-                bx = x0 + (i + 0.1) * slot + j * bw
-                svg.rect(bx, fr.py(v), bw, fr.py(yticks[0]) - fr.py(v), PALETTE[j % len(PALETTE)])
-        svg.line(x0, fr.py(FRAC_LINE), x0 + pw, fr.py(FRAC_LINE), INK, 1.0, "dotted")
-        svg.text(x0 + pw / 2, top - 8, f"e = {e} % ({d})", 11, "middle")
-    svg.text(svg.width / 2, 20, f"Kernel bandwidth as a fraction of copy bandwidth, {run_tag(r.context)}", 13,
-             "middle")
-    entries = [(op, "box", PALETTE[j % len(PALETTE)], None) for j, op in enumerate(PLOT_OPS)]
-    entries.append((f"{FRAC_LINE:.2f} of copy (8B, 14B target)", "line", INK, "dotted"))
-    x = left
-    for label, kind, color, dash in entries:  # one row under the title
-        if kind == "box":
-            svg.rect(x, 33, 18, 10, color)
-        else:
-            svg.line(x, 38, x + 18, 38, color, 1.5, dash)
-        svg.text(x + 24, 41.5, label, 10)
-        x += 24 + text_width(label, 10) + 18
-    svg.text(left + (len(targets) * (pw + gap) - gap) / 2, top + ph + 40, "Qwen3 model", 11, "middle")
-    svg.text(18, top + ph / 2, "fraction of copy bandwidth", 11, "middle", rotate=True)
-    svg.write(path)
+    fig, axes = plt.subplots(1, len(targets), figsize=(2.4 * len(targets), 3.8), sharey=True, squeeze=False)
+    width = 0.8 / len(PLOT_OPS)
+    for ax, e in zip(axes[0], targets):
+        for j, op in enumerate(PLOT_OPS):
+            xs = [i - 0.4 + (j + 0.5) * width for i, m in enumerate(models) if (op, m, e) in vals]
+            ys = [vals[(op, m, e)] for m in models if (op, m, e) in vals]
+            ax.bar(xs, ys, width, color=f"C{j}", label=op)
+        ax.axhline(FRAC_LINE, linestyle=":", color="#222222", label=f"{FRAC_LINE:.2f} of copy (8B, 14B target)")
+        ax.set_xticks(range(len(models)))
+        ax.set_xticklabels([m.replace("Qwen3-", "") for m in models])
+        ax.grid(axis="x", visible=False)
+        ax.set_title(f"e = {e} % ({d})", fontsize=9)
+    axes[0][0].set_ylabel("fraction of copy bandwidth")
+    fig.supxlabel("Qwen3 model", fontsize=9)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    handles, labels = handles[1:] + handles[:1], labels[1:] + labels[:1]  # the bars first, the target line last
+    fig.legend(handles, labels, loc="lower center", bbox_to_anchor=(0.5, 0.93), ncol=len(labels), fontsize=8,
+               frameon=False)
+    fig.suptitle(f"Kernel bandwidth as a fraction of copy bandwidth, {run_tag(r.context)}", y=1.04)
+    save(plt, fig, path)
     return True
 
 
-def plot_alpha(alpha, path):
+def plot_alpha(plt, alpha, path):
     rows = alpha["rows"]
     models = sorted({x["model"] for x in rows}, key=model_order)
-    series = [(m, PALETTE[i % len(PALETTE)], sorted((x["s1_target"] * 100, x["alpha"]) for x in rows
-                                                    if x["model"] == m)) for i, m in enumerate(models)]
-    xs = sorted({round(x["s1_target"] * 100, 6) for x in rows})
-    ys = [x["alpha"] for x in rows] + [TARGET_ALPHA, *PAPER_ALPHA]
-    yticks, ydec = nice_ticks(min(ys), max(ys))
-    pad = max(1.0, 0.05 * (max(xs) - min(xs)))
-    left, top, pw, ph = 64, 40, 480, 320
-    entries = [(m, "marker", color, "solid") for m, color, _ in series]
-    entries.append((f"target α ≤ {TARGET_ALPHA}", "line", INK, "dotted"))
-    entries.append((f"paper range {PAPER_ALPHA[0]:.3f}–{PAPER_ALPHA[1]:.3f}", "band", BAND, None))
-    lw = 38 + max(text_width(e[0], 10) for e in entries)
-    svg = Svg(left + pw + 16 + lw + 12, top + ph + 56)
-    fr = Frame(svg, left, top, pw, ph, (min(xs) - pad, max(xs) + pad), (yticks[0], yticks[-1]))
-    svg.rect(left, fr.py(PAPER_ALPHA[1]), pw, fr.py(PAPER_ALPHA[0]) - fr.py(PAPER_ALPHA[1]), BAND)
-    fr.axes([(s, f"{s:g}") for s in xs], yticks, ydec)
-    svg.line(left, fr.py(TARGET_ALPHA), left + pw, fr.py(TARGET_ALPHA), INK, 1.5, "dotted")
-    draw_series(fr, [(color, "solid", pts) for _, color, pts in series])
-    finish_line_plot(fr, f"Measured α = t(INT4) / t(FP16), {run_tag(alpha['context'])}", "input sparsity s1 (%)",
-                     "α = t(INT4) / t(FP16)", entries, path)
+    fig, ax = plt.subplots(figsize=(7.2, 4.0))
+    ax.axhspan(*PAPER_ALPHA, color="#d0d0d0", label=f"paper range {PAPER_ALPHA[0]:.3f}–{PAPER_ALPHA[1]:.3f}")
+    ax.axhline(TARGET_ALPHA, linestyle=":", color="#222222", label=f"target α ≤ {TARGET_ALPHA}")
+    for i, m in enumerate(models):
+        pts = sorted((x["s1_target"] * 100, x["alpha"]) for x in rows if x["model"] == m)
+        ax.plot(*zip(*pts), "-", color=f"C{i}", marker="o", markersize=4, label=m)
+    ax.set_xticks(sorted({round(x["s1_target"] * 100, 6) for x in rows}))
+    ax.set_xlabel("input sparsity s1 (%)")
+    ax.set_ylabel("α = t(INT4) / t(FP16)")
+    ax.set_title(f"Measured α = t(INT4) / t(FP16), {run_tag(alpha['context'])}")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8)
+    save(plt, fig, path)
     return True
 
 
-def make_plots(runs, alpha, img_dir, doc_dir):
-    """Writes the SVG plots under img_dir; returns the plots section (image links relative to doc_dir)."""
-    os.makedirs(img_dir, exist_ok=True)
-    rel = os.path.relpath(img_dir, doc_dir).replace(os.sep, "/")
+def plot_list(runs, alpha):
+    """(title, file name, draw function, data) of every plot the inputs allow."""
     plots = []
-    if runs:
+    if runs and next(runs[0].each("prox_ffn"), None):
         plots += [("Prox FFN speed-up over cuBLAS dense", "prox_ffn_speedup.svg", plot_ffn_speedup, runs[0]),
                   ("Kernel bandwidth as a fraction of copy bandwidth", "prox_kernel_bandwidth.svg",
                    plot_kernel_bandwidth, runs[0])]
     if alpha and alpha["rows"]:
         plots.append(("Measured α", "prox_alpha.svg", plot_alpha, alpha))
-    made = [f"![{title}]({rel}/{name})" for title, name, draw, data in plots
-            if draw(data, os.path.join(img_dir, name))]
-    return "\n\n".join(made) if made else "_Nothing to plot._"
+    return plots
+
+
+def section_plots(runs, alpha, rel):
+    """The plots section: one image link per plot, relative to the document (rel: the image directory)."""
+    links = [f"![{title}]({rel}/{name})" for title, name, _, _ in plot_list(runs, alpha)]
+    return "\n\n".join(links) if links else "_Nothing to plot._"
+
+
+def make_plots(plt, runs, alpha, img_dir):
+    """Writes every plot of plot_list under img_dir."""
+    os.makedirs(img_dir, exist_ok=True)
+    for _, name, draw, data in plot_list(runs, alpha):
+        draw(plt, data, os.path.join(img_dir, name))
 
 
 # ---------------------------------------------------------------- document update
@@ -821,6 +720,23 @@ def load_alpha(path, commit_override):
     return {"path": path, "context": ctx, "rows": data["rows"]}
 
 
+def render_sections(runs, alpha, rel="img", plots=True):
+    """Every generated section report.py can fill from the inputs, by name; the plots section links images
+    under rel (relative to the document). Standard library only: tests/check_docs.py calls it too."""
+    sections = {"provenance": section_provenance(runs, alpha)}
+    if runs:
+        sections["dense"] = section_dense(runs)
+        sections["ffn"] = section_ffn(runs)
+        sections["budget"] = section_budget(runs)
+        sections["kernels"] = section_kernels(runs)
+    sections["targets"] = section_targets(runs, alpha)
+    if alpha:
+        sections["alpha"] = section_alpha(alpha)
+    if plots:
+        sections["plots"] = section_plots(runs, alpha, rel)
+    return sections
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--bench", nargs="*", default=[], help="prox_bench JSON (--benchmark_out_format=json)")
@@ -828,7 +744,7 @@ def main(argv=None):
     ap.add_argument("--doc", default=os.path.join(os.path.dirname(__file__), "..", "docs", "benchmarks.md"))
     ap.add_argument("--img-dir", default=None, help="where the SVG plots go (default: <doc dir>/img)")
     ap.add_argument("--commit", help="commit to record (overrides the JSON context)")
-    ap.add_argument("--no-plots", action="store_true")
+    ap.add_argument("--no-plots", action="store_true", help="leave the plots and the plots section as they are")
     ap.add_argument("--stdout", action="store_true", help="print the generated sections instead of editing --doc")
     args = ap.parse_args(argv)
 
@@ -836,33 +752,32 @@ def main(argv=None):
     alpha = load_alpha(args.alpha, args.commit) if args.alpha else None
     if not runs and not alpha:
         ap.error("give --bench and/or --alpha")
+    plt = None
+    if not args.no_plots and not args.stdout:
+        plt = pyplot()
+        if plt is None:  # checked before anything is written, so a failed run changes nothing
+            ap.error("the plots need matplotlib (Debian/Ubuntu: apt install python3-matplotlib; or pip install "
+                     "matplotlib); --no-plots updates the tables and leaves the plots as they are")
 
     doc_path = os.path.abspath(args.doc)
     doc_dir = os.path.dirname(doc_path)
     img_dir = os.path.abspath(args.img_dir) if args.img_dir else os.path.join(doc_dir, "img")
-
-    sections = {"provenance": section_provenance(runs, alpha)}
-    if runs:
-        sections["dense"] = section_dense(runs)
-        sections["ffn"] = section_ffn(runs)
-        sections["kernels"] = section_kernels(runs)
-    sections["targets"] = section_targets(runs, alpha)
-    if alpha:
-        sections["alpha"] = section_alpha(alpha)
-    if not args.no_plots:
-        sections["plots"] = make_plots(runs, alpha, img_dir, doc_dir)
+    rel = os.path.relpath(img_dir, doc_dir).replace(os.sep, "/")
+    sections = render_sections(runs, alpha, rel, plots=not args.no_plots)
 
     if args.stdout:
         for k in SECTIONS:
             if k in sections:
                 print(f"## [{k}]\n{sections[k]}\n")
         return 0
-    with open(doc_path) as f:
+    if plt is not None:
+        make_plots(plt, runs, alpha, img_dir)
+    with open(doc_path, encoding="utf-8") as f:
         doc = f.read()
     for k in SECTIONS:
         if k in sections:
             doc = replace_section(doc, k, sections[k])
-    with open(doc_path, "w") as f:
+    with open(doc_path, "w", encoding="utf-8") as f:
         f.write(doc)
     print(f"report.py: updated {doc_path}" + ("" if args.no_plots else f" (plots under {img_dir})"))
     return 0

@@ -2,104 +2,98 @@
 # SPDX-License-Identifier: Apache-2.0
 """@file check_docs.py  The measured numbers in the docs are the stored measurements (ctest docs_in_sync).
 
-1. docs/benchmarks.md: every section bench/report.py generates, the plots section included, is what
-   report.py renders from the stored JSON (docs/data/bench-h100.json, docs/data/alpha-h100.json), byte
-   for byte, and so is every SVG plot in docs/img (rendered into a temporary directory with --img-dir;
-   a committed SVG report.py does not write, or one it writes that is not committed, fails too). A hand
-   edit inside a generated section or a plot, or a JSON replaced without re-running the report, fails.
-2. README.md, "Measured numbers": the provenance sentence (GPU, CUDA, commit, copy bandwidth) and
-   every cell of the FFN table (time, speed-up against the faster of the shape's fp16 and bf16
-   dense FFN, and the dense time in the row label) are recomputed from docs/data/bench-h100.json.
+1. docs/benchmarks.md: every section bench/report.py generates is what report.py renders from the stored
+   JSON (docs/data/bench-h100.json, docs/data/alpha-h100.json): the same text, and every number within
+   the tolerance below. A hand edit inside a generated section, or a JSON replaced without re-running the
+   report, fails.
+2. README.md, "Measured numbers": the provenance line (GPU, CUDA, commit, copy bandwidth) and every cell
+   of the FFN table (time, speed-up against the faster of the shape's fp16 and bf16 dense FFN, and the
+   dense time in the row label) are recomputed from docs/data/bench-h100.json, within the tolerance.
+3. Plots: every SVG an image link of README.md or docs/*.md names exists and is an SVG document
+   (parseable XML, root element <svg>), and every SVG under docs/img is linked from somewhere. The
+   bytes are not compared: they depend on the matplotlib version that drew them, and the numbers they
+   show are the ones checked in 1.
 
+Tolerance: a printed number matches a value if they differ by at most 0.5 % of the value or one unit in
+the last printed digit, whichever is larger (so "42.5" matches 42.55, and "2.65" matches 2.66).
+
+Needs the standard library only (report.py draws the plots with matplotlib, but this check never draws).
 Usage: python3 tests/check_docs.py [--root DIR]   (exit 0: in sync; 1: lists every difference)
 """
 
 import argparse
+import glob
 import os
 import re
-import shutil
-import subprocess
 import sys
-import tempfile
+import xml.etree.ElementTree as ET
 
+REL_TOL = 0.005
 SECTION_RE = re.compile(r"<!-- BEGIN prox-report:(\w+) -->\n(.*?)<!-- END prox-report:\1 -->", re.S)
+# A number standing on its own: not part of a word, a hash, a name such as Qwen3-8B or sm_90, or a version.
+NUMBER_RE = re.compile(r"(?<![\w.])\d+(?:\.\d+)?(?!\w|\.\d)")
+IMAGE_RE = re.compile(r"!\[[^\]]*\]\(([^)\s]+\.svg)\)")
 
 
 def sections(text):
     return {m.group(1): m.group(2) for m in SECTION_RE.finditer(text)}
 
 
-def check_benchmarks_md(root, errors):
-    doc = os.path.join(root, "docs", "benchmarks.md")
-    bench = os.path.join(root, "docs", "data", "bench-h100.json")
-    alpha = os.path.join(root, "docs", "data", "alpha-h100.json")
-    with tempfile.TemporaryDirectory() as tmp:
-        copy = os.path.join(tmp, "benchmarks.md")
-        img = os.path.join(tmp, "img")  # beside the copy, as docs/img is beside the page: same image links
-        shutil.copyfile(doc, copy)
-        r = subprocess.run([sys.executable, os.path.join(root, "bench", "report.py"), "--bench", bench, "--alpha",
-                            alpha, "--doc", copy, "--img-dir", img], capture_output=True, text=True)
-        if r.returncode != 0:
-            errors.append(f"report.py failed ({r.returncode}): {r.stderr.strip()}")
-            return
-        with open(doc, encoding="utf-8") as f:
-            committed = f.read()
-        with open(copy, encoding="utf-8") as f:
-            rendered = f.read()
-        check_plots(root, img, errors)
-    want = sections(rendered)
-    have = sections(committed)
-    if not want:
+def unit(s):
+    """One unit in the last printed digit of the number s ('42.5' -> 0.1, '46' -> 1)."""
+    return 10.0 ** -(len(s) - s.index(".") - 1) if "." in s else 1.0
+
+
+def close(printed, value, value_unit=0.0):
+    """printed (a string) matches value within REL_TOL of value or one unit of its last digit."""
+    return abs(float(printed) - value) <= max(REL_TOL * abs(value), unit(printed), value_unit) * (1 + 1e-9)
+
+
+def split_numbers(text):
+    """(the text with every number replaced by '#' and whitespace collapsed, [the numbers as printed])."""
+    nums = NUMBER_RE.findall(text)
+    return " ".join(NUMBER_RE.sub("#", text).split()), nums
+
+
+def compare_text(where, have, want, errors):
+    """have (committed) against want (rendered): the same words, and the numbers within the tolerance."""
+    hs, hn = split_numbers(have)
+    ws, wn = split_numbers(want)
+    if hs != ws or len(hn) != len(wn):
+        a, b = have.splitlines(), want.splitlines()
+        first = next((i for i in range(max(len(a), len(b)))
+                      if i >= len(a) or i >= len(b) or split_numbers(a[i])[0] != split_numbers(b[i])[0]), 0)
+        errors.append(f"{where}: the text differs from report.py's rendering of the stored JSON; first at line "
+                      f"{first + 1} of the section:\n"
+                      f"    committed: {a[first] if first < len(a) else '<none>'}\n"
+                      f"    rendered:  {b[first] if first < len(b) else '<none>'}")
+        return
+    bad = [(h, w) for h, w in zip(hn, wn) if not close(h, float(w), unit(w))]
+    if bad:
+        shown = ", ".join(f"{h} (stored data: {w})" for h, w in bad[:5]) + (" …" if len(bad) > 5 else "")
+        errors.append(f"{where}: {len(bad)} number(s) differ from the stored JSON beyond the tolerance: {shown}")
+
+
+def check_benchmarks_md(root, report, runs, alpha, errors):
+    with open(os.path.join(root, "docs", "benchmarks.md"), encoding="utf-8") as f:
+        have = sections(f.read())
+    want = report.render_sections(runs, alpha, rel="img")
+    if not have:
         errors.append("docs/benchmarks.md: no generated sections found")
     for name, body in want.items():
-        if have.get(name) != body:
-            a = (have.get(name) or "").splitlines()
-            b = body.splitlines()
-            first = next((i for i in range(max(len(a), len(b))) if i >= len(a) or i >= len(b) or a[i] != b[i]), 0)
-            errors.append(f"docs/benchmarks.md section '{name}' differs from report.py's rendering of the stored "
-                          f"JSON; first difference at line {first + 1} of the section:\n"
-                          f"    committed: {a[first] if first < len(a) else '<none>'}\n"
-                          f"    rendered:  {b[first] if first < len(b) else '<none>'}")
+        if name not in have:
+            errors.append(f"docs/benchmarks.md: no generated section '{name}' (markers "
+                          f"<!-- BEGIN prox-report:{name} --> ... <!-- END prox-report:{name} -->)")
+        else:
+            compare_text(f"docs/benchmarks.md section '{name}'", have[name], body.rstrip() + "\n", errors)
+    for name in have:
+        if name not in want:
+            errors.append(f"docs/benchmarks.md: section '{name}' is not one report.py generates from the stored JSON")
 
 
-def check_plots(root, rendered_dir, errors):
-    """Every SVG report.py rendered into rendered_dir equals docs/img's, byte for byte, and docs/img has no other."""
-    committed_dir = os.path.join(root, "docs", "img")
-    rendered = sorted(n for n in os.listdir(rendered_dir) if n.endswith(".svg"))
-    committed = []
-    if os.path.isdir(committed_dir):
-        committed = sorted(n for n in os.listdir(committed_dir) if n.endswith(".svg"))
-    if not rendered:
-        errors.append("report.py wrote no SVG plot")
-    for name in rendered:
-        path = os.path.join(committed_dir, name)
-        if name not in committed:
-            errors.append(f"docs/img/{name}: missing; report.py renders it from the stored JSON")
-            continue
-        with open(path, "rb") as f:
-            have = f.read()
-        with open(os.path.join(rendered_dir, name), "rb") as f:
-            want = f.read()
-        if have != want:
-            a, b = have.decode("utf-8", "replace").splitlines(), want.decode("utf-8", "replace").splitlines()
-            first = next((i for i in range(max(len(a), len(b))) if i >= len(a) or i >= len(b) or a[i] != b[i]), 0)
-            errors.append(f"docs/img/{name} differs from report.py's rendering of the stored JSON; first difference "
-                          f"at line {first + 1}:\n"
-                          f"    committed: {a[first] if first < len(a) else '<none>'}\n"
-                          f"    rendered:  {b[first] if first < len(b) else '<none>'}")
-    for name in committed:
-        if name not in rendered:
-            errors.append(f"docs/img/{name}: report.py does not write it from the stored JSON (stale plot?)")
-
-
-def check_readme(root, errors):
-    sys.dont_write_bytecode = True  # no __pycache__ in the source tree
-    sys.path.insert(0, os.path.join(root, "bench"))
-    import report  # noqa: E402  (bench/report.py: the same parsing and formatting as the docs)
-
-    run = report.BenchRun(os.path.join(root, "docs", "data", "bench-h100.json"))
+def check_readme(root, report, run, errors):
     ctx = run.context
-    with open(os.path.join(root, "README.md")) as f:
+    with open(os.path.join(root, "README.md"), encoding="utf-8") as f:
         readme = f.read()
     m = re.search(r"## Measured numbers\n(.*?)\n## ", readme, re.S)
     if m is None:
@@ -107,15 +101,20 @@ def check_readme(root, errors):
         return
     text = m.group(1)
     prose = " ".join(text.split())
-    gpu = ctx.get("gpu", "")
     commit = str(ctx.get("prox_commit", ""))[:7]
-    copy = f"copy bandwidth {float(ctx.get('copy_GBps', 0)):.0f} GB/s"
-    for what, needle in (("GPU", gpu), ("commit", f"`{commit}`"), ("copy bandwidth", copy),
-                         ("CUDA version", report.cuda_version(ctx))):
+    for what, needle in (("GPU", ctx.get("gpu", "")), ("commit", f"`{commit}`"), ("CUDA version",
+                                                                                   report.cuda_version(ctx))):
         if not needle or needle not in prose:
             errors.append(f"README.md 'Measured numbers': {what} '{needle}' of docs/data/bench-h100.json not quoted")
+    copy = float(ctx.get("copy_GBps", 0))
+    c = re.search(r"copy bandwidth (\d+(?:\.\d+)?) GB/s", prose)
+    if c is None:
+        errors.append("README.md 'Measured numbers': no 'copy bandwidth N GB/s' in the provenance")
+    elif not close(c.group(1), copy):
+        errors.append(f"README.md 'Measured numbers': copy bandwidth {c.group(1)} GB/s, stored {copy:.0f} GB/s")
 
     row_re = re.compile(r"^\| (Qwen3-[\w.]+) (f16|fp16|bf16)( \(dense ([\d.]+) µs\))? \|(.*)\|\s*$")
+    cell_re = re.compile(r"^\**([\d.]+)\** µs, \**([\d.]+)×\**$")
     rows = 0
     for line in text.splitlines():
         r = row_re.match(line)
@@ -124,29 +123,57 @@ def check_readme(root, errors):
         rows += 1
         model, dtype, dense_label = r.group(1), r.group(2), r.group(4)
         dtype = "f16" if dtype == "fp16" else dtype
-        dense = [run.get("dense_ffn", model, d) for d in report.DTYPES]
-        dense_times = [d["t_us"] for d in dense if d and "t_us" in d]
-        if not dense_times:
-            errors.append(f"README.md row '{model} {dtype}': no dense_ffn in the JSON")
+        where = f"README.md row '{model} {r.group(2)}'"
+        faster = report.faster_dense(run, model)
+        if faster is None:
+            errors.append(f"{where}: no dense_ffn in the JSON")
             continue
-        faster = min(dense_times)
-        if dense_label is not None and dense_label != report.fmt_us(faster):
-            errors.append(f"README.md row '{model} {dtype}': dense {dense_label} µs, JSON {report.fmt_us(faster)} µs "
-                          "(the faster of fp16 and bf16)")
+        if dense_label is not None and not close(dense_label, faster):
+            errors.append(f"{where}: dense {dense_label} µs, stored {faster:.2f} µs (the faster of fp16 and bf16)")
         cells = [c.strip() for c in r.group(5).split("|")]
+        if len(cells) != len(report.TARGETS):
+            errors.append(f"{where}: {len(cells)} cells, expected {len(report.TARGETS)}")
         for e, cell in zip(report.TARGETS, cells):
             b = run.get("prox_ffn", model, dtype, e)
             if b is None:
-                errors.append(f"README.md row '{model} {dtype}' e = {e} %: no prox_ffn in the JSON")
+                errors.append(f"{where} e = {e} %: no prox_ffn in the JSON")
                 continue
-            want = f"{report.fmt_us(b['t_us'])} µs, {report.fmt_x(faster / b['t_us'])}"
-            have = cell.replace("**", "")
-            if have != want:
-                errors.append(f"README.md row '{model} {dtype}' e = {e} %: '{have}', JSON gives '{want}'")
-        if len(cells) != len(report.TARGETS):
-            errors.append(f"README.md row '{model} {dtype}': {len(cells)} cells, expected {len(report.TARGETS)}")
+            p = cell_re.match(cell)
+            if p is None:
+                errors.append(f"{where} e = {e} %: '{cell}' is not 'T µs, S×'")
+                continue
+            t, s = b["t_us"], faster / b["t_us"]
+            for what, printed, value, u in (("time", p.group(1), t, " µs"), ("speed-up", p.group(2), s, "×")):
+                if not close(printed, value):
+                    errors.append(f"{where} e = {e} %: {what} {printed}{u}, docs/data/bench-h100.json gives "
+                                  f"{value:.3f}{u} ({100 * (float(printed) / value - 1):+.1f} %; tolerance 0.5 % "
+                                  "or one unit in the last digit)")
     if rows == 0:
         errors.append("README.md 'Measured numbers': no FFN table rows found")
+
+
+def check_plots(root, errors):
+    linked = set()
+    for doc in [os.path.join(root, "README.md")] + sorted(glob.glob(os.path.join(root, "docs", "*.md"))):
+        with open(doc, encoding="utf-8") as f:
+            links = IMAGE_RE.findall(f.read())
+        for link in links:
+            path = os.path.normpath(os.path.join(os.path.dirname(doc), link))
+            linked.add(path)
+            name = os.path.relpath(doc, root)
+            if not os.path.isfile(path):
+                errors.append(f"{name}: image {link} does not exist")
+                continue
+            try:
+                tag = ET.parse(path).getroot().tag
+            except ET.ParseError as e:
+                errors.append(f"{name}: image {link} is not well-formed XML ({e})")
+                continue
+            if tag not in ("svg", "{http://www.w3.org/2000/svg}svg"):
+                errors.append(f"{name}: image {link} is not an SVG document (root element {tag})")
+    for path in sorted(glob.glob(os.path.join(root, "docs", "img", "*.svg"))):
+        if os.path.normpath(path) not in linked:
+            errors.append(f"{os.path.relpath(path, root)}: no document links it (stale plot?)")
 
 
 def main():
@@ -154,15 +181,22 @@ def main():
     ap.add_argument("--root", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
     args = ap.parse_args()
     root = os.path.abspath(args.root)
+    sys.dont_write_bytecode = True  # no __pycache__ in the source tree
+    sys.path.insert(0, os.path.join(root, "bench"))
+    import report  # noqa: E402  (bench/report.py: the same parsing and formatting as the docs; no matplotlib)
+
+    run = report.BenchRun(os.path.join(root, "docs", "data", "bench-h100.json"))
+    alpha = report.load_alpha(os.path.join(root, "docs", "data", "alpha-h100.json"), None)
     errors = []
-    check_benchmarks_md(root, errors)
-    check_readme(root, errors)
+    check_benchmarks_md(root, report, [run], alpha, errors)
+    check_readme(root, report, run, errors)
+    check_plots(root, errors)
     for e in errors:
         print(f"check_docs: {e}")
     if errors:
         print(f"check_docs: {len(errors)} difference(s); re-run bench/report.py or fix the quoted figures")
         return 1
-    print("check_docs: docs/benchmarks.md, its SVG plots and README.md match docs/data")
+    print("check_docs: docs/benchmarks.md and README.md match docs/data; every linked SVG plot is an SVG")
     return 0
 
 

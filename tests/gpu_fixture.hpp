@@ -17,6 +17,8 @@
 #include <prox/activation.cuh>
 #include <prox/int4_format.hpp>
 #include <prox/layout.cuh>
+#include <prox/proxy_gemv.cuh>
+#include <prox/sparse_ffn.cuh>
 
 #include "common.hpp"
 #include "reference/reference.hpp"
@@ -115,6 +117,31 @@ struct DeviceLayer {
   DeviceBuffer<std::uint32_t> qg, qu;
   DeviceBuffer<float> sg, su;
 };
+
+//! The proxies of a device layer in a Stage-1 argument struct: INT4 packs with their scales, or the
+//! input-major fp16/bf16 copies (A1).
+template <class T>
+void set_proxy_weights(prox::ProxyGemvArgs<T, prox::Int4Weights>& a, const DeviceLayer<T>& D) {
+  a.gate = {D.qg.get(), D.sg.get()};
+  a.up = {D.qu.get(), D.su.get()};
+}
+template <class T>
+void set_proxy_weights(prox::ProxyGemvArgs<T, prox::DenseWeights<T>>& a, const DeviceLayer<T>& D) {
+  a.gate = {D.wg_t.get(), nullptr};
+  a.up = {D.wu_t.get(), nullptr};
+}
+
+//! The weights of a device layer for a SparseFfn with INT4 proxies (members by name).
+template <class A, class T>
+typename prox::SparseFfn<T, A>::Weights ffn_weights(const DeviceLayer<T>& D) {
+  typename prox::SparseFfn<T, A>::Weights w;
+  w.gate = D.wg.get();
+  w.up = D.wu.get();
+  w.down_t = D.wdt.get();
+  w.proxy_gate = {D.qg.get(), D.sg.get()};
+  w.proxy_up = {D.qu.get(), D.su.get()};
+  return w;
+}
 
 //! |v| quantile as the calibration defines it: sorted magnitudes a, tau = a[floor(s n)] (as float).
 inline float quantile_abs(const std::vector<double>& v, double s) {

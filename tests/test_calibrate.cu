@@ -3,7 +3,7 @@
 //! exact quantiles (below and beyond the reservoir capacity, via the same sample priorities), ties
 //! and unreachable targets, histogram totals and bin placement, NaN/Inf accounting, Status
 //! returns, and calibrate_layer() against the float64 Stage-1 reference and the runtime counters.
-#include <catch2/catch.hpp>
+#include "catch.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -502,7 +502,12 @@ TEMPLATE_TEST_CASE("calibrate: calibrate_layer realizes s1 and s2 on its samples
   DeviceBuffer<std::uint32_t> dqg(qg), dqu(qu);
   DeviceBuffer<float> dsg(sg), dsu(su), ds_proxy(static_cast<std::size_t>(batch) * N);
   prox::SparseFfn<T> ffn;
-  typename prox::SparseFfn<T>::Weights w{dwg.get(), dwu.get(), dwdt.get(), dqg.get(), dqu.get(), dsg.get(), dsu.get()};
+  typename prox::SparseFfn<T>::Weights w;
+  w.gate = dwg.get();
+  w.up = dwu.get();
+  w.down_t = dwdt.get();
+  w.proxy_gate = {dqg.get(), dsg.get()};
+  w.proxy_up = {dqu.get(), dsu.get()};
   PROX_TEST_OK(ffn.plan({K, N, 0.0f, 0.0f}, w));
   DeviceBuffer<unsigned char> ws(ffn.workspace_bytes());
   PROX_TEST_OK(prox::initialize_workspace(ws.get(), ws.size(), nullptr));
@@ -575,7 +580,7 @@ TEMPLATE_TEST_CASE("calibrate: calibrate_layer realizes s1 and s2 on its samples
 
 TEST_CASE("calibrate: calibrate_layer validates before running", "[calibrate][gpu]") {
   prox::SparseFfn<__half> unplanned;
-  typename prox::SparseFfn<__half>::Weights w{};
+  typename prox::SparseFfn<__half>::Weights w;
   Calibrator c;
   DeviceBuffer<__half> dx(256);
   DeviceBuffer<float> ds(512);
@@ -584,4 +589,73 @@ TEST_CASE("calibrate: calibrate_layer validates before running", "[calibrate][gp
   calib::LayerCalibration lc;
   CHECK(calib::calibrate_layer(unplanned, w, a, c.cal, nullptr, &lc) == Status::kErrorNotPlanned);
   CHECK(calib::calibrate_layer(unplanned, w, a, c.cal, nullptr, nullptr) == Status::kErrorNullPointer);
+}
+
+TEST_CASE("calibrate: calibrate_layer keeps every plan option of the layer", "[calibrate][gpu][safety]") {
+  // Before, its re-plans kept only the policies and PDL: a layer planned unfused (because cooperative
+  // launches fail on the engine's platform), with clusters or without the spread, came back fused and
+  // with the defaults.
+  using T = __half;
+  using Ffn = prox::SparseFfn<T>;
+  const int K = 512, N = 1024, tokens = 8;
+  const auto wg = prox_test::random_vector<T>(static_cast<std::size_t>(N) * K, 91, 0.06);
+  const auto wu = prox_test::random_vector<T>(static_cast<std::size_t>(N) * K, 92, 0.06);
+  const auto wdt = prox_test::random_vector<T>(static_cast<std::size_t>(N) * K, 93, 0.04);
+  std::vector<std::uint32_t> qg(prox::int4::packed_words(K, N)), qu(qg.size());
+  std::vector<float> sg(N), su(N);
+  PROX_TEST_OK(prox::int4::pack_host(wg.data(), K, N, qg.data(), sg.data()));
+  PROX_TEST_OK(prox::int4::pack_host(wu.data(), K, N, qu.data(), su.data()));
+  const auto x = prox_test::random_vector<T>(static_cast<std::size_t>(tokens) * K, 94);
+  DeviceBuffer<T> dwg(wg), dwu(wu), dwdt(wdt), dx(x);
+  DeviceBuffer<std::uint32_t> dqg(qg), dqu(qu);
+  DeviceBuffer<float> dsg(sg), dsu(su), ds_proxy(static_cast<std::size_t>(tokens) * N);
+  Ffn::Weights w;
+  w.gate = dwg.get();
+  w.up = dwu.get();
+  w.down_t = dwdt.get();
+  w.proxy_gate = {dqg.get(), dsg.get()};
+  w.proxy_up = {dqu.get(), dsu.get()};
+  for (const bool fuse : {false, true}) {
+    Ffn::PlanOptions o;
+    o.fuse_stage2 = fuse;
+    o.pdl = false;
+    o.cluster = true;
+    o.spread = false;
+    o.cooperative = false;
+    o.choice.proxy = 2;
+    if (fuse) {
+      o.choice.glu_down = 2;
+    } else {
+      o.choice.glu = 1;
+      o.choice.down = 2;
+    }
+    Ffn ffn;
+    PROX_TEST_OK(ffn.plan({K, N, 0.0f, 0.0f}, w, o));
+    DeviceBuffer<unsigned char> ws(Ffn::workspace_bytes(K, N));  // never initialized: calibrate_layer does
+    PROX_TEST_CUDA(cudaMemset(ws.get(), 0xEE, ws.size()));
+    Calibrator c;
+    calib::LayerCalibrationArgs<T> a{dx.get(), tokens, {0.3, 0.7}, ws.get(), ws.size(), ds_proxy.get(), tokens};
+    calib::LayerCalibration lc;
+    REQUIRE(calib::calibrate_layer(ffn, w, a, c.cal, nullptr, &lc) == Status::kSuccess);
+    const Ffn::PlanOptions& k = ffn.plan_options();
+    CAPTURE(fuse);
+    CHECK(ffn.planned());
+    CHECK(k.fuse_stage2 == fuse);
+    CHECK(ffn.fused_stage2() == fuse);
+    CHECK(k.pdl == false);
+    CHECK(k.cluster == true);
+    CHECK(k.spread == false);
+    CHECK(k.cooperative == false);
+    CHECK(k.choice.proxy == 2);
+    CHECK(k.choice.glu_down == (fuse ? 2 : -1));
+    CHECK(k.choice.glu == (fuse ? -1 : 1));
+    CHECK(k.choice.down == (fuse ? -1 : 2));
+    CHECK(ffn.config().tau_x == lc.tau_x);
+    CHECK(ffn.config().tau_s == lc.tau_s);
+    // The s~ it calibrated on were real values (the workspace was initialized, not NaN-flagged).
+    Status ws_status = Status::kSuccess;
+    PROX_TEST_OK(prox::read_workspace_status(ws.get(), nullptr, &ws_status));
+    CHECK(ws_status == Status::kSuccess);
+    CHECK(lc.s.reservoir == static_cast<std::size_t>(tokens) * N);
+  }
 }

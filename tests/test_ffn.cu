@@ -2,13 +2,16 @@
 //! @file test_ffn.cu  The whole Prox FFN (SparseFfn) on the GPU against the float64 reference:
 //! Stage 1's channel set, Stage 2 on that set, every policy combination on a small shape, Qwen3
 //! shapes, boundary densities, CUDA-graph capture and replay on new inputs, determinism, bad input.
-#include <catch2/catch.hpp>
+#include "catch.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <prox/prox.cuh>
@@ -21,23 +24,25 @@ using prox_ref::Act;
 
 namespace {
 
+//! The fused Stage-2 policy the L4 rule picks for a shape (dispatch.cuh).
+template <class T, class A>
+int fused_default(int K, int N) {
+  prox::DeviceInfo dev;
+  PROX_TEST_OK(prox::query_device(&dev));
+  prox::GluDownGemvArgs<T> a;
+  a.d_model = K;
+  a.d_ff = N;
+  return prox::default_policy(prox::GluDownGemvOp<T, A>{}, dev, a);
+}
+
 //! A planned SparseFfn over a synthetic layer, with its buffers.
 template <class T, class A>
 struct FfnRig {
   using Ffn = prox::SparseFfn<T, A>;
-  FfnRig(int K, int N, std::uint64_t seed) : L(make_host_layer<T>(K, N, seed)), D(L), x(K), y(K), cnt(1) {}
+  FfnRig(int K, int N, std::uint64_t seed)
+      : L(make_host_layer<T>(K, N, seed)), D(L), x(K), y(K), cnt(1), dmask(N / 32) {}
 
-  typename Ffn::Weights weights() const {
-    typename Ffn::Weights w;
-    w.w_gate = D.wg.get();
-    w.w_up = D.wu.get();
-    w.w_down_t = D.wdt.get();
-    w.proxy_gate = D.qg.get();
-    w.proxy_up = D.qu.get();
-    w.proxy_scale_gate = D.sg.get();
-    w.proxy_scale_up = D.su.get();
-    return w;
-  }
+  typename Ffn::Weights weights() const { return ffn_weights<A>(D); }
 
   //! Thresholds that give (s1, s2) on token `xt` (exact quantiles of the reference's values).
   std::pair<float, float> thresholds(const std::vector<T>& xt, double s1, double s2) const {
@@ -56,17 +61,27 @@ struct FfnRig {
     o.fuse_stage2 = fuse;
     o.cluster = cluster;
     PROX_TEST_OK(ffn.plan({L.K, L.N, tau_x, tau_s}, weights(), o));
+    // The workspace size is a function of the shape alone: every plan of it fits.
+    REQUIRE(ffn.workspace_bytes() == Ffn::workspace_bytes(L.K, L.N));
     if (ws.bytes() < ffn.workspace_bytes()) {
-      REQUIRE(init);  // workspace_bytes() covers every policy: a re-plan never needs more
+      REQUIRE(init);
       ws = DeviceBuffer<char>(ffn.workspace_bytes());
     }
     if (init) PROX_TEST_OK(prox::initialize_workspace(ws.get(), ws.bytes(), nullptr));
   }
 
+  //! run() with the channel mask (and counters, when given) as outputs.
+  prox::Status run(cudaStream_t stream = nullptr, prox::SparsityCounters* counters = nullptr) {
+    typename Ffn::Outputs out;
+    out.channel_mask = dmask.get();
+    out.counters = counters;
+    return ffn.run(x.get(), y.get(), ws.get(), ws.bytes(), stream, out);
+  }
+
   //! Run the planned layer on the uploaded x: y's bits, then the channel mask.
   std::vector<std::uint32_t> run_bits() {
     y.poison();
-    REQUIRE(ffn.run(x.get(), y.get(), ws.get(), ws.bytes(), nullptr) == prox::Status::kSuccess);
+    REQUIRE(run() == prox::Status::kSuccess);
     PROX_TEST_CUDA(cudaDeviceSynchronize());
     std::vector<std::uint32_t> out;
     for (T v : y.download()) out.push_back(bits16(v));
@@ -74,16 +89,13 @@ struct FfnRig {
     return out;
   }
 
-  std::vector<std::uint32_t> mask() const {
-    std::vector<std::uint32_t> m(L.N / 32);
-    PROX_TEST_CUDA(cudaMemcpy(m.data(), ws.get() + ffn.mask_offset(), m.size() * 4, cudaMemcpyDeviceToHost));
-    return m;
-  }
+  std::vector<std::uint32_t> mask() const { return dmask.download(); }
 
   HostLayer<T> L;
   DeviceLayer<T> D;
   DeviceBuffer<T> x, y;
   DeviceBuffer<prox::SparsityCounters> cnt;
+  DeviceBuffer<std::uint32_t> dmask;  //!< the channel-mask output of run()
   DeviceBuffer<char> ws;
   Ffn ffn;
 };
@@ -96,7 +108,8 @@ std::vector<T> check_token(FfnRig<T, A>& r, const std::vector<T>& xt, const char
   r.x.upload(xt);
   r.y.poison();
   PROX_TEST_CUDA(cudaMemset(r.cnt.get(), 0, sizeof(prox::SparsityCounters)));
-  REQUIRE(r.ffn.run(r.x.get(), r.y.get(), r.ws.get(), r.ws.bytes(), nullptr, r.cnt.get()) == prox::Status::kSuccess);
+  r.dmask.poison();
+  REQUIRE(r.run(nullptr, r.cnt.get()) == prox::Status::kSuccess);
   PROX_TEST_CUDA(cudaDeviceSynchronize());
   const auto dxv = prox_ref::to_double(xt);
   const auto st1 =
@@ -125,7 +138,7 @@ std::vector<T> check_token(FfnRig<T, A>& r, const std::vector<T>& xt, const char
       (r.ffn.fused_stage2() ? "fused" + std::to_string(ch.glu_down)
                             : std::to_string(ch.glu) + "/" + std::to_string(ch.down))
           .c_str(),
-      int(r.ffn.uses_pdl()),
+      int(r.ffn.plan_options().pdl),
       st1.kept.size(), c.selected_gpu, c.ambiguous, c.ambiguous_flipped, c.mismatches, worst,
       den > 0 ? std::sqrt(num / den) : 0.0);
   CAPTURE(label, K, N, ch.proxy, ch.glu, ch.down, ch.glu_down, r.ffn.fused_stage2());
@@ -145,7 +158,7 @@ void ffn_shape(int K, int N, std::uint64_t seed, bool boundaries, int tokens = 2
   const auto [tx, ts] = r.thresholds(x0, 0.55, 0.70);
   r.plan(tx, ts);
   // Without a choice, plan() takes the fused Stage-2 policy of the shape's rule (320 threads at K = 2520).
-  CHECK(r.ffn.choice().glu_down == prox::glu_down_gemv::default_policy<prox::GluDownGemvPolicies>(K));
+  CHECK(r.ffn.choice().glu_down == fused_default<T, A>(K, N));
   for (int t = 0; t < tokens; ++t) check_token(r, t == 0 ? x0 : normal_vector<T>(K, seed + 200 + t, 1.0), "e60");
   if (boundaries) {
     r.plan(0.0f, 0.0f);  // density 1: every input, every channel (the dense FFN)
@@ -169,7 +182,7 @@ TEMPLATE_TEST_CASE("Prox FFN: small and odd shapes, both activations, boundary d
   ffn_shape<T, prox::SiLU>(1000, 2016, 4, false);
   // 315 pieces a row: the default fused Stage 2 is the 320-thread candidate (glu_down_gemv::default_policy).
   STATIC_REQUIRE(prox::PolicyAt<1, prox::GluDownGemvPolicies>::kThreads == 320);
-  CHECK(prox::glu_down_gemv::default_policy<prox::GluDownGemvPolicies>(2520) == 1);
+  CHECK((fused_default<T, prox::GeluTanh>(2520, 608)) == 1);
   ffn_shape<T, prox::GeluTanh>(2520, 608, 8, false, 1);
 }
 
@@ -253,7 +266,7 @@ TEST_CASE("Prox FFN: deterministic, PDL on and off bit-identical", "[ffn][gpu][d
   int differing = 0;
   for (int rep = 0; rep < 20; ++rep) {
     r.y.poison();
-    REQUIRE(r.ffn.run(r.x.get(), r.y.get(), r.ws.get(), r.ws.bytes(), nullptr) == prox::Status::kSuccess);
+    REQUIRE(r.run() == prox::Status::kSuccess);
     PROX_TEST_CUDA(cudaDeviceSynchronize());
     const auto y = r.y.download();
     const auto m = r.mask();
@@ -270,7 +283,7 @@ TEST_CASE("Prox FFN: deterministic, PDL on and off bit-identical", "[ffn][gpu][d
   CHECK(differing == 0);
   r.plan(tx, ts, {}, /*pdl=*/false);
   r.y.poison();
-  REQUIRE(r.ffn.run(r.x.get(), r.y.get(), r.ws.get(), r.ws.bytes(), nullptr) == prox::Status::kSuccess);
+  REQUIRE(r.run() == prox::Status::kSuccess);
   PROX_TEST_CUDA(cudaDeviceSynchronize());
   const auto y_nopdl = r.y.download();
   int diff = 0;
@@ -290,7 +303,7 @@ TEST_CASE("Prox FFN: captured in a CUDA graph and replayed on new inputs", "[ffn
   cudaGraph_t graph;
   cudaGraphExec_t exec;
   PROX_TEST_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  const prox::Status st = r.ffn.run(r.x.get(), r.y.get(), r.ws.get(), r.ws.bytes(), stream, r.cnt.get());
+  const prox::Status st = r.run(stream, r.cnt.get());
   PROX_TEST_CUDA(cudaStreamEndCapture(stream, &graph));
   REQUIRE(st == prox::Status::kSuccess);
   std::size_t nodes = 0;
@@ -309,7 +322,7 @@ TEST_CASE("Prox FFN: captured in a CUDA graph and replayed on new inputs", "[ffn
     const auto y_graph = r.y.download();
     const auto m = r.mask();
     // The same token through a direct run gives the same bits.
-    REQUIRE(r.ffn.run(r.x.get(), r.y.get(), r.ws.get(), r.ws.bytes(), stream) == prox::Status::kSuccess);
+    REQUIRE(r.run(stream) == prox::Status::kSuccess);
     PROX_TEST_CUDA(cudaStreamSynchronize(stream));
     const auto y_direct = r.y.download();
     int diff = 0;
@@ -351,11 +364,19 @@ TEST_CASE("Prox FFN: bad input gets a Status before any launch", "[ffn][gpu][sta
   CHECK(f.plan({0, 96, 0.1f, 0.1f}, w) == prox::Status::kErrorInvalidShape);
   CHECK(f.plan({204, 96, 0.1f, 0.1f}, w) == prox::Status::kErrorInvalidShape);
   auto w2 = w;
-  w2.proxy_scale_up = nullptr;
+  w2.proxy_up.scales = nullptr;
   CHECK(f.plan({200, 96, 0.1f, 0.1f}, w2) == prox::Status::kErrorNullPointer);
   w2 = w;
-  w2.w_down_t = w.w_down_t + 1;
+  w2.down_t = w.down_t + 1;
   CHECK(f.plan({200, 96, 0.1f, 0.1f}, w2) == prox::Status::kErrorMisalignedPointer);
+  w2 = w;
+  w2.proxy_gate.packed = nullptr;
+  CHECK(f.plan({200, 96, 0.1f, 0.1f}, w2) == prox::Status::kErrorNullPointer);
+  Ffn::Config bad_taus{200, 96, 0.1f, 0.1f};
+  bad_taus.thresholds = reinterpret_cast<const float*>(r.D.sg.get()) + 0;
+  CHECK(f.plan(bad_taus, w) == prox::Status::kSuccess);  // a device threshold pair is accepted
+  bad_taus.thresholds = reinterpret_cast<const float*>(reinterpret_cast<const char*>(r.D.sg.get()) + 2);
+  CHECK(f.plan(bad_taus, w) == prox::Status::kErrorMisalignedPointer);
   CHECK(f.run(r.x.get(), r.y.get(), nullptr, 0, nullptr) ==
         prox::Status::kErrorNotPlanned);  // failed plans leave it unplanned
   REQUIRE(f.plan({200, 96, 0.1f, 0.1f}, w) == prox::Status::kSuccess);
@@ -365,6 +386,322 @@ TEST_CASE("Prox FFN: bad input gets a Status before any launch", "[ffn][gpu][sta
   CHECK(f.run(r.x.get(), r.y.get(), ws.get(), ws.bytes() - 1, nullptr) == prox::Status::kErrorWorkspaceTooSmall);
   CHECK(f.run(r.x.get() + 1, r.y.get(), ws.get(), ws.bytes(), nullptr) == prox::Status::kErrorMisalignedPointer);
   CHECK(f.run(r.x.get(), nullptr, ws.get(), ws.bytes(), nullptr) == prox::Status::kErrorNullPointer);
+  Ffn::Outputs out;
+  out.s = reinterpret_cast<float*>(reinterpret_cast<char*>(r.dmask.get()) + 2);
+  CHECK(f.run(r.x.get(), r.y.get(), ws.get(), ws.bytes(), nullptr, out) == prox::Status::kErrorMisalignedPointer);
   PROX_TEST_CUDA(cudaDeviceSynchronize());
   for (__half v : r.y.download()) CHECK(bits16(v) == 0x5A5Au);
+}
+
+// ======================================================================== integrator safety
+// Each case below failed on f7ef040 (the fused Stage 2 hung on a dirty workspace; SparseFfn had no
+// outputs, no device thresholds, an aggregate Weights of void pointers, and kept a rejected config).
+
+TEST_CASE("Prox FFN: Weights has named, typed members and no positional initialization", "[ffn][gpu][safety]") {
+  using Ffn = prox::SparseFfn<__half, prox::SiLU>;
+  STATIC_REQUIRE(!std::is_aggregate_v<Ffn::Weights>);
+  STATIC_REQUIRE(std::is_same_v<decltype(Ffn::Weights::gate), const __half*>);
+  STATIC_REQUIRE(std::is_same_v<decltype(Ffn::Weights::proxy_gate.packed), const std::uint32_t*>);
+  STATIC_REQUIRE(std::is_same_v<decltype(Ffn::Weights::proxy_up.scales), const float*>);
+  // A dense-proxy layer's proxies are typed as its own element type.
+  using Dense = prox::SparseFfn<__half, prox::SiLU, prox::DenseWeights<__half>>;
+  STATIC_REQUIRE(std::is_same_v<decltype(Dense::Weights::proxy_gate.w), const __half*>);
+}
+
+TEMPLATE_TEST_CASE("Prox FFN: a never-initialized or foreign workspace completes, gives the exact dense y, "
+                   "is flagged, and is clean for the next run",
+                   "[ffn][gpu][safety][workspace]", __half, __nv_bfloat16) {
+  using T = TestType;
+  using A = prox::SiLU;
+  const int K = 1032, N = 2080;
+  for (const bool fuse : {true, false}) {
+    FfnRig<T, A> r(K, N, 70 + fuse);
+    const auto x0 = normal_vector<T>(K, 7001, 1.0);
+    const auto [tx, ts] = r.thresholds(x0, 0.55, 0.70);
+    r.x.upload(x0);
+    r.plan(tx, ts, {}, true, fuse);  // initialized: the reference run
+    const auto clean = r.run_bits();
+    const auto dxv = prox_ref::to_double(x0);
+    const auto dense = prox_ref::stage2(dxv, r.L.dwg, r.L.dwu, r.L.dwdt, K, N, std::vector<std::uint8_t>(N, 1),
+                                        ref_act<A>());
+    // Garbage a workspace can hold: never initialized (all ones), random bytes, and the state another
+    // layer shape left behind (a workspace initialized and run at 2048 x 4096).
+    FfnRig<T, A> other(2048, 4096, 79);
+    other.x.upload(normal_vector<T>(2048, 7901, 1.0));
+    for (int kind = 0; kind < 3; ++kind) {
+      CAPTURE(fuse, kind, prox::DTypeTraits<T>::kName);
+      if (kind == 0) PROX_TEST_CUDA(cudaMemset(r.ws.get(), 0xFF, r.ws.bytes()));
+      if (kind == 1) {
+        std::vector<char> junk(r.ws.bytes());
+        FastNormal g(7100);
+        for (auto& c : junk) c = static_cast<char>(static_cast<int>(g() * 97.0) & 0xff);
+        r.ws.upload(junk);
+      }
+      if (kind == 2) {
+        const auto [ox, os] = other.thresholds(normal_vector<T>(2048, 7901, 1.0), 0.5, 0.7);
+        PROX_TEST_OK(other.ffn.plan({2048, 4096, ox, os}, other.weights()));
+        DeviceBuffer<char> shared(std::max(r.ws.bytes(), other.ffn.workspace_bytes()));
+        PROX_TEST_OK(prox::initialize_workspace(shared.get(), shared.bytes(), nullptr));
+        for (int i = 0; i < 2; ++i)
+          REQUIRE(other.ffn.run(other.x.get(), other.y.get(), shared.get(), shared.bytes(), nullptr) ==
+                  prox::Status::kSuccess);
+        PROX_TEST_CUDA(cudaDeviceSynchronize());
+        r.ws = std::move(shared);
+      }
+      // First run: completes (no hang), every channel selected, y = the exact dense FFN, flagged.
+      const auto first = r.run_bits();
+      prox::Status st = prox::Status::kSuccess;
+      PROX_TEST_OK(prox::read_workspace_status(r.ws.get(), nullptr, &st));
+      CHECK(st == prox::Status::kErrorDirtyWorkspace);
+      int all_ones = 0;
+      for (int w = 0; w < N / 32; ++w) all_ones += first[K + w] == 0xffffffffu;
+      CHECK(all_ones == N / 32);
+      std::vector<T> y_first(K);
+      for (int k = 0; k < K; ++k) {
+        const std::uint16_t b = static_cast<std::uint16_t>(first[k]);
+        std::memcpy(&y_first[k], &b, 2);
+      }
+      CHECK(count_out_of_bound(y_first, dense.y) == 0);
+      // The run left the workspace clean: the next runs are sparse and bit-identical to the run on an
+      // initialized workspace.
+      CHECK(r.run_bits() == clean);
+      CHECK(r.run_bits() == clean);
+      PROX_TEST_OK(prox::initialize_workspace(r.ws.get(), r.ws.bytes(), nullptr));  // clears the flag
+      PROX_TEST_OK(prox::read_workspace_status(r.ws.get(), nullptr, &st));
+      CHECK(st == prox::Status::kSuccess);
+      CHECK(r.run_bits() == clean);
+      PROX_TEST_OK(prox::read_workspace_status(r.ws.get(), nullptr, &st));
+      CHECK(st == prox::Status::kSuccess);
+    }
+  }
+}
+
+TEST_CASE("Ops alone on a never-initialized workspace: no hang, NaN or all-channel output, flagged",
+          "[stage2][gludown][gpu][safety][workspace]") {
+  using T = __half;
+  using A = prox::SiLU;
+  const int K = 1032, N = 2080;
+  const Stage2Case<T> c2(K, N, 81);
+  DeviceBuffer<float> ds(N);
+  DeviceBuffer<T> dy(K);
+  DeviceBuffer<std::uint32_t> dmask(flags_to_mask(random_flags(N, 0.3, 82)));
+  prox::GluDownGemvArgs<T> f;
+  f.x = c2.dx.get();
+  f.d_model = K;
+  f.d_ff = N;
+  f.w_gate = c2.D.wg.get();
+  f.w_up = c2.D.wu.get();
+  f.w_down_t = c2.D.wdt.get();
+  f.channel_mask = dmask.get();
+  f.s = ds.get();
+  f.y = dy.get();
+  using Fused = prox::GluDownGemvOp<T, A>;
+  prox::Operator<Fused> op;
+  REQUIRE(op.initialize(f) == prox::Status::kSuccess);
+  DeviceBuffer<char> ws(prox::Operator<Fused>::workspace_bytes(f));
+  for (int rep = 0; rep < 2; ++rep) {  // stays flagged (and harmless) until initialize_workspace()
+    PROX_TEST_CUDA(cudaMemset(ws.get(), 0xA7, ws.bytes()));
+    dy.poison(0x11);
+    REQUIRE(op.run(f, ws.get(), ws.bytes(), nullptr) == prox::Status::kSuccess);
+    PROX_TEST_CUDA(cudaDeviceSynchronize());  // returns: no block waits on the barrier
+    int nan = 0;
+    for (T v : dy.download()) nan += std::isnan(prox::to_float(v));
+    CHECK(nan == K);
+    prox::Status st = prox::Status::kSuccess;
+    PROX_TEST_OK(prox::read_workspace_status(ws.get(), nullptr, &st));
+    CHECK(st == prox::Status::kErrorDirtyWorkspace);
+  }
+  PROX_TEST_OK(prox::initialize_workspace(ws.get(), ws.bytes(), nullptr));
+  REQUIRE(op.run(f, ws.get(), ws.bytes(), nullptr) == prox::Status::kSuccess);
+  PROX_TEST_CUDA(cudaDeviceSynchronize());
+  int nan = 0;
+  for (T v : dy.download()) nan += std::isnan(prox::to_float(v));
+  CHECK(nan == 0);
+
+  // Stage 1 alone: every channel selected, s~ NaN, flagged.
+  using Proxy = prox::ProxyGemvOp<T, A>;
+  prox::ProxyGemvArgs<T> p;
+  p.x = c2.dx.get();
+  p.d_model = K;
+  p.d_ff = N;
+  p.tau_x = 0.5f;
+  p.tau_s = 0.1f;
+  set_proxy_weights(p, c2.D);
+  p.channel_mask = dmask.get();
+  p.s_proxy = ds.get();
+  prox::Operator<Proxy> pop;
+  REQUIRE(pop.initialize(p) == prox::Status::kSuccess);
+  DeviceBuffer<char> pws(prox::Operator<Proxy>::workspace_bytes(p));
+  PROX_TEST_CUDA(cudaMemset(pws.get(), 0x3C, pws.bytes()));
+  REQUIRE(pop.run(p, pws.get(), pws.bytes(), nullptr) == prox::Status::kSuccess);
+  PROX_TEST_CUDA(cudaDeviceSynchronize());
+  for (std::uint32_t w : dmask.download()) CHECK(w == 0xffffffffu);
+  int s_nan = 0;
+  for (float v : ds.download()) s_nan += std::isnan(v);
+  CHECK(s_nan == N);
+  prox::Status st = prox::Status::kSuccess;
+  PROX_TEST_OK(prox::read_workspace_status(pws.get(), nullptr, &st));
+  CHECK(st == prox::Status::kErrorDirtyWorkspace);
+
+  // The down GEMV alone: y NaN, flagged.
+  using Down = prox::DownGemvOp<T>;
+  prox::DownGemvArgs<T> d;
+  d.s = ds.get();
+  d.channel_mask = dmask.get();
+  d.w_down_t = c2.D.wdt.get();
+  d.d_model = K;
+  d.d_ff = N;
+  d.y = dy.get();
+  prox::Operator<Down> dop;
+  REQUIRE(dop.initialize(d) == prox::Status::kSuccess);
+  DeviceBuffer<char> dws(prox::Operator<Down>::workspace_bytes(d));
+  PROX_TEST_CUDA(cudaMemset(dws.get(), 0x00, dws.bytes()));  // zeroed but no header: not initialized
+  REQUIRE(dop.run(d, dws.get(), dws.bytes(), nullptr) == prox::Status::kSuccess);
+  PROX_TEST_CUDA(cudaDeviceSynchronize());
+  int y_nan = 0;
+  for (T v : dy.download()) y_nan += std::isnan(prox::to_float(v));
+  CHECK(y_nan == K);
+  PROX_TEST_OK(prox::read_workspace_status(dws.get(), nullptr, &st));
+  CHECK(st == prox::Status::kErrorDirtyWorkspace);
+}
+
+TEST_CASE("Prox FFN: a failed re-plan leaves the object unplanned, with no stale config", "[ffn][gpu][safety]") {
+  using Ffn = prox::SparseFfn<__half, prox::SiLU>;
+  FfnRig<__half, prox::SiLU> r(200, 96, 13);
+  r.plan(0.1f, 0.1f);
+  REQUIRE(r.ffn.planned());
+  REQUIRE(r.run() == prox::Status::kSuccess);
+  // A re-plan with a NaN threshold fails: nothing of the old or the rejected plan remains.
+  CHECK(r.ffn.plan({200, 96, 0.1f, std::numeric_limits<float>::quiet_NaN()}, r.weights()) ==
+        prox::Status::kErrorInvalidThreshold);
+  CHECK(!r.ffn.planned());
+  CHECK(r.ffn.workspace_bytes() == 0u);
+  CHECK(r.ffn.config().d_model == 0);
+  CHECK(r.ffn.config().tau_s == 0.0f);
+  CHECK(r.run() == prox::Status::kErrorNotPlanned);
+  // Also when the failure comes from the choice (a policy index past the list).
+  r.plan(0.1f, 0.1f);
+  Ffn::PlanOptions o;
+  o.choice.glu_down = Ffn::GluDownPolicies::kSize;
+  CHECK(r.ffn.plan({200, 96, 0.1f, 0.1f}, r.weights(), o) == prox::Status::kErrorInvalidArgument);
+  CHECK(!r.ffn.planned());
+  CHECK(r.run() == prox::Status::kErrorNotPlanned);
+}
+
+TEMPLATE_TEST_CASE("Prox FFN: the channel set, s~ and s are optional outputs of run()", "[ffn][gpu][safety]",
+                   __half, __nv_bfloat16) {
+  using T = TestType;
+  using A = prox::GeluTanh;
+  const int K = 520, N = 1056;
+  for (const bool fuse : {true, false}) {
+    FfnRig<T, A> r(K, N, 90 + fuse);
+    const auto x0 = normal_vector<T>(K, 9001, 1.0);
+    const auto [tx, ts] = r.thresholds(x0, 0.55, 0.70);
+    r.plan(tx, ts, {}, true, fuse);
+    r.x.upload(x0);
+    DeviceBuffer<std::uint32_t> mask(N / 32);
+    DeviceBuffer<float> s_proxy(N), s(N);
+    mask.poison();
+    s_proxy.poison();
+    s.poison();
+    typename FfnRig<T, A>::Ffn::Outputs out;
+    out.channel_mask = mask.get();
+    out.s_proxy = s_proxy.get();
+    out.s = s.get();
+    REQUIRE(r.ffn.run(r.x.get(), r.y.get(), r.ws.get(), r.ws.bytes(), nullptr, out) == prox::Status::kSuccess);
+    PROX_TEST_CUDA(cudaDeviceSynchronize());
+    const auto dxv = prox_ref::to_double(x0);
+    const auto st1 = prox_ref::stage1_int4(dxv, K, N, tx, ts, r.L.qg, r.L.sg, r.L.qu, r.L.su, ref_act<A>());
+    const auto m = mask.download();
+    CAPTURE(fuse, prox::DTypeTraits<T>::kName);
+    CHECK(compare_mask(m, st1).mismatches == 0);
+    const auto sp = s_proxy.download();
+    int sp_bad = 0;
+    for (int j = 0; j < N; ++j) sp_bad += !(std::fabs(sp[j] - st1.s[j].v) <= st1.s[j].err);
+    CHECK(sp_bad == 0);
+    const auto sel = mask_to_flags(m, N);
+    const auto st2 = prox_ref::stage2(dxv, r.L.dwg, r.L.dwu, r.L.dwdt, K, N, sel, ref_act<A>());
+    const SCompare cs = compare_s(s.download(), sel, st2.s);
+    CHECK(cs.bad == 0);
+    CHECK(cs.untouched_bad == 0);
+    CHECK(count_out_of_bound(r.y.download(), st2.y) == 0);
+    // The same run without outputs gives the same y bits.
+    const auto y_with = r.y.download();
+    REQUIRE(r.ffn.run(r.x.get(), r.y.get(), r.ws.get(), r.ws.bytes(), nullptr) == prox::Status::kSuccess);
+    PROX_TEST_CUDA(cudaDeviceSynchronize());
+    const auto y_without = r.y.download();
+    int diff = 0;
+    for (int k = 0; k < K; ++k) diff += bits16(y_with[k]) != bits16(y_without[k]);
+    CHECK(diff == 0);
+  }
+}
+
+TEST_CASE("Prox FFN: thresholds in device memory change the sparsity of a captured graph without re-planning",
+          "[ffn][gpu][safety][graph]") {
+  using T = __half;
+  using A = prox::SiLU;
+  FfnRig<T, A> r(1032, 2080, 95);
+  const auto x0 = normal_vector<T>(1032, 9501, 1.0);
+  const auto [tx50, ts50] = r.thresholds(x0, 0.10, 0.70);
+  const auto [tx70, ts70] = r.thresholds(x0, 0.70, 0.767);
+  r.x.upload(x0);
+  // Reference bits: plans with the scalar thresholds.
+  r.plan(tx50, ts50);
+  const auto bits50 = r.run_bits();
+  r.plan(tx70, ts70);
+  const auto bits70 = r.run_bits();
+  REQUIRE(bits50 != bits70);
+  // One plan reading the device pair, captured once.
+  DeviceBuffer<float> taus(std::vector<float>{tx50, ts50});
+  typename FfnRig<T, A>::Ffn::Config cfg{1032, 2080, 0.0f, 0.0f};
+  cfg.thresholds = taus.get();
+  PROX_TEST_OK(r.ffn.plan(cfg, r.weights()));
+  cudaStream_t stream;
+  PROX_TEST_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  PROX_TEST_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  const prox::Status st = r.run(stream);
+  PROX_TEST_CUDA(cudaStreamEndCapture(stream, &graph));
+  REQUIRE(st == prox::Status::kSuccess);
+  PROX_TEST_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  const auto replay = [&] {
+    r.y.poison();
+    PROX_TEST_CUDA(cudaGraphLaunch(exec, stream));
+    PROX_TEST_CUDA(cudaStreamSynchronize(stream));
+    std::vector<std::uint32_t> out;
+    for (T v : r.y.download()) out.push_back(bits16(v));
+    for (std::uint32_t w : r.mask()) out.push_back(w);
+    return out;
+  };
+  CHECK(replay() == bits50);
+  taus.upload({tx70, ts70});  // the server turns the knob: no re-plan, no re-capture
+  CHECK(replay() == bits70);
+  taus.upload({tx50, ts50});
+  CHECK(replay() == bits50);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
+TEST_CASE("prox never clears an engine's pending CUDA error", "[ffn][gpu][safety]") {
+  // A non-sticky error the engine has not read yet: an invalid launch configuration.
+  const auto make_pending = [] {
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(1);
+    cfg.blockDim = dim3(4096);  // more threads than a block may have
+    void (*k)(const prox::ThresholdArgs<__half>) =
+        prox::threshold_kernel<prox::PolicyAt<0, prox::ThresholdPolicies>, __half>;
+    (void)cudaLaunchKernelEx(&cfg, k, prox::ThresholdArgs<__half>{});
+  };
+  FfnRig<__half, prox::SiLU> r(200, 96, 14);
+  make_pending();
+  r.plan(0.1f, 0.1f);  // plan, initialize_workspace
+  REQUIRE(r.run() == prox::Status::kSuccess);
+  PROX_TEST_OK(prox::reset_counters(r.cnt.get(), nullptr));
+  prox::Status ws = prox::Status::kSuccess;
+  PROX_TEST_OK(prox::read_workspace_status(r.ws.get(), nullptr, &ws));
+  CHECK(cudaPeekAtLastError() == cudaErrorInvalidConfiguration);  // still the engine's to read
+  CHECK(cudaGetLastError() == cudaErrorInvalidConfiguration);
+  CHECK(cudaGetLastError() == cudaSuccess);
 }

@@ -4,7 +4,7 @@
 //! the selected rows, every element written; grids from 1 block to the largest resident grid (so
 //! blocks run several down tasks), repeated launches on one workspace (the barrier and the tile
 //! counters are left ready), cooperative and plain launches bit-identical, bad input.
-#include <catch2/catch.hpp>
+#include "catch.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -16,6 +16,7 @@
 #include <prox/sparse_ffn.cuh>
 
 #include "gpu_fixture.hpp"
+#include "op_test.hpp"
 
 using namespace prox_test;
 
@@ -28,10 +29,13 @@ void glu_down_suite(int K, int N, std::uint64_t seed) {
   DeviceBuffer<T> dy(K);
   const prox_ref::Act act = ref_act<A>();
   c2.each_density({0.23, 0.0, 1.0}, act, [&](double density, const auto& sel, const auto& ref, const auto& dmask) {
+    using Op = prox::GluDownGemvOp<T, A>;
     prox::for_each_policy<prox::GluDownGemvPolicies>([&](auto p, int pi) {
       using P = decltype(p);
+      prox::DeviceInfo dev;
+      PROX_TEST_OK(prox::query_device(&dev));
       int max_blocks = 0;
-      PROX_TEST_OK((prox::glu_down_gemv::max_grid_blocks<P, A, T>(&max_blocks)));
+      PROX_TEST_OK(Op::template max_grid_blocks<P>(dev, &max_blocks));
       REQUIRE(max_blocks > 0);
       std::vector<T> first_y;
       for (int blocks : {max_blocks, 7, 1}) {
@@ -47,16 +51,17 @@ void glu_down_suite(int K, int N, std::uint64_t seed) {
           a.channel_mask = dmask.get();
           a.s = ds.get();
           a.y = dy.get();
-          a.grid_blocks = blocks;
-          DeviceBuffer<char> ws(prox::glu_down_gemv::workspace_bytes<P>(K, blocks));
-          PROX_TEST_OK(prox::initialize_workspace(ws.get(), ws.bytes(), nullptr));
-          prox::LaunchOptions o;
+          const auto ws = op_workspace<Op>(a);
+          typename Op::Options o;
           o.cooperative = coop;
+          o.grid_blocks = blocks;
+          prox::Operator<Op> op;
+          REQUIRE(op.initialize(a, o, pi) == prox::Status::kSuccess);
           std::vector<T> y_prev;
           for (int rep = 0; rep < 3; ++rep) {  // the barrier and counters must be ready for the next launch
             ds.poison();
             dy.poison();
-            REQUIRE(prox::glu_down_gemv::launch<P, A>(a, ws.get(), ws.bytes(), nullptr, o) == prox::Status::kSuccess);
+            REQUIRE(op.run(a, ws.get(), ws.bytes(), nullptr) == prox::Status::kSuccess);
             PROX_TEST_CUDA(cudaDeviceSynchronize());
             const auto y = dy.download();
             if (rep > 0) {
@@ -77,14 +82,17 @@ void glu_down_suite(int K, int N, std::uint64_t seed) {
           const SCompare cs = compare_s(ds.download(), sel, ref.s);
           double worst_y = 0.0;
           const int bad_y = count_out_of_bound(y_prev, ref.y, &worst_y);
-          // Workspace left ready: barrier arrivals and tile counters back at zero.
+          // Workspace left ready: barrier arrivals and tile counters back at zero, nothing flagged.
           const auto wsv = ws.download();
-          const auto* words = reinterpret_cast<const std::uint32_t*>(wsv.data());
+          const auto* words = reinterpret_cast<const std::uint32_t*>(wsv.data() + prox::detail::kHeaderBytes);
           CHECK(words[0] == 0u);
-          const int tiles = prox::glu_down_gemv::num_tiles<P>(K);
+          const int tiles = Op::template num_tiles<P>(K);
           int counters_bad = 0;
-          for (int t = 0; t < tiles; ++t) counters_bad += words[256 / 4 + t] != 0u;
+          for (int t = 0; t < tiles; ++t) counters_bad += words[prox::detail::kBarrierWords + t] != 0u;
           CHECK(counters_bad == 0);
+          prox::Status ws_status = prox::Status::kSuccess;
+          PROX_TEST_OK(prox::read_workspace_status(ws.get(), nullptr, &ws_status));
+          CHECK(ws_status == prox::Status::kSuccess);
           if (coop)
             std::printf(
                 "[gludown] %-5s %-9s K=%-5d N=%-5d %-28s blocks=%-4d density=%.2f s err/bound=%.3f y err/bound=%.3f\n",
@@ -116,16 +124,16 @@ TEMPLATE_TEST_CASE("fused Stage 2 (glu_down_gemv): Qwen3-8B shape", "[stage2][gl
 
 TEST_CASE("fused Stage 2 (glu_down_gemv): bad input gets a Status before any launch",
           "[stage2][gludown][status][gpu]") {
-  using P = prox::PolicyAt<0, prox::GluDownGemvPolicies>;
+  using Op = prox::GluDownGemvOp<__half, prox::SiLU>;
   const int K = 64, N = 64;
   DeviceBuffer<__half> x(K + 8), w(static_cast<std::size_t>(K) * N + 8), y(K + 8);
   DeviceBuffer<std::uint32_t> mask(N / 32);
   DeviceBuffer<float> s(N);
   PROX_TEST_CUDA(cudaMemset(mask.get(), 0xFF, N / 8));
+  prox::DeviceInfo dev;
+  PROX_TEST_OK(prox::query_device(&dev));
   int max_blocks = 0;
-  PROX_TEST_OK((prox::glu_down_gemv::max_grid_blocks<P, prox::SiLU, __half>(&max_blocks)));
-  DeviceBuffer<char> ws(prox::glu_down_gemv::workspace_bytes<P>(K, max_blocks + 64));
-  PROX_TEST_OK(prox::initialize_workspace(ws.get(), ws.bytes(), nullptr));
+  PROX_TEST_OK((Op::max_grid_blocks<prox::PolicyAt<0, prox::GluDownGemvPolicies>>(dev, &max_blocks)));
   y.poison(0x5A);
   s.poison(0x5A);
   prox::GluDownGemvArgs<__half> a;
@@ -138,36 +146,41 @@ TEST_CASE("fused Stage 2 (glu_down_gemv): bad input gets a Status before any lau
   a.channel_mask = mask.get();
   a.s = s.get();
   a.y = y.get();
-  const auto launch = [&](const prox::GluDownGemvArgs<__half>& args, std::size_t bytes) {
-    return prox::glu_down_gemv::launch<P, prox::SiLU>(args, ws.get(), bytes, nullptr);
+  const auto ws = op_workspace<Op>(a);
+  const auto plan = [&](const prox::GluDownGemvArgs<__half>& args, int grid_blocks = 0) {
+    prox::Operator<Op> op;
+    Op::Options o;
+    o.grid_blocks = grid_blocks;
+    return op.initialize(args, o, 0);
   };
   auto b = a;
   b.w_down_t = nullptr;
-  CHECK(launch(b, ws.bytes()) == prox::Status::kErrorNullPointer);
+  CHECK(plan(b) == prox::Status::kErrorNullPointer);
   b = a;
   b.y = nullptr;
-  CHECK(launch(b, ws.bytes()) == prox::Status::kErrorNullPointer);
+  CHECK(plan(b) == prox::Status::kErrorNullPointer);
   b = a;
   b.w_up = w.get() + 1;
-  CHECK(launch(b, ws.bytes()) == prox::Status::kErrorMisalignedPointer);
+  CHECK(plan(b) == prox::Status::kErrorMisalignedPointer);
   b = a;
   b.d_model = 12;
-  CHECK(launch(b, ws.bytes()) == prox::Status::kErrorInvalidShape);
+  CHECK(plan(b) == prox::Status::kErrorInvalidShape);
   b = a;
   b.d_ff = 48;
-  CHECK(launch(b, ws.bytes()) == prox::Status::kErrorInvalidShape);
+  CHECK(plan(b) == prox::Status::kErrorInvalidShape);
+  CHECK(plan(a, -1) == prox::Status::kErrorInvalidArgument);
+  CHECK(plan(a, max_blocks + 1) == prox::Status::kErrorInvalidArgument);  // could not all be resident: refused
+  prox::Operator<Op> op;
+  Op::Options o;
+  o.grid_blocks = max_blocks;
+  REQUIRE(op.initialize(a, o, 0) == prox::Status::kSuccess);
+  CHECK(op.run(a, ws.get(), prox::Operator<Op>::workspace_bytes(a) - 1, nullptr) ==
+        prox::Status::kErrorWorkspaceTooSmall);
+  CHECK(op.run(a, nullptr, ws.bytes(), nullptr) == prox::Status::kErrorNullPointer);
+  CHECK(op.run(a, ws.get() + 4, ws.bytes() - 4, nullptr) == prox::Status::kErrorMisalignedPointer);
   b = a;
-  b.grid_blocks = -1;
-  CHECK(launch(b, ws.bytes()) == prox::Status::kErrorInvalidArgument);
-  b = a;
-  b.grid_blocks = max_blocks + 1;  // could not all be resident: refused, never a hang
-  CHECK(launch(b, ws.bytes()) == prox::Status::kErrorInvalidArgument);
-  b = a;
-  b.grid_blocks = max_blocks;
-  CHECK(launch(b, prox::glu_down_gemv::workspace_bytes<P>(K, max_blocks) - 1) == prox::Status::kErrorWorkspaceTooSmall);
-  CHECK(prox::glu_down_gemv::launch<P, prox::SiLU>(a, nullptr, ws.bytes(), nullptr) == prox::Status::kErrorNullPointer);
-  CHECK(prox::glu_down_gemv::launch<P, prox::SiLU>(a, ws.get() + 4, ws.bytes() - 4, nullptr) ==
-        prox::Status::kErrorMisalignedPointer);
+  b.x = nullptr;
+  CHECK(op.run(b, ws.get(), ws.bytes(), nullptr) == prox::Status::kErrorNullPointer);  // per-call args checked
   PROX_TEST_CUDA(cudaDeviceSynchronize());
   for (__half v : y.download()) CHECK(bits16(v) == 0x5A5Au);
   for (float v : s.download()) CHECK(bits32(v) == 0x5A5A5A5Au);

@@ -2,7 +2,7 @@
 //! @file test_ops.cu  The four ops on the GPU against the float64 reference: threshold, Stage-1 proxy
 //! GEMV (INT4 and fp16/bf16 proxies), masked GLU GEMV, sparse down GEMV. Every compiled policy,
 //! both dtypes, both activations, boundary densities, odd shapes, poisoned outputs.
-#include <catch2/catch.hpp>
+#include "catch.hpp"
 
 #include <cmath>
 #include <cstdint>
@@ -13,6 +13,7 @@
 #include <prox/prox.cuh>
 
 #include "gpu_fixture.hpp"
+#include "op_test.hpp"
 
 using namespace prox_test;
 using prox_ref::Act;
@@ -59,7 +60,8 @@ TEMPLATE_TEST_CASE("threshold op: mask, compaction and sparse copy are exact", "
         a.indices = didx.get();
         a.count = dcount.get();
         a.x_sparse = dsparse.get();
-        REQUIRE(prox::threshold::launch<decltype(p)>(a, nullptr, nullptr) == prox::Status::kSuccess);
+        DeviceBuffer<char> no_ws;
+        REQUIRE(run_op<prox::ThresholdOp<T>>(a, pi, no_ws) == prox::Status::kSuccess);
         PROX_TEST_CUDA(cudaDeviceSynchronize());
         CHECK(dmask.download() == want_mask);
         const auto cnt = dcount.download();
@@ -96,27 +98,22 @@ void proxy_case(const HostLayer<T>& L, const DeviceLayer<T>& D, const std::vecto
   prox::for_each_policy<List>([&](auto p, int pi) {
     using P = decltype(p);
     CAPTURE(label, K, N, tau_x, tau_s, pi, P::name(), Fmt::kName, A::kName, prox::DTypeTraits<T>::kName);
-    prox::ProxyGemvArgs<T> a;
+    prox::ProxyGemvArgs<T, Fmt> a;
     a.x = dx.get();
     a.d_model = K;
     a.d_ff = N;
     a.tau_x = tau_x;
     a.tau_s = tau_s;
-    a.w_gate = kInt4 ? static_cast<const void*>(D.qg.get()) : static_cast<const void*>(D.wg_t.get());
-    a.w_up = kInt4 ? static_cast<const void*>(D.qu.get()) : static_cast<const void*>(D.wu_t.get());
-    a.scale_gate = kInt4 ? D.sg.get() : nullptr;
-    a.scale_up = kInt4 ? D.su.get() : nullptr;
+    set_proxy_weights(a, D);
     a.channel_mask = dmask.get();
     a.s_proxy = ds.get();
     a.counters = dcnt.get();
-    DeviceBuffer<char> ws(prox::proxy_gemv::workspace_bytes<P>(a));
-    PROX_TEST_OK(prox::initialize_workspace(ws.get(), ws.bytes(), nullptr));
+    const auto ws = op_workspace<prox::ProxyGemvOp<T, A, Fmt>>(a);
     PROX_TEST_CUDA(cudaMemset(dcnt.get(), 0, sizeof(prox::SparsityCounters)));
     dmask.poison();
     ds.poison();
     // Two launches: the second reuses the workspace the first left behind (counters reset).
-    for (int rep = 0; rep < 2; ++rep)
-      REQUIRE(prox::proxy_gemv::launch<P, Fmt, A>(a, ws.get(), ws.bytes(), nullptr) == prox::Status::kSuccess);
+    REQUIRE(run_op<prox::ProxyGemvOp<T, A, Fmt>>(a, pi, ws, 2) == prox::Status::kSuccess);
     PROX_TEST_CUDA(cudaDeviceSynchronize());
     const auto mask = dmask.download();
     const auto s = ds.download();
@@ -208,17 +205,12 @@ TEST_CASE("proxy GEMV: NaN and Inf activations never cause out-of-bounds accesse
   a.d_ff = N;
   a.tau_x = 0.5f;
   a.tau_s = 0.01f;
-  a.w_gate = D.qg.get();
-  a.w_up = D.qu.get();
-  a.scale_gate = D.sg.get();
-  a.scale_up = D.su.get();
+  set_proxy_weights(a, D);
   a.channel_mask = dmask.get();
   a.counters = dcnt.get();
-  using P = prox::PolicyAt<0, prox::ProxyGemvPolicies>;
-  DeviceBuffer<char> ws(prox::proxy_gemv::workspace_bytes<P>(a));
-  PROX_TEST_OK(prox::initialize_workspace(ws.get(), ws.bytes(), nullptr));
-  REQUIRE(prox::proxy_gemv::launch<P, prox::Int4Weights, prox::SiLU>(a, ws.get(), ws.bytes(), nullptr) ==
-          prox::Status::kSuccess);
+  using Op = prox::ProxyGemvOp<__half, prox::SiLU>;
+  const auto ws = op_workspace<Op>(a);
+  REQUIRE(run_op<Op>(a, 0, ws) == prox::Status::kSuccess);
   PROX_TEST_CUDA(cudaDeviceSynchronize());
   // Every mask word was written, and the kept count excludes NaN (never kept) but includes +-inf.
   for (std::uint32_t w : dmask.download()) CHECK(w != 0xABABABABu);
@@ -226,7 +218,7 @@ TEST_CASE("proxy GEMV: NaN and Inf activations never cause out-of-bounds accesse
   CHECK(dcnt.download()[0].kept_inputs == kept.size());
 }
 
-// The split-K combine through a thread-block cluster (sm_90+, LaunchOptions::cluster, 2..8 chunks)
+// The split-K combine through a thread-block cluster (sm_90+, ProxyGemvOp::Options::cluster, 2..8 chunks)
 // must reproduce the global combine bit for bit, and leave the workspace (tile counters, partials)
 // untouched. Shapes give 1 chunk, 2..8 chunks and > 8 chunks for the policies (chunks of 512, 1024,
 // 256 inputs): 200 -> 1/1/1, 1003 -> 2/1/4, 4093 -> 8/4/16, 9000 -> 18/9/36; partial last tiles
@@ -260,30 +252,28 @@ TEMPLATE_TEST_CASE("proxy GEMV: the cluster split-K combine is bit-identical to 
     DeviceBuffer<float> dsg(sg), dsu(su), ds(N);
     DeviceBuffer<prox::SparsityCounters> dcnt(1);
 
+    using Op = prox::ProxyGemvOp<T, A>;
     prox::ProxyGemvArgs<T> a;
     a.x = dx.get();
     a.d_model = K;
     a.d_ff = N;
     a.tau_x = quantile_abs(prox_ref::to_double(x), 0.5);
-    a.w_gate = dqg.get();
-    a.w_up = dqu.get();
-    a.scale_gate = dsg.get();
-    a.scale_up = dsu.get();
+    a.gate = {dqg.get(), dsg.get()};
+    a.up = {dqu.get(), dsu.get()};
     a.channel_mask = dmask.get();
     a.counters = dcnt.get();
 
     prox::for_each_policy<prox::ProxyGemvPolicies>([&](auto p, int pi) {
       using P = decltype(p);
-      const int chunks = prox::proxy_gemv::num_chunks<P>(K);
+      const int chunks = Op::template num_chunks<P>(K);
       cudaFuncAttributes fa{};
-      PROX_TEST_CUDA(cudaFuncGetAttributes(&fa, prox::proxy_gemv_kernel<P, T, prox::Int4Weights, A>));
+      PROX_TEST_CUDA(cudaFuncGetAttributes(&fa, prox::proxy_gemv_kernel<P, T, A, prox::Int4Weights>));
       // The cluster combine runs (and must leave the whole workspace untouched) where the launcher
       // forms clusters and the device code is sm_90+.
       const bool expect_cluster = has_clusters != 0 && fa.binaryVersion >= 90 && chunks >= 2 &&
                                   chunks <= prox::detail::kMaxClusterSplits;
-      DeviceBuffer<char> ws(prox::proxy_gemv::workspace_bytes<P>(a));
-      const std::size_t counter_bytes =
-          prox::round_up<std::size_t>(sizeof(unsigned) * prox::proxy_gemv::num_tiles<P>(N), 256);
+      auto ws = op_workspace<Op>(a);
+      const std::size_t sync_end = prox::detail::kHeaderBytes + Op::workspace_needs(a).sync;
 
       struct Out {
         std::vector<std::uint32_t> mask;
@@ -291,25 +281,27 @@ TEMPLATE_TEST_CASE("proxy GEMV: the cluster split-K combine is bit-identical to 
         prox::SparsityCounters cnt;
       };
       const auto run = [&](prox::ProxyGemvArgs<T> args, bool cluster, bool spread = true) {
-        PROX_TEST_CUDA(cudaMemset(ws.get(), 0, ws.bytes()));
+        PROX_TEST_OK(prox::initialize_workspace(ws.get(), ws.bytes(), nullptr));
         PROX_TEST_CUDA(cudaMemset(dcnt.get(), 0, sizeof(prox::SparsityCounters)));
         dmask.poison(0xAB);
         ds.poison();  // NaN
-        prox::LaunchOptions o;
+        typename Op::Options o;
         o.pdl = false;
         o.cluster = cluster;
         o.spread = spread;
-        REQUIRE(prox::proxy_gemv::launch<P, prox::Int4Weights, A>(args, ws.get(), ws.bytes(), nullptr, o) ==
-                prox::Status::kSuccess);
+        REQUIRE(run_op<Op>(args, pi, ws, 1, o) == prox::Status::kSuccess);
         PROX_TEST_CUDA(cudaDeviceSynchronize());
         const auto w = ws.download();
         std::size_t nonzero_counters = 0, nonzero_ws = 0;
-        for (std::size_t i = 0; i < w.size(); ++i) {
-          nonzero_counters += i < counter_bytes && w[i] != 0;
+        for (std::size_t i = prox::detail::kHeaderBytes; i < w.size(); ++i) {
+          nonzero_counters += i < sync_end && w[i] != 0;
           nonzero_ws += w[i] != 0;
         }
         CHECK(nonzero_counters == 0u);  // tile counters left zero by either path
         if (cluster && expect_cluster) CHECK(nonzero_ws == 0u);  // no partials either: the DSMEM path ran
+        prox::Status ws_status = prox::Status::kSuccess;
+        PROX_TEST_OK(prox::read_workspace_status(ws.get(), nullptr, &ws_status));
+        CHECK(ws_status == prox::Status::kSuccess);
         return Out{dmask.download(), ds.download(), dcnt.download()[0]};
       };
 
@@ -328,7 +320,7 @@ TEMPLATE_TEST_CASE("proxy GEMV: the cluster split-K combine is bit-identical to 
           b.s_proxy = values ? ds.get() : nullptr;
           const Out g = run(b, false);
           const Out c = run(b, true);
-          const Out n = run(b, false, false);  // not spread (LaunchOptions::spread): the same bits
+          const Out n = run(b, false, false);  // not spread (Options::spread): the same bits
           REQUIRE(g.mask.size() == c.mask.size());
           CHECK(std::memcmp(g.mask.data(), c.mask.data(), g.mask.size() * sizeof(std::uint32_t)) == 0);
           CHECK(std::memcmp(g.mask.data(), n.mask.data(), g.mask.size() * sizeof(std::uint32_t)) == 0);
@@ -346,13 +338,13 @@ TEMPLATE_TEST_CASE("proxy GEMV: the cluster split-K combine is bit-identical to 
           CHECK(g.cnt.selected_channels == c.cnt.selected_channels);
         }
       }
-      // These grids are far smaller than the GPU: the launcher spreads them with shared memory.
-      std::size_t spread_bytes = 0;
-      REQUIRE((prox::proxy_gemv::spread_bytes<P, prox::Int4Weights, A, T>(K, N, &spread_bytes)) ==
-              prox::Status::kSuccess);
+      // These grids are far smaller than the GPU: the plan spreads them with shared memory.
+      prox::Operator<Op> planned;
+      REQUIRE(planned.initialize(a, {}, pi) == prox::Status::kSuccess);
+      const std::size_t spread_bytes = planned.launch_config().smem;
       int sms = 0;
       PROX_TEST_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-      if (prox::proxy_gemv::num_blocks<P>(K, N) <= sms) CHECK(spread_bytes > 0u);
+      if (Op::template num_blocks<P>(K, N) <= sms) CHECK(spread_bytes > 0u);
       std::printf("[cluster] %-5s K=%-5d N=%-5d %-26s chunks=%-2d combine=%s spread=%zu B\n",
                   prox::DTypeTraits<T>::kName, K, N, P::name().c_str(), chunks, expect_cluster ? "cluster" : "global",
                   spread_bytes);
@@ -380,7 +372,8 @@ void glu_suite(int K, int N, std::uint64_t seed) {
       a.w_up = c2.D.wu.get();
       a.channel_mask = dmask.get();
       a.s = ds.get();
-      REQUIRE(prox::glu_gemv::launch<P, A>(a, nullptr, 0, nullptr) == prox::Status::kSuccess);
+      DeviceBuffer<char> no_ws;
+      REQUIRE(run_op<prox::GluGemvOp<T, A>>(a, pi, no_ws) == prox::Status::kSuccess);
       PROX_TEST_CUDA(cudaDeviceSynchronize());
       const SCompare c = compare_s(ds.download(), sel, ref.s);
       std::printf("[glu]    %-5s %-9s K=%-5d N=%-5d %-18s density=%.1f err/bound=%.3f bad=%d\n",
@@ -439,10 +432,8 @@ void down_suite(int K, int N, std::uint64_t seed) {
       a.d_model = K;
       a.d_ff = N;
       a.y = dy.get();
-      DeviceBuffer<char> ws(prox::down_gemv::workspace_bytes<P>(a));
-      PROX_TEST_OK(prox::initialize_workspace(ws.get(), ws.bytes(), nullptr));
-      for (int rep = 0; rep < 2; ++rep)
-        REQUIRE(prox::down_gemv::launch<P>(a, ws.get(), ws.bytes(), nullptr) == prox::Status::kSuccess);
+      const auto ws = op_workspace<prox::DownGemvOp<T>>(a);
+      REQUIRE(run_op<prox::DownGemvOp<T>>(a, pi, ws, 2) == prox::Status::kSuccess);
       PROX_TEST_CUDA(cudaDeviceSynchronize());
       double worst = 0.0;
       const int bad = count_out_of_bound(dy.download(), ref, &worst);
@@ -471,40 +462,48 @@ TEST_CASE("ops reject bad input with a Status before launching", "[status][gpu]"
   DeviceBuffer<std::uint32_t> q(prox::int4::packed_words(K, N) + 4), mask(N / 32);
   DeviceBuffer<float> sc(N), s(N);
   DeviceBuffer<char> ws(1 << 20);
+  PROX_TEST_OK(prox::initialize_workspace(ws.get(), ws.bytes(), nullptr));
   const float nan = std::numeric_limits<float>::quiet_NaN();
-  using PP = prox::PolicyAt<0, prox::ProxyGemvPolicies>;
-  using DP = prox::PolicyAt<0, prox::DownGemvPolicies>;
-  using GP = prox::PolicyAt<0, prox::GluGemvPolicies>;
-  using TP = prox::PolicyAt<0, prox::ThresholdPolicies>;
   PROX_TEST_CUDA(cudaGetLastError());
   mask.poison(0x5A);
   y.poison(0x5A);
+  // initialize() (plan time) and run() (per call) both validate before anything is launched.
+  const auto plan_and_run = [&](auto op_tag, const auto& args, std::size_t wsb = 1 << 20, char* wsp = nullptr) {
+    using Op = decltype(op_tag);
+    prox::Operator<Op> op;
+    const prox::Status planned = op.initialize(args);
+    const prox::Status ran = op.run(args, wsp != nullptr ? wsp : ws.get(), wsb, nullptr);
+    if (planned != prox::Status::kSuccess) CHECK(ran == prox::Status::kErrorNotPlanned);
+    return planned != prox::Status::kSuccess ? planned : ran;
+  };
 
+  using ProxyOp = prox::ProxyGemvOp<__half, prox::SiLU>;
   prox::ProxyGemvArgs<__half> pa;
   pa.x = x.get();
   pa.d_model = K;
   pa.d_ff = N;
   pa.tau_x = 0.1f;
   pa.tau_s = 0.1f;
-  pa.w_gate = q.get();
-  pa.w_up = q.get();
-  pa.scale_gate = sc.get();
-  pa.scale_up = sc.get();
+  pa.gate = {q.get(), sc.get()};
+  pa.up = {q.get(), sc.get()};
   pa.channel_mask = mask.get();
-  const auto proxy = [&](prox::ProxyGemvArgs<__half> a, std::size_t wsb = 1 << 20) {
-    return prox::proxy_gemv::launch<PP, prox::Int4Weights, prox::SiLU>(a, ws.get(), wsb, nullptr);
+  const auto proxy = [&](prox::ProxyGemvArgs<__half> a, std::size_t wsb = 1 << 20, char* wsp = nullptr) {
+    return plan_and_run(ProxyOp{}, a, wsb, wsp);
   };
   auto a = pa;
   a.x = nullptr;
   CHECK(proxy(a) == prox::Status::kErrorNullPointer);
   a = pa;
-  a.scale_up = nullptr;
+  a.up.scales = nullptr;
   CHECK(proxy(a) == prox::Status::kErrorNullPointer);
   a = pa;
   a.channel_mask = nullptr;
   CHECK(proxy(a) == prox::Status::kErrorNullPointer);
   a = pa;
-  a.w_gate = reinterpret_cast<const char*>(q.get()) + 4;
+  a.gate.packed = q.get() + 1;
+  CHECK(proxy(a) == prox::Status::kErrorMisalignedPointer);
+  a = pa;
+  a.thresholds = reinterpret_cast<const float*>(reinterpret_cast<const char*>(sc.get()) + 2);
   CHECK(proxy(a) == prox::Status::kErrorMisalignedPointer);
   a = pa;
   a.d_ff = 48;
@@ -521,12 +520,22 @@ TEST_CASE("ops reject bad input with a Status before launching", "[status][gpu]"
   a = pa;
   a.tau_s = -1.0f;
   CHECK(proxy(a) == prox::Status::kErrorInvalidThreshold);
-  CHECK(proxy(pa, prox::proxy_gemv::workspace_bytes<PP>(pa) - 1) == prox::Status::kErrorWorkspaceTooSmall);
-  CHECK(prox::proxy_gemv::launch<PP, prox::Int4Weights, prox::SiLU>(pa, nullptr, 1 << 20, nullptr) ==
-        prox::Status::kErrorNullPointer);
-  CHECK(prox::proxy_gemv::launch<PP, prox::Int4Weights, prox::SiLU>(pa, ws.get() + 4, 1 << 19, nullptr) ==
-        prox::Status::kErrorMisalignedPointer);
+  CHECK(proxy(pa, prox::Operator<ProxyOp>::workspace_bytes(pa) - 1) == prox::Status::kErrorWorkspaceTooSmall);
+  CHECK(proxy(pa, 1 << 20, nullptr) == prox::Status::kSuccess);  // the good arguments launch (once)
+  mask.poison(0x5A);
+  {
+    prox::Operator<ProxyOp> op;
+    REQUIRE(op.initialize(pa) == prox::Status::kSuccess);
+    CHECK(op.run(pa, nullptr, 1 << 20, nullptr) == prox::Status::kErrorNullPointer);
+    CHECK(op.run(pa, ws.get() + 4, 1 << 19, nullptr) == prox::Status::kErrorMisalignedPointer);
+    auto other = pa;
+    other.d_model = K - 8;  // valid, but not the planned shape
+    CHECK(op.run(other, ws.get(), 1 << 20, nullptr) == prox::Status::kErrorInvalidArgument);
+    CHECK(prox::Operator<ProxyOp>().initialize(pa, {}, prox::ProxyGemvPolicies::kSize) ==
+          prox::Status::kErrorInvalidArgument);  // no such policy
+  }
 
+  using GluOp = prox::GluGemvOp<__half, prox::SiLU>;
   prox::GluGemvArgs<__half> ga;
   ga.x = x.get();
   ga.d_model = K;
@@ -537,14 +546,21 @@ TEST_CASE("ops reject bad input with a Status before launching", "[status][gpu]"
   ga.s = s.get();
   auto g2 = ga;
   g2.x = x.get() + 1;
-  CHECK(prox::glu_gemv::launch<GP, prox::SiLU>(g2, nullptr, 0, nullptr) == prox::Status::kErrorMisalignedPointer);
+  CHECK(plan_and_run(GluOp{}, g2) == prox::Status::kErrorMisalignedPointer);
   g2 = ga;
   g2.d_model = 12;
-  CHECK(prox::glu_gemv::launch<GP, prox::SiLU>(g2, nullptr, 0, nullptr) == prox::Status::kErrorInvalidShape);
+  CHECK(plan_and_run(GluOp{}, g2) == prox::Status::kErrorInvalidShape);
   g2 = ga;
   g2.s = nullptr;
-  CHECK(prox::glu_gemv::launch<GP, prox::SiLU>(g2, nullptr, 0, nullptr) == prox::Status::kErrorNullPointer);
+  CHECK(plan_and_run(GluOp{}, g2) == prox::Status::kErrorNullPointer);
+  {
+    prox::Operator<GluOp> op;
+    GluOp::Options o;
+    o.grid_blocks = -1;
+    CHECK(op.initialize(ga, o) == prox::Status::kErrorInvalidArgument);
+  }
 
+  using DownOp = prox::DownGemvOp<__half>;
   prox::DownGemvArgs<__half> da;
   da.s = s.get();
   da.channel_mask = mask.get();
@@ -554,26 +570,42 @@ TEST_CASE("ops reject bad input with a Status before launching", "[status][gpu]"
   da.y = y.get();
   auto d2 = da;
   d2.w_down_t = w.get() + 4;
-  CHECK(prox::down_gemv::launch<DP>(d2, ws.get(), 1 << 20, nullptr) == prox::Status::kErrorMisalignedPointer);
+  CHECK(plan_and_run(DownOp{}, d2) == prox::Status::kErrorMisalignedPointer);
   d2 = da;
   d2.d_ff = 33;
-  CHECK(prox::down_gemv::launch<DP>(d2, ws.get(), 1 << 20, nullptr) == prox::Status::kErrorInvalidShape);
-  CHECK(prox::down_gemv::launch<DP>(da, ws.get(), 8, nullptr) == prox::Status::kErrorWorkspaceTooSmall);
+  CHECK(plan_and_run(DownOp{}, d2) == prox::Status::kErrorInvalidShape);
+  CHECK(plan_and_run(DownOp{}, da, 8) == prox::Status::kErrorWorkspaceTooSmall);
 
+  using FusedOp = prox::GluDownGemvOp<__half, prox::SiLU>;
+  prox::GluDownGemvArgs<__half> fa;
+  static_cast<prox::GluGemvArgs<__half>&>(fa) = ga;
+  fa.w_down_t = w.get();
+  fa.y = y.get() + 1;
+  CHECK(plan_and_run(FusedOp{}, fa) == prox::Status::kErrorMisalignedPointer);
+  fa.y = y.get();
+  {
+    prox::Operator<FusedOp> op;
+    FusedOp::Options o;
+    o.grid_blocks = 1 << 20;  // more blocks than can be resident
+    CHECK(op.initialize(fa, o) == prox::Status::kErrorInvalidArgument);
+  }
+  CHECK(plan_and_run(FusedOp{}, fa, 64) == prox::Status::kErrorWorkspaceTooSmall);
+
+  using ThrOp = prox::ThresholdOp<__half>;
   prox::ThresholdArgs<__half> ta;
   ta.x = x.get();
   ta.n = K;
   ta.tau = nan;
   ta.mask = mask.get();
-  CHECK(prox::threshold::launch<TP>(ta, nullptr, nullptr) == prox::Status::kErrorInvalidThreshold);
+  CHECK(plan_and_run(ThrOp{}, ta) == prox::Status::kErrorInvalidThreshold);
   ta.tau = 0.5f;
   ta.n = 0;
-  CHECK(prox::threshold::launch<TP>(ta, nullptr, nullptr) == prox::Status::kErrorInvalidShape);
+  CHECK(plan_and_run(ThrOp{}, ta) == prox::Status::kErrorInvalidShape);
   ta.n = K;
   ta.indices = reinterpret_cast<int*>(s.get());
-  CHECK(prox::threshold::launch<TP>(ta, nullptr, nullptr) == prox::Status::kErrorNullPointer);  // count missing
+  CHECK(plan_and_run(ThrOp{}, ta) == prox::Status::kErrorNullPointer);  // count missing
 
-  // Nothing was launched: outputs keep their poison and no error is pending.
+  // Nothing else was launched: outputs keep their poison and no error is pending.
   PROX_TEST_CUDA(cudaDeviceSynchronize());
   CHECK(cudaGetLastError() == cudaSuccess);
   for (std::uint32_t v : mask.download()) CHECK(v == 0x5A5A5A5Au);

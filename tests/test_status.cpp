@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 //! @file test_status.cpp  Status names, the versioned namespace, the policy-list machinery.
-#include <catch2/catch.hpp>
+#include "catch.hpp"
 
 #include <atomic>
 #include <csignal>
@@ -12,7 +12,6 @@
 #include <prox/core/launch.cuh>
 #include <prox/core/policy.hpp>
 #include <prox/core/status.hpp>
-#include <prox/dispatch.hpp>
 #include <prox/version.hpp>
 
 #include <sys/wait.h>
@@ -89,11 +88,15 @@ TEST_CASE("PROX_CHECK and PROX_RETURN_IF_ERROR take expressions with commas in t
   CHECK(reached == 1);
 }
 
-TEST_CASE("public symbols live in the versioned inline namespace prox::v0", "[status]") {
-  CHECK(prox::v0::to_string(prox::v0::Status::kSuccess) == std::string("success"));
-  CHECK(std::string(PROX_VERSION_STRING) == std::to_string(PROX_VERSION_MAJOR) + "." +
-                                                std::to_string(PROX_VERSION_MINOR) + "." +
-                                                std::to_string(PROX_VERSION_PATCH));
+#define PROX_TEST_STR_(x) #x
+#define PROX_TEST_STR(x) PROX_TEST_STR_(x)
+TEST_CASE("public symbols live in the inline namespace named by the version, prox::v<major>_<minor>_<patch>",
+          "[status]") {
+  CHECK(prox::PROX_ABI_NAMESPACE::to_string(prox::PROX_ABI_NAMESPACE::Status::kSuccess) == std::string("success"));
+  const std::string major = std::to_string(PROX_VERSION_MAJOR), minor = std::to_string(PROX_VERSION_MINOR),
+                    patch = std::to_string(PROX_VERSION_PATCH);
+  CHECK(std::string(PROX_VERSION_STRING) == major + "." + minor + "." + patch);
+  CHECK(std::string(PROX_TEST_STR(PROX_ABI_NAMESPACE)) == "v" + major + "_" + minor + "_" + patch);
 }
 
 namespace {
@@ -127,35 +130,9 @@ TEST_CASE("dispatch_policy maps a runtime index to the policy type", "[policy]")
           return prox::Status::kSuccess;
         }) == prox::Status::kErrorInvalidArgument);
   CHECK_FALSE(called);
-}
-
-namespace {
-//! A candidate of default_policy(): its grid size, residency and pipeline depth.
-template <int Blocks, int MinBlocks, int Stages = 0>
-struct G {
-  static constexpr int kBlocks = Blocks;
-  static constexpr int kMinBlocks = MinBlocks;
-  static constexpr int kStages = Stages;
-  static std::string name() { return "g" + std::to_string(Blocks) + "_" + std::to_string(Stages); }
-};
-}  // namespace
-
-TEST_CASE("default_policy: fewest waves, then the multi-wave preference, then most blocks, then lower index",
-          "[policy]") {
-  const auto blocks = [](auto p) { return long(decltype(p)::kBlocks); };
-  const auto pipelined = [](auto p) { return decltype(p)::kStages > 0; };
-  // 132 SMs x 3 resident blocks: a wave holds 396 blocks. The lists mirror the Stage-1 grids of the
-  // Qwen3 shapes for ProxyGemvPolicies (512-, 1024-, 256-input chunks, 1024 pipelined).
-  using L8B = prox::PolicyList<G<384, 3>, G<192, 3>, G<768, 3>, G<192, 3, 3>>;
-  using L14B = prox::PolicyList<G<680, 3>, G<340, 3>, G<1360, 3>, G<340, 3, 3>>;
-  using L32B = prox::PolicyList<G<1000, 3>, G<500, 3>, G<2000, 3>, G<500, 3, 3>>;
-  CHECK(prox::default_policy<L8B>(132, blocks, pipelined) == 0);   // one wave, most blocks
-  CHECK(prox::default_policy<L14B>(132, blocks, pipelined) == 1);  // one wave: no preference, lower index
-  CHECK(prox::default_policy<L32B>(132, blocks, pipelined) == 3);  // two waves: the pipelined one
-  CHECK(prox::default_policy<L32B>(132, blocks) == 1);             // no preference given: lower index
-  // The preference never outweighs a wave, and among preferred candidates more blocks still win.
-  CHECK(prox::default_policy<prox::PolicyList<G<800, 3, 3>, G<396, 3>>>(132, blocks, pipelined) == 1);
-  CHECK(prox::default_policy<prox::PolicyList<G<500, 3, 3>, G<700, 3, 3>, G<790, 3>>>(132, blocks, pipelined) == 1);
+  std::string names;
+  prox::for_each_policy<List>([&](auto p, int i) { names += std::to_string(i) + decltype(p)::name(); });
+  CHECK(names == "0p31p52p7");
 }
 
 TEST_CASE("spread_smem_bytes: a small grid gets shared memory for at most ceil(blocks / SMs) per SM",

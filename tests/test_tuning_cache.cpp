@@ -5,7 +5,7 @@
 //! with exactly one warning), validation of entries, and lookups racing with records and loads.
 //! What the library adds (writing, the environment, the tie rule, verification) is tested in
 //! test_tuning_library.cpp.
-#include <catch2/catch.hpp>
+#include "catch.hpp"
 
 #include <atomic>
 #include <cstdlib>

@@ -3,7 +3,7 @@
 //! the keys of prox's ops, this build's policy table, and choose<Ffn>(), which fills exactly the
 //! PolicyChoice fields of the Stage-2 form the plan runs, by lookup, and hands misses to the cache's
 //! miss handler in mode 2 (never during capture).
-#include <catch2/catch.hpp>
+#include "catch.hpp"
 
 #include <cuda_runtime.h>
 

@@ -5,7 +5,7 @@
 //! and feed SparseFfn::plan() (the fused and the unfused Stage 2); choose() follows the mode (off /
 //! read-only / tune-on-miss through the library's miss handler, fixed once chosen); nothing tunes
 //! during stream capture.
-#include <catch2/catch.hpp>
+#include "catch.hpp"
 
 #include <cuda_runtime.h>
 

@@ -3,7 +3,7 @@
 //! (round trip, merge, foreign and corrupt files, no symlink followed, concurrent savers), where a
 //! cache file lives and which mode a cache gets from the environment, the near-tie rule, and the
 //! verification rule of prox_tuning/verify.hpp (a corrupted small output is caught, rounding is not).
-#include <catch2/catch.hpp>
+#include "catch.hpp"
 
 #include <sys/wait.h>
 #include <unistd.h>

@@ -6,10 +6,11 @@
 //! let one of these cases through would try to launch (no device: a CUDA runtime error, not the
 //! Status expected; with a device: a fault), so every CHECK below can fail. Each case changes one
 //! field of arguments that can_implement() accepts, which is checked first.
-#include <catch2/catch.hpp>
+#include "catch.hpp"
 
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 
 #include <prox/calibrate.cuh>
 #include <prox/glu_down_gemv.cuh>
@@ -30,20 +31,50 @@ P* fake(int slot, std::uintptr_t offset = 0) {
 const float kNaN = std::numeric_limits<float>::quiet_NaN();
 const float kInf = std::numeric_limits<float>::infinity();
 
-template <class T>
-prox::ProxyGemvArgs<T> proxy_args() {
-  prox::ProxyGemvArgs<T> a;
+//! A proxy matrix of format Fmt at fabricated addresses (data `offset` bytes past its slot).
+template <class Fmt>
+typename Fmt::Matrix matrix(int data_slot, int scale_slot, std::uintptr_t offset = 0) {
+  typename Fmt::Matrix m;
+  if constexpr (std::is_same_v<Fmt, prox::Int4Weights>) {
+    m.packed = fake<const std::uint32_t>(data_slot, offset);
+  } else {
+    using W = std::remove_const_t<std::remove_pointer_t<decltype(m.w)>>;
+    m.w = fake<const W>(data_slot, offset);
+  }
+  m.scales = fake<const float>(scale_slot);
+  return m;
+}
+
+template <class T, class Fmt = prox::Int4Weights>
+prox::ProxyGemvArgs<T, Fmt> proxy_args() {
+  prox::ProxyGemvArgs<T, Fmt> a;
   a.x = fake<const T>(0);
   a.d_model = 4096;
   a.d_ff = 12288;
   a.tau_x = 0.5f;
   a.tau_s = 0.25f;
-  a.w_gate = fake<const void>(1);
-  a.w_up = fake<const void>(2);
-  a.scale_gate = fake<const float>(3);
-  a.scale_up = fake<const float>(4);
+  a.gate = matrix<Fmt>(1, 3);
+  a.up = matrix<Fmt>(2, 4);
   a.channel_mask = fake<std::uint32_t>(5);
   return a;
+}
+
+//! Plan an op as an engine would (Operator::initialize): bad arguments or options return their
+//! Status before the device is asked anything; good ones then need a device (kErrorNoDevice here).
+template <class Op>
+Status plan(const typename Op::Args& a, const typename Op::Options& o = {}, int policy = -1) {
+  prox::Operator<Op> op;
+  const Status st = op.initialize(a, o, policy);
+  (void)cudaGetLastError();  // the test's own: a failed device query leaves no error behind anyway
+  return st;
+}
+
+//! Whether this machine has a CUDA device (the workspace checks of run() need a planned op).
+bool have_device() {
+  int n = 0;
+  const bool yes = cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+  (void)cudaGetLastError();
+  return yes;
 }
 
 template <class T>
@@ -87,10 +118,10 @@ TEST_CASE("thresholds: NaN and negative values are refused, +0, -0 and +inf acce
 
 TEMPLATE_TEST_CASE("threshold op: bad input gets a Status before any launch", "[validation]", __half, __nv_bfloat16) {
   using T = TestType;
-  using P = prox::PolicyAt<0, prox::ThresholdPolicies>;
+  using Op = prox::ThresholdOp<T>;
   prox::ThresholdArgs<T> good{fake<const T>(0), 4096, 0.5f, fake<std::uint32_t>(1), fake<int>(2), fake<int>(3)};
-  REQUIRE(prox::threshold::can_implement(good) == Status::kSuccess);
-  const auto launch = [](const prox::ThresholdArgs<T>& a) { return prox::threshold::launch<P>(a, nullptr, nullptr); };
+  REQUIRE(Op::can_implement(good) == Status::kSuccess);
+  const auto launch = [](const prox::ThresholdArgs<T>& a) { return plan<Op>(a); };
   auto a = good;
   a.x = nullptr;
   CHECK(launch(a) == Status::kErrorNullPointer);
@@ -100,7 +131,7 @@ TEMPLATE_TEST_CASE("threshold op: bad input gets a Status before any launch", "[
   a = good;
   a.count = nullptr;  // indices without a count
   CHECK(launch(a) == Status::kErrorNullPointer);
-  for (int n : {0, -1, (1 << 24) + 1}) {
+  for (int n : {0, -1, prox::kMaxThresholdLength + 1}) {
     a = good;
     a.n = n;
     CHECK(launch(a) == Status::kErrorInvalidShape);
@@ -122,44 +153,40 @@ TEMPLATE_TEST_CASE("threshold op: bad input gets a Status before any launch", "[
   a = good;
   a.x_sparse = fake<T>(4, 1);
   CHECK(launch(a) == Status::kErrorMisalignedPointer);
+  CHECK(plan<Op>(good, {}, prox::ThresholdPolicies::kSize) == Status::kErrorInvalidArgument);  // no such policy
+  CHECK(plan<Op>(good, {}, -2) == Status::kErrorInvalidArgument);
+  CHECK(prox::Operator<Op>::workspace_bytes(good) == 0u);  // needs none
 }
 
 TEMPLATE_TEST_CASE("proxy GEMV: bad input gets a Status before any launch", "[validation]", prox::Int4Weights,
                    prox::DenseWeights<__half>) {
   using Fmt = TestType;
   using T = __half;
-  using Policies = typename prox::SparseFfn<T, prox::SiLU, Fmt>::ProxyPolicies;
-  using P = prox::PolicyAt<0, Policies>;
-  const prox::ProxyGemvArgs<T> good = proxy_args<T>();
-  REQUIRE(prox::proxy_gemv::can_implement<Fmt>(good) == Status::kSuccess);
-  const std::size_t need = prox::proxy_gemv::workspace_bytes<P>(good);
-  REQUIRE(need > 0);
-  void* ws = fake<void>(7);
-  const auto launch = [&](const prox::ProxyGemvArgs<T>& a, void* w, std::size_t bytes) {
-    return prox::proxy_gemv::launch<P, Fmt, prox::SiLU>(a, w, bytes, nullptr);
-  };
+  using Op = prox::ProxyGemvOp<T, prox::SiLU, Fmt>;
+  const prox::ProxyGemvArgs<T, Fmt> good = proxy_args<T, Fmt>();
+  REQUIRE(Op::can_implement(good) == Status::kSuccess);
   const auto with = [&](auto mutate) {
-    prox::ProxyGemvArgs<T> a = good;
+    prox::ProxyGemvArgs<T, Fmt> a = good;
     mutate(a);
-    return launch(a, ws, need);
+    return plan<Op>(a);
   };
   CHECK(with([](auto& a) { a.x = nullptr; }) == Status::kErrorNullPointer);
-  CHECK(with([](auto& a) { a.w_gate = nullptr; }) == Status::kErrorNullPointer);
-  CHECK(with([](auto& a) { a.w_up = nullptr; }) == Status::kErrorNullPointer);
+  CHECK(with([](auto& a) { a.gate = typename Fmt::Matrix{}; }) == Status::kErrorNullPointer);
+  CHECK(with([](auto& a) { a.up = typename Fmt::Matrix{}; }) == Status::kErrorNullPointer);
   CHECK(with([](auto& a) { a.channel_mask = nullptr; }) == Status::kErrorNullPointer);  // and no s_proxy
   if (Fmt::kNeedsScales) {
-    CHECK(with([](auto& a) { a.scale_gate = nullptr; }) == Status::kErrorNullPointer);
-    CHECK(with([](auto& a) { a.scale_up = nullptr; }) == Status::kErrorNullPointer);
+    CHECK(with([](auto& a) { a.gate.scales = nullptr; }) == Status::kErrorNullPointer);
+    CHECK(with([](auto& a) { a.up.scales = nullptr; }) == Status::kErrorNullPointer);
   } else {  // fp16 proxies carry no scales
-    prox::ProxyGemvArgs<T> a = good;
-    a.scale_gate = a.scale_up = nullptr;
-    CHECK(prox::proxy_gemv::can_implement<Fmt>(a) == Status::kSuccess);
+    prox::ProxyGemvArgs<T, Fmt> a = good;
+    a.gate.scales = a.up.scales = nullptr;
+    CHECK(Op::can_implement(a) == Status::kSuccess);
   }
   {  // values mode alone is a valid output
-    prox::ProxyGemvArgs<T> a = good;
+    prox::ProxyGemvArgs<T, Fmt> a = good;
     a.channel_mask = nullptr;
     a.s_proxy = fake<float>(6);
-    CHECK(prox::proxy_gemv::can_implement<Fmt>(a) == Status::kSuccess);
+    CHECK(Op::can_implement(a) == Status::kSuccess);
   }
   CHECK(with([](auto& a) { a.d_model = 0; }) == Status::kErrorInvalidShape);
   CHECK(with([](auto& a) { a.d_model = (1 << 20) + 1; }) == Status::kErrorInvalidShape);
@@ -171,32 +198,46 @@ TEMPLATE_TEST_CASE("proxy GEMV: bad input gets a Status before any launch", "[va
   CHECK(with([](auto& a) { a.tau_s = kNaN; }) == Status::kErrorInvalidThreshold);
   CHECK(with([](auto& a) { a.tau_s = -kInf; }) == Status::kErrorInvalidThreshold);
   CHECK(with([](auto& a) { a.x = fake<const T>(0, 1); }) == Status::kErrorMisalignedPointer);
-  CHECK(with([](auto& a) { a.w_gate = fake<const void>(1, 8); }) == Status::kErrorMisalignedPointer);
-  CHECK(with([](auto& a) { a.w_up = fake<const void>(2, 4); }) == Status::kErrorMisalignedPointer);
-  CHECK(with([](auto& a) { a.scale_gate = fake<const float>(3, 2); }) == Status::kErrorMisalignedPointer);
+  CHECK(with([](auto& a) { a.gate = matrix<Fmt>(1, 3, 8); }) == Status::kErrorMisalignedPointer);
+  CHECK(with([](auto& a) { a.up = matrix<Fmt>(2, 4, 4); }) == Status::kErrorMisalignedPointer);
+  CHECK(with([](auto& a) { a.gate.scales = fake<const float>(3, 2); }) == Status::kErrorMisalignedPointer);
   CHECK(with([](auto& a) { a.channel_mask = fake<std::uint32_t>(5, 2); }) == Status::kErrorMisalignedPointer);
   CHECK(with([](auto& a) { a.s_proxy = fake<float>(6, 1); }) == Status::kErrorMisalignedPointer);
+  CHECK(with([](auto& a) { a.thresholds = fake<const float>(7, 2); }) == Status::kErrorMisalignedPointer);
   CHECK(with([](auto& a) { a.counters = fake<prox::SparsityCounters>(8, 4); }) == Status::kErrorMisalignedPointer);
-  // The workspace.
-  CHECK(launch(good, nullptr, need) == Status::kErrorNullPointer);
-  CHECK(launch(good, ws, need - 1) == Status::kErrorWorkspaceTooSmall);
-  CHECK(launch(good, fake<void>(7, 8), need) == Status::kErrorMisalignedPointer);
+  CHECK(plan<Op>(good, {}, Op::Policies::kSize) == Status::kErrorInvalidArgument);
+  // The workspace (run() on a planned op).
+  const std::size_t need = prox::Operator<Op>::workspace_bytes(good);
+  REQUIRE(need > prox::detail::kHeaderBytes);
+  if (have_device()) {
+    prox::Operator<Op> op;
+    REQUIRE(op.initialize(good) == Status::kSuccess);
+    CHECK(op.run(good, nullptr, need, nullptr) == Status::kErrorNullPointer);
+    CHECK(op.run(good, fake<void>(9), need - 1, nullptr) == Status::kErrorWorkspaceTooSmall);
+    CHECK(op.run(good, fake<void>(9, 8), need, nullptr) == Status::kErrorMisalignedPointer);
+    prox::ProxyGemvArgs<T, Fmt> other = good;
+    other.d_ff = 12288 - 32;  // a valid shape, not the planned one
+    CHECK(op.run(other, fake<void>(9), need, nullptr) == Status::kErrorInvalidArgument);
+  } else {
+    CHECK(plan<Op>(good) == Status::kErrorNoDevice);
+    CHECK(prox::Operator<Op>().run(good, fake<void>(9), need, nullptr) == Status::kErrorNotPlanned);
+  }
 }
 
 TEMPLATE_TEST_CASE("GLU, down and fused Stage-2 GEMVs: bad input gets a Status before any launch", "[validation]",
                    __half, __nv_bfloat16) {
   using T = TestType;
-  using GP = prox::PolicyAt<0, prox::GluGemvPolicies>;
-  using DP = prox::PolicyAt<0, prox::DownGemvPolicies>;
-  using FP = prox::PolicyAt<0, prox::GluDownGemvPolicies>;
+  using Glu = prox::GluGemvOp<T, prox::SiLU>;
+  using Down = prox::DownGemvOp<T>;
+  using Fused = prox::GluDownGemvOp<T, prox::SiLU>;
 
   // Fused Stage 2 (its GLU part follows the GLU GEMV's rules).
   const prox::GluDownGemvArgs<T> good = glu_down_args<T>();
-  REQUIRE(prox::glu_down_gemv::can_implement(good) == Status::kSuccess);
+  REQUIRE(Fused::can_implement(good) == Status::kSuccess);
   const auto fused = [](auto mutate) {
     prox::GluDownGemvArgs<T> a = glu_down_args<T>();
     mutate(a);
-    return prox::glu_down_gemv::launch<FP, prox::SiLU>(a, fake<void>(9), std::size_t(1) << 30, nullptr);
+    return plan<Fused>(a);
   };
   CHECK(fused([](auto& a) { a.x = nullptr; }) == Status::kErrorNullPointer);
   CHECK(fused([](auto& a) { a.channel_mask = nullptr; }) == Status::kErrorNullPointer);
@@ -206,100 +247,157 @@ TEMPLATE_TEST_CASE("GLU, down and fused Stage-2 GEMVs: bad input gets a Status b
   CHECK(fused([](auto& a) { a.d_model = 4100; }) == Status::kErrorInvalidShape);  // not a multiple of 8
   CHECK(fused([](auto& a) { a.d_model = 0; }) == Status::kErrorInvalidShape);
   CHECK(fused([](auto& a) { a.d_ff = 12300; }) == Status::kErrorInvalidShape);
-  CHECK(fused([](auto& a) { a.grid_blocks = -1; }) == Status::kErrorInvalidArgument);
   CHECK(fused([](auto& a) { a.x = fake<const T>(0, 8); }) == Status::kErrorMisalignedPointer);  // 16 bytes needed
   CHECK(fused([](auto& a) { a.w_gate = fake<const T>(1, 8); }) == Status::kErrorMisalignedPointer);
   CHECK(fused([](auto& a) { a.s = fake<float>(4, 2); }) == Status::kErrorMisalignedPointer);
   CHECK(fused([](auto& a) { a.w_down_t = fake<const T>(5, 8); }) == Status::kErrorMisalignedPointer);
   CHECK(fused([](auto& a) { a.y = fake<T>(6, 1); }) == Status::kErrorMisalignedPointer);
+  typename Fused::Options fo;
+  fo.grid_blocks = -1;
+  CHECK(plan<Fused>(good, fo) == Status::kErrorInvalidArgument);
 
   // GLU GEMV alone.
   const prox::GluGemvArgs<T> glu_good = good;
-  REQUIRE(prox::glu_gemv::can_implement(glu_good) == Status::kSuccess);
+  REQUIRE(Glu::can_implement(glu_good) == Status::kSuccess);
   const auto glu = [&](auto mutate) {
     prox::GluGemvArgs<T> a = glu_good;
     mutate(a);
-    return prox::glu_gemv::launch<GP, prox::SiLU>(a, nullptr, 0, nullptr);
+    return plan<Glu>(a);
   };
   CHECK(glu([](auto& a) { a.w_up = nullptr; }) == Status::kErrorNullPointer);
   CHECK(glu([](auto& a) { a.d_model = 12; }) == Status::kErrorInvalidShape);
   CHECK(glu([](auto& a) { a.d_ff = 16; }) == Status::kErrorInvalidShape);
-  CHECK(glu([](auto& a) { a.grid_blocks = -2; }) == Status::kErrorInvalidArgument);
   CHECK(glu([](auto& a) { a.channel_mask = fake<const std::uint32_t>(3, 1); }) == Status::kErrorMisalignedPointer);
+  typename Glu::Options go;
+  go.grid_blocks = -2;
+  CHECK(plan<Glu>(glu_good, go) == Status::kErrorInvalidArgument);
 
-  // Down GEMV alone, with its workspace.
+  // Down GEMV alone.
   const prox::DownGemvArgs<T> down_good = down_args<T>();
-  REQUIRE(prox::down_gemv::can_implement(down_good) == Status::kSuccess);
-  const std::size_t need = prox::down_gemv::workspace_bytes<DP>(down_good);
-  const auto down = [&](auto mutate, void* ws, std::size_t bytes) {
+  REQUIRE(Down::can_implement(down_good) == Status::kSuccess);
+  const auto down = [&](auto mutate) {
     prox::DownGemvArgs<T> a = down_good;
     mutate(a);
-    return prox::down_gemv::launch<DP>(a, ws, bytes, nullptr);
+    return plan<Down>(a);
   };
-  const auto none = [](auto&) {};
-  void* ws = fake<void>(9);
-  CHECK(down([](auto& a) { a.s = nullptr; }, ws, need) == Status::kErrorNullPointer);
-  CHECK(down([](auto& a) { a.d_ff = 33; }, ws, need) == Status::kErrorInvalidShape);
-  CHECK(down([](auto& a) { a.d_model = (1 << 20) + 8; }, ws, need) == Status::kErrorInvalidShape);
-  CHECK(down([](auto& a) { a.w_down_t = fake<const T>(2, 4); }, ws, need) == Status::kErrorMisalignedPointer);
-  CHECK(down([](auto& a) { a.y = fake<T>(3, 1); }, ws, need) == Status::kErrorMisalignedPointer);
-  CHECK(down(none, nullptr, need) == Status::kErrorNullPointer);
-  CHECK(down(none, ws, need - 1) == Status::kErrorWorkspaceTooSmall);
-  CHECK(down(none, fake<void>(9, 4), need) == Status::kErrorMisalignedPointer);
+  CHECK(down([](auto& a) { a.s = nullptr; }) == Status::kErrorNullPointer);
+  CHECK(down([](auto& a) { a.d_ff = 33; }) == Status::kErrorInvalidShape);
+  CHECK(down([](auto& a) { a.d_model = (1 << 20) + 8; }) == Status::kErrorInvalidShape);
+  CHECK(down([](auto& a) { a.w_down_t = fake<const T>(2, 4); }) == Status::kErrorMisalignedPointer);
+  CHECK(down([](auto& a) { a.y = fake<T>(3, 1); }) == Status::kErrorMisalignedPointer);
+  if (have_device()) {
+    const std::size_t need = prox::Operator<Down>::workspace_bytes(down_good);
+    prox::Operator<Down> op;
+    REQUIRE(op.initialize(down_good) == Status::kSuccess);
+    CHECK(op.run(down_good, nullptr, need, nullptr) == Status::kErrorNullPointer);
+    CHECK(op.run(down_good, fake<void>(9), need - 1, nullptr) == Status::kErrorWorkspaceTooSmall);
+    CHECK(op.run(down_good, fake<void>(9, 4), need, nullptr) == Status::kErrorMisalignedPointer);
+  }
+}
+
+namespace {
+//! A candidate of default_policy(): its grid size, residency and pipeline depth.
+template <int Blocks, int MinBlocks, int Stages = 0>
+struct G {
+  static constexpr int kBlocks = Blocks;
+  static constexpr int kMinBlocks = MinBlocks;
+  static constexpr int kStages = Stages;
+  static std::string name() { return "g" + std::to_string(Blocks) + "_" + std::to_string(Stages); }
+};
+}  // namespace
+
+TEST_CASE("default_fewest_waves: fewest waves, then the multi-wave preference, then most blocks, then lower index",
+          "[policy]") {
+  const auto blocks = [](auto p) { return long(decltype(p)::kBlocks); };
+  const auto pipelined = [](auto p) { return decltype(p)::kStages > 0; };
+  // 132 SMs x 3 resident blocks: a wave holds 396 blocks. The lists mirror the Stage-1 grids of the
+  // Qwen3 shapes for ProxyGemvPolicies (512-, 1024-, 256-input chunks, 1024 pipelined).
+  using L8B = prox::PolicyList<G<384, 3>, G<192, 3>, G<768, 3>, G<192, 3, 3>>;
+  using L14B = prox::PolicyList<G<680, 3>, G<340, 3>, G<1360, 3>, G<340, 3, 3>>;
+  using L32B = prox::PolicyList<G<1000, 3>, G<500, 3>, G<2000, 3>, G<500, 3, 3>>;
+  CHECK(prox::detail::default_fewest_waves<L8B>(132, blocks, pipelined) == 0);   // one wave, most blocks
+  CHECK(prox::detail::default_fewest_waves<L14B>(132, blocks, pipelined) == 1);  // one wave: no preference, lower index
+  CHECK(prox::detail::default_fewest_waves<L32B>(132, blocks, pipelined) == 3);  // two waves: the pipelined one
+  CHECK(prox::detail::default_fewest_waves<L32B>(132, blocks) == 1);             // no preference given: lower index
+  // The preference never outweighs a wave, and among preferred candidates more blocks still win.
+  CHECK(prox::detail::default_fewest_waves<prox::PolicyList<G<800, 3, 3>, G<396, 3>>>(132, blocks, pipelined) == 1);
+  CHECK(prox::detail::default_fewest_waves<prox::PolicyList<G<500, 3, 3>, G<700, 3, 3>, G<790, 3>>>(132, blocks, pipelined) == 1);
 }
 
 TEST_CASE("fused Stage 2: the plan's default policy covers a row with the fewest GLU load slots", "[validation]") {
   using L = prox::GluDownGemvPolicies;
-  namespace gd = prox::glu_down_gemv;
   using P0 = prox::PolicyAt<0, L>;  // 256 threads
   using P1 = prox::PolicyAt<1, L>;  // 320 threads
   STATIC_REQUIRE(P0::kThreads == 256);
   STATIC_REQUIRE(P1::kThreads == 320);
-  CHECK(gd::glu_row_slots<P0>(4096) == 512);  // 512 pieces: 2 full steps
-  CHECK(gd::glu_row_slots<P0>(5120) == 768);  // 640 pieces: 3 steps, the last half idle
-  CHECK(gd::glu_row_slots<P1>(5120) == 640);
-  CHECK(gd::glu_row_slots<P1>(8) == 320);     // 1 piece still takes a step
-  CHECK(gd::default_policy<L>(2048) == 0);    // Qwen3-1.7B: 256 slots against 320
-  CHECK(gd::default_policy<L>(2560) == 1);    // Qwen3-4B: 320 against 512
-  CHECK(gd::default_policy<L>(4096) == 0);    // Qwen3-8B: a tie of 0 and 2 goes to the lower index
-  CHECK(gd::default_policy<L>(5120) == 1);    // Qwen3-14B and 32B: 640 against 768
-  CHECK(gd::default_policy<L>(7168) == 1);    // 896 pieces: 960 against 1024
-  CHECK(gd::default_policy<L>(3584) == 0);    // 448 pieces: 512 against 640
-  CHECK(gd::default_policy<L>(8) == 0);
+  CHECK(prox::detail::glu_row_slots<P0>(4096) == 512);  // 512 pieces: 2 full steps
+  CHECK(prox::detail::glu_row_slots<P0>(5120) == 768);  // 640 pieces: 3 steps, the last half idle
+  CHECK(prox::detail::glu_row_slots<P1>(5120) == 640);
+  CHECK(prox::detail::glu_row_slots<P1>(8) == 320);     // 1 piece still takes a step
+  const auto dflt = [](int d_model) {
+    prox::GluDownGemvArgs<__half> a;
+    a.d_model = d_model;
+    return prox::default_policy(prox::GluDownGemvOp<__half, prox::SiLU>{}, prox::DeviceInfo{}, a);
+  };
+  CHECK(dflt(2048) == 0);  // Qwen3-1.7B: 256 slots against 320
+  CHECK(dflt(2560) == 1);  // Qwen3-4B: 320 against 512
+  CHECK(dflt(4096) == 0);  // Qwen3-8B: a tie of 0 and 2 goes to the lower index
+  CHECK(dflt(5120) == 1);  // Qwen3-14B and 32B: 640 against 768
+  CHECK(dflt(7168) == 1);  // 896 pieces: 960 against 1024
+  CHECK(dflt(3584) == 0);  // 448 pieces: 512 against 640
+  CHECK(dflt(8) == 0);
+}
+
+TEST_CASE("Stage 1: the plan's default policy takes the fewest waves, then cp.async past one wave", "[validation]") {
+  prox::DeviceInfo h100;
+  h100.sm_count = 132;
+  h100.cc_major = 9;
+  const auto dflt = [&](int K, int N) {
+    prox::ProxyGemvArgs<__half> a;
+    a.d_model = K;
+    a.d_ff = N;
+    return prox::default_policy(prox::ProxyGemvOp<__half, prox::SiLU>{}, h100, a);
+  };
+  using Op = prox::ProxyGemvOp<__half, prox::SiLU>;
+  // Qwen3-32B: every candidate needs two waves of 396 slots; the cp.async candidate (3) is preferred.
+  CHECK(Op::num_blocks<prox::PolicyAt<0, prox::ProxyGemvPolicies>>(5120, 25600) > 396);
+  CHECK(dflt(5120, 25600) == 3);
+  CHECK(dflt(4096, 12288) == 0);  // Qwen3-8B: 384 blocks, one wave
 }
 
 namespace {
-//! Bytes of split-K partials an op's launch puts after its counter region (0 without split-K).
+//! Bytes of split-K partials a policy writes (0 without split-K).
 constexpr std::size_t partial_bytes(int chunks, int mats, int columns) {
   return chunks > 1 ? sizeof(float) * static_cast<std::size_t>(mats) * static_cast<std::size_t>(chunks) *
                           static_cast<std::size_t>(columns)
                     : 0;
 }
 
-template <class List>
-void check_proxy_counter_region(int K, int N) {
-  prox::ProxyGemvArgs<__half> a;
+template <class Fmt>
+void check_proxy_regions(int K, int N) {
+  using Op = prox::ProxyGemvOp<__half, prox::SiLU, Fmt>;
+  prox::ProxyGemvArgs<__half, Fmt> a;
   a.d_model = K;
   a.d_ff = N;
-  const std::size_t region = prox::detail::tile_counter_bytes<prox::detail::kMinTileWidth>(N);
-  prox::for_each_policy<List>([&](auto p, int pi) {
+  const prox::WorkspaceNeeds n = Op::workspace_needs(a);
+  CHECK(n.sync == prox::detail::tile_counter_bytes<prox::detail::kMinTileWidth>(N));
+  prox::for_each_policy<typename Op::Policies>([&](auto p, int pi) {
     using P = decltype(p);
     CAPTURE(K, N, pi, P::name());
-    // Its counters fit the common region, and its partials start right after it.
-    CHECK(sizeof(unsigned) * static_cast<std::size_t>(prox::proxy_gemv::num_tiles<P>(N)) <= region);
-    CHECK(prox::proxy_gemv::workspace_bytes<P>(a) ==
-          region + partial_bytes(prox::proxy_gemv::num_chunks<P>(K), 2, N));
+    // Its counters fit the common region, and its partials the scratch.
+    CHECK(sizeof(unsigned) * static_cast<std::size_t>(Op::template num_tiles<P>(N)) <= n.sync);
+    CHECK(partial_bytes(Op::template num_chunks<P>(K), 2, N) <= n.scratch);
   });
 }
 }  // namespace
 
 TEST_CASE("workspace: every policy of an op keeps its tile counters in one region of the same size",
           "[validation][workspace]") {
-  // A workspace zeroed once serves every policy of an op at one shape only if no policy's split-K
-  // partials land on another policy's counters (tests/test_workspace.cu runs it on the GPU).
+  // A workspace initialized once serves every policy of an op at one shape only if no policy's
+  // split-K partials land on another policy's counters (tests/test_workspace.cu runs it on the GPU).
   for (int N : {32, 1056, 2080, 16640, 17408, 25600, 1 << 20}) {
-    check_proxy_counter_region<prox::ProxyGemvPolicies>(4096, N);
-    check_proxy_counter_region<prox::DenseProxyGemvPolicies>(1032, N);
+    check_proxy_regions<prox::Int4Weights>(4096, N);
+    check_proxy_regions<prox::DenseWeights<__half>>(1032, N);
     // The narrowest tile any policy may have fits too.
     CHECK(sizeof(unsigned) * static_cast<std::size_t>((N + prox::detail::kMinTileWidth - 1) /
                                                       prox::detail::kMinTileWidth) <=
@@ -313,26 +411,50 @@ TEST_CASE("workspace: every policy of an op keeps its tile counters in one regio
     prox::DownGemvArgs<__half> d;
     d.d_model = K;
     d.d_ff = 12288;
-    const std::size_t region = prox::detail::tile_counter_bytes<prox::detail::kMinTileWidth>(K);
+    using Down = prox::DownGemvOp<__half>;
+    const prox::WorkspaceNeeds nd = Down::workspace_needs(d);
+    CHECK(nd.sync == prox::detail::tile_counter_bytes<prox::detail::kMinTileWidth>(K));
     prox::for_each_policy<prox::DownGemvPolicies>([&](auto p, int pi) {
       using P = decltype(p);
       CAPTURE(K, pi, P::name());
-      CHECK(sizeof(unsigned) * static_cast<std::size_t>(prox::down_gemv::num_tiles<P>(K)) <= region);
-      CHECK(prox::down_gemv::workspace_bytes<P>(d) ==
-            region + partial_bytes(prox::down_gemv::num_chunks<P>(12288), 1, K));
+      CHECK(sizeof(unsigned) * static_cast<std::size_t>(Down::num_tiles<P>(K)) <= nd.sync);
+      CHECK(partial_bytes(Down::num_chunks<P>(12288), 1, K) <= nd.scratch);
     });
+    // The fused Stage 2: the barrier, then the down counters as the down GEMV lays them out (SparseFfn
+    // shares them between its fused and unfused Stage 2), and partials for the largest grid.
+    prox::GluDownGemvArgs<__half> f;
+    f.d_model = K;
+    f.d_ff = 12288;
+    using Fused = prox::GluDownGemvOp<__half, prox::SiLU>;
+    const prox::WorkspaceNeeds nf = Fused::workspace_needs(f);
+    CHECK(nf.sync == sizeof(unsigned) * prox::detail::kBarrierWords + nd.sync);
     prox::for_each_policy<prox::GluDownGemvPolicies>([&](auto p, int pi) {
       using P = decltype(p);
-      for (int blocks : {1, 7, 264, 396}) {
-        CAPTURE(K, pi, P::name(), blocks);
-        const auto l = prox::glu_down_gemv::workspace_layout<P>(K, blocks);
-        CHECK(l.barrier == 0u);  // the same offsets for every policy and grid
-        CHECK(l.counters == 256u);
-        CHECK(l.partials == 256u + region);
-        CHECK(sizeof(unsigned) * static_cast<std::size_t>(prox::glu_down_gemv::num_tiles<P>(K)) <= region);
-        CHECK(l.total >= l.partials);
-      }
+      CAPTURE(K, pi, P::name());
+      const int parts = prox::kMaxFusedGridBlocks / Fused::num_tiles<P>(K);
+      CHECK(partial_bytes(parts, 1, K) <= nf.scratch);
     });
+  }
+}
+
+TEST_CASE("SparseFfn: the workspace size depends on the shape only", "[validation][workspace]") {
+  for (const auto& [K, N] : {std::pair{2048, 6144}, std::pair{4096, 12288}, std::pair{5120, 17408}, std::pair{8, 32}}) {
+    CAPTURE(K, N);
+    const std::size_t f16 = prox::SparseFfn<__half, prox::SiLU>::workspace_bytes(K, N);
+    CHECK(f16 == prox::SparseFfn<__nv_bfloat16, prox::SiLU>::workspace_bytes(K, N));
+    CHECK(f16 == prox::SparseFfn<__half, prox::GeluTanh>::workspace_bytes(K, N));
+    CHECK(f16 == prox::SparseFfn<__nv_bfloat16, prox::GeluTanh>::workspace_bytes(K, N));
+    // It holds the header, both stages' sync words, mask, s, and the largest scratch of any kernel.
+    prox::ProxyGemvArgs<__half> a;
+    a.d_model = K;
+    a.d_ff = N;
+    prox::GluDownGemvArgs<__half> g;
+    g.d_model = K;
+    g.d_ff = N;
+    const auto n1 = prox::ProxyGemvOp<__half, prox::SiLU>::workspace_needs(a);
+    const auto n2 = prox::GluDownGemvOp<__half, prox::SiLU>::workspace_needs(g);
+    CHECK(f16 >= prox::detail::kHeaderBytes + n1.sync + n2.sync + sizeof(float) * N + N / 8 +
+                     std::max(n1.scratch, n2.scratch));
   }
 }
 
@@ -367,13 +489,11 @@ TEMPLATE_TEST_CASE("SparseFfn: plan refuses bad layers before it asks the device
   using T = TestType;
   using Ffn = prox::SparseFfn<T>;
   typename Ffn::Weights w;
-  w.w_gate = fake<const T>(0);
-  w.w_up = fake<const T>(1);
-  w.w_down_t = fake<const T>(2);
-  w.proxy_gate = fake<const void>(3);
-  w.proxy_up = fake<const void>(4);
-  w.proxy_scale_gate = fake<const float>(5);
-  w.proxy_scale_up = fake<const float>(6);
+  w.gate = fake<const T>(0);
+  w.up = fake<const T>(1);
+  w.down_t = fake<const T>(2);
+  w.proxy_gate = {fake<const std::uint32_t>(3), fake<const float>(5)};
+  w.proxy_up = {fake<const std::uint32_t>(4), fake<const float>(6)};
   const typename Ffn::Config cfg{4096, 12288, 0.5f, 0.25f};
   Ffn f;
   const auto plan = [&](auto mutate_cfg, auto mutate_w) {
@@ -390,38 +510,47 @@ TEMPLATE_TEST_CASE("SparseFfn: plan refuses bad layers before it asks the device
   CHECK(plan([](auto& c) { c.d_ff = (1 << 20) + 32; }, none) == Status::kErrorInvalidShape);
   CHECK(plan([](auto& c) { c.tau_x = kNaN; }, none) == Status::kErrorInvalidThreshold);
   CHECK(plan([](auto& c) { c.tau_s = -1.0f; }, none) == Status::kErrorInvalidThreshold);
-  CHECK(plan(none, [](auto& ww) { ww.w_gate = nullptr; }) == Status::kErrorNullPointer);
-  CHECK(plan(none, [](auto& ww) { ww.w_down_t = nullptr; }) == Status::kErrorNullPointer);
-  CHECK(plan(none, [](auto& ww) { ww.proxy_up = nullptr; }) == Status::kErrorNullPointer);
-  CHECK(plan(none, [](auto& ww) { ww.proxy_scale_gate = nullptr; }) == Status::kErrorNullPointer);
-  CHECK(plan(none, [](auto& ww) { ww.w_up = fake<const T>(1, 8); }) == Status::kErrorMisalignedPointer);
-  CHECK(plan(none, [](auto& ww) { ww.proxy_gate = fake<const void>(3, 4); }) == Status::kErrorMisalignedPointer);
-  CHECK(plan(none, [](auto& ww) { ww.proxy_scale_up = fake<const float>(6, 2); }) ==
+  CHECK(plan([](auto& c) { c.thresholds = fake<const float>(8, 2); }, none) == Status::kErrorMisalignedPointer);
+  CHECK(plan(none, [](auto& ww) { ww.gate = nullptr; }) == Status::kErrorNullPointer);
+  CHECK(plan(none, [](auto& ww) { ww.down_t = nullptr; }) == Status::kErrorNullPointer);
+  CHECK(plan(none, [](auto& ww) { ww.proxy_up.packed = nullptr; }) == Status::kErrorNullPointer);
+  CHECK(plan(none, [](auto& ww) { ww.proxy_gate.scales = nullptr; }) == Status::kErrorNullPointer);
+  CHECK(plan(none, [](auto& ww) { ww.up = fake<const T>(1, 8); }) == Status::kErrorMisalignedPointer);
+  CHECK(plan(none, [](auto& ww) { ww.proxy_gate.packed = fake<const std::uint32_t>(3, 4); }) ==
         Status::kErrorMisalignedPointer);
+  CHECK(plan(none, [](auto& ww) { ww.proxy_up.scales = fake<const float>(6, 2); }) ==
+        Status::kErrorMisalignedPointer);
+  typename Ffn::PlanOptions bad_choice;
+  bad_choice.choice.proxy = Ffn::ProxyPolicies::kSize;
+  CHECK(f.plan(cfg, w, bad_choice) == Status::kErrorInvalidArgument);
 
   // A failed plan leaves the layer unplanned: run and values mode refuse before touching anything.
+  CHECK(!f.planned());
   CHECK(f.workspace_bytes() == 0);
+  CHECK(f.config().d_model == 0);
   CHECK(f.run(fake<const T>(7), fake<T>(8), fake<void>(9), std::size_t(1) << 30, nullptr) == Status::kErrorNotPlanned);
   CHECK(f.run_proxy_values(fake<const T>(7), fake<float>(8), fake<void>(9), std::size_t(1) << 30, nullptr) ==
         Status::kErrorNotPlanned);
 
   // A valid layer: without a device plan says so (kErrorNoDevice); with one it plans, and run
   // then checks its own arguments before launching.
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+  if (!have_device()) {
     CHECK(f.plan(cfg, w) == Status::kErrorNoDevice);
     CHECK(f.run(fake<const T>(7), fake<T>(8), fake<void>(9), std::size_t(1) << 30, nullptr) ==
           Status::kErrorNotPlanned);
-    (void)cudaGetLastError();
   } else {
     REQUIRE(f.plan(cfg, w) == Status::kSuccess);
     const std::size_t ws = f.workspace_bytes();
+    CHECK(ws == Ffn::workspace_bytes(cfg));
     CHECK(f.run(nullptr, fake<T>(8), fake<void>(9), ws, nullptr) == Status::kErrorNullPointer);
     CHECK(f.run(fake<const T>(7, 2), fake<T>(8), fake<void>(9), ws, nullptr) == Status::kErrorMisalignedPointer);
     CHECK(f.run(fake<const T>(7), fake<T>(8, 8), fake<void>(9), ws, nullptr) == Status::kErrorMisalignedPointer);
     CHECK(f.run(fake<const T>(7), fake<T>(8), fake<void>(9), ws - 1, nullptr) == Status::kErrorWorkspaceTooSmall);
     CHECK(f.run(fake<const T>(7), fake<T>(8), fake<void>(9), ws,
                 nullptr, fake<prox::SparsityCounters>(10, 4)) == Status::kErrorMisalignedPointer);
+    typename Ffn::Outputs out;
+    out.channel_mask = fake<std::uint32_t>(11, 2);
+    CHECK(f.run(fake<const T>(7), fake<T>(8), fake<void>(9), ws, nullptr, out) == Status::kErrorMisalignedPointer);
   }
 }
 

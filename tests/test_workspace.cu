@@ -1,12 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
-//! @file test_workspace.cu  One workspace, zeroed once, serves every policy of an op at one shape:
+//! @file test_workspace.cu  One workspace, initialized once, serves every policy of an op at one shape:
 //! policies of different tile widths launched one after another on it, never re-initialized, give
 //! the same bits as each on a fresh workspace. Before each op's tile-counter region had the same size
 //! for every policy (detail::tile_counter_bytes), a narrow-tile policy's counters lay where a wide-tile
 //! policy wrote split-K partials, and the next launch combined garbage (prox-tune rejected every
 //! 256-channel Stage-1 candidate after a 512-channel one had run). The SparseFfn case (fused and
 //! unfused Stage 2 re-planned on one workspace) is in test_ffn.cu.
-#include <catch2/catch.hpp>
+#include "catch.hpp"
 
 #include <algorithm>
 #include <cstdint>
@@ -17,6 +17,7 @@
 #include <prox/prox.cuh>
 
 #include "gpu_fixture.hpp"
+#include "op_test.hpp"
 
 using namespace prox_test;
 
@@ -38,22 +39,21 @@ std::vector<float> random_positive(std::size_t n, std::uint64_t seed, float lo, 
   return v;
 }
 
-//! Every output of `run(policy, workspace)` on one shared workspace (zeroed once, policies cycled
-//! twice) must equal the output of the same policy on a fresh zeroed workspace, bit for bit.
-template <class List, class Run>
-void check_shared_workspace(std::size_t ws_bytes, Run&& run, const char* label) {
+//! Every output of `run(policy index, workspace)` on one shared workspace (initialized once, policies
+//! cycled twice) must equal the output of the same policy on a fresh workspace, bit for bit.
+template <class Op, class Run>
+void check_shared_workspace(const typename Op::Args& a, Run&& run, const char* label) {
+  using List = typename Op::Policies;
   std::vector<std::vector<std::uint32_t>> fresh(List::kSize);
-  prox::for_each_policy<List>([&](auto p, int pi) {
-    DeviceBuffer<char> ws(ws_bytes);
-    PROX_TEST_OK(prox::initialize_workspace(ws.get(), ws.bytes(), nullptr));
-    fresh[pi] = run(p, ws.get());
+  prox::for_each_policy<List>([&](auto, int pi) {
+    const auto ws = op_workspace<Op>(a);
+    fresh[pi] = run(pi, ws);
   });
-  DeviceBuffer<char> shared(ws_bytes);
-  PROX_TEST_OK(prox::initialize_workspace(shared.get(), shared.bytes(), nullptr));
+  const auto shared = op_workspace<Op>(a);
   int differing = 0;
   for (int round = 0; round < 2; ++round) {
     prox::for_each_policy<List>([&](auto p, int pi) {
-      const auto out = run(p, shared.get());
+      const auto out = run(pi, shared);
       int diff = 0;
       for (std::size_t i = 0; i < out.size(); ++i) diff += out[i] != fresh[pi][i];
       CAPTURE(label, round, pi, decltype(p)::name());
@@ -83,30 +83,26 @@ TEST_CASE("proxy GEMV: one workspace serves policies of different tile widths", 
   DeviceBuffer<float> su(random_positive(N, 75, 0.5f / 7, 1.5f / 7));
   DeviceBuffer<std::uint32_t> mask(N / 32);
   DeviceBuffer<float> s(N);
+  using Op = prox::ProxyGemvOp<__half, prox::SiLU, prox::Int4Weights, List>;
   prox::ProxyGemvArgs<__half> a;
   a.x = dx.get();
   a.d_model = K;
   a.d_ff = N;
   a.tau_x = 0.5f;
   a.tau_s = 0.1f;
-  a.w_gate = qg.get();
-  a.w_up = qu.get();
-  a.scale_gate = sg.get();
-  a.scale_up = su.get();
+  a.gate = {qg.get(), sg.get()};
+  a.up = {qu.get(), su.get()};
   a.channel_mask = mask.get();
   a.s_proxy = s.get();
-  std::size_t ws_bytes = 0;
   prox::for_each_policy<List>([&](auto p, int) {
-    STATIC_REQUIRE(prox::proxy_gemv::num_chunks<decltype(p)>(K) >= 2);  // split-K: partials are written
-    ws_bytes = std::max(ws_bytes, prox::proxy_gemv::workspace_bytes<decltype(p)>(a));
+    STATIC_REQUIRE(Op::num_chunks<decltype(p)>(K) >= 2);  // split-K: partials are written
   });
-  check_shared_workspace<List>(
-      ws_bytes,
-      [&](auto p, void* ws) {
+  check_shared_workspace<Op>(
+      a,
+      [&](int pi, const DeviceBuffer<char>& ws) {
         mask.poison();
         s.poison();
-        REQUIRE(prox::proxy_gemv::launch<decltype(p), prox::Int4Weights, prox::SiLU>(a, ws, ws_bytes, nullptr) ==
-                prox::Status::kSuccess);
+        REQUIRE(run_op<Op>(a, pi, ws) == prox::Status::kSuccess);
         PROX_TEST_CUDA(cudaDeviceSynchronize());
         std::vector<std::uint32_t> out = mask.download();
         for (float v : s.download()) out.push_back(bits32(v));
@@ -138,20 +134,19 @@ TEST_CASE("down GEMV: one workspace serves policies of different tile widths", "
   a.d_model = K;
   a.d_ff = N;
   a.y = y.get();
-  std::size_t ws_bytes = 0;
+  using Op = prox::DownGemvOp<__half>;
   bool widths_differ = false;
   prox::for_each_policy<List>([&](auto p, int) {
     using P = decltype(p);
-    widths_differ = widths_differ || P::kTileD != prox::PolicyAt<0, List>::kTileD;
-    ws_bytes = std::max(ws_bytes, prox::down_gemv::workspace_bytes<P>(a));
+    widths_differ = widths_differ || P::kTile != prox::PolicyAt<0, List>::kTile;
   });
   REQUIRE(widths_differ);
-  REQUIRE(prox::down_gemv::num_chunks<prox::PolicyAt<0, List>>(N) >= 2);  // its partials are written
-  check_shared_workspace<List>(
-      ws_bytes,
-      [&](auto p, void* ws) {
+  REQUIRE(Op::num_chunks<prox::PolicyAt<0, List>>(N) >= 2);  // its partials are written
+  check_shared_workspace<Op>(
+      a,
+      [&](int pi, const DeviceBuffer<char>& ws) {
         y.poison();
-        REQUIRE(prox::down_gemv::launch<decltype(p)>(a, ws, ws_bytes, nullptr) == prox::Status::kSuccess);
+        REQUIRE(run_op<Op>(a, pi, ws) == prox::Status::kSuccess);
         PROX_TEST_CUDA(cudaDeviceSynchronize());
         std::vector<std::uint32_t> out;
         for (__half v : y.download()) out.push_back(bits16(v));

@@ -444,17 +444,19 @@ class ThresholdCalibrator {
       // Candidate slots of skipped (NaN/Inf) samples keep priority ~0 and get a defined value.
       PROX_RETURN_IF_ERROR(
           detail::cuda_status(cudaMemsetAsync(v + cap, 0, sizeof(float) * static_cast<std::size_t>(m), stream)));
-      const LaunchOptions lo{};
       const unsigned scan_blocks = static_cast<unsigned>(min_int(ceil_div(m, detail::kScanThreads * 4), 1024));
-      PROX_RETURN_IF_ERROR(prox::detail::launch_kernel(detail::calib_scan_kernel<T>, dim3(scan_blocks),
-                                                       dim3(detail::kScanThreads), 0, stream, lo, x, m,
+      PROX_RETURN_IF_ERROR(prox::detail::launch_kernel(detail::calib_scan_kernel<T>,
+                                                       plain_launch(dim3(scan_blocks), dim3(detail::kScanThreads)),
+                                                       stream, x, m,
                                                        static_cast<std::uint64_t>(seen_), opts_.seed, state(), k, v,
                                                        cap));
-      PROX_RETURN_IF_ERROR(prox::detail::launch_kernel(detail::calib_rescale_kernel<kHistogramBins>, dim3(1),
-                                                       dim3(detail::kRescaleThreads), 0, stream, lo, state(), hist()));
+      PROX_RETURN_IF_ERROR(prox::detail::launch_kernel(detail::calib_rescale_kernel<kHistogramBins>,
+                                                       plain_launch(dim3(1), dim3(detail::kRescaleThreads)), stream,
+                                                       state(), hist()));
       const unsigned hist_blocks = static_cast<unsigned>(min_int(ceil_div(m, detail::kHistThreads * 16), 256));
-      PROX_RETURN_IF_ERROR(prox::detail::launch_kernel(detail::calib_histogram_kernel<T>, dim3(hist_blocks),
-                                                       dim3(detail::kHistThreads), 0, stream, lo, x, m,
+      PROX_RETURN_IF_ERROR(prox::detail::launch_kernel(detail::calib_histogram_kernel<T>,
+                                                       plain_launch(dim3(hist_blocks), dim3(detail::kHistThreads)),
+                                                       stream, x, m,
                                                        static_cast<const detail::CalibState*>(state()), hist()));
       // Keep the `cap` smallest priorities of reservoir + candidates (unused candidate slots hold ~0).
       const int items = cap + m;
@@ -518,7 +520,7 @@ class ThresholdCalibrator {
         detail::cuda_status(cub::DeviceRadixSort::SortKeys(ws_ + off_temp_, temp, db, n, 0, 32, stream)));
     auto* sel = reinterpret_cast<detail::SelectResult*>(ws_ + off_select_);
     PROX_RETURN_IF_ERROR(prox::detail::launch_kernel(
-        detail::calib_select_kernel<unsigned>, dim3(1), dim3(32), 0, stream, LaunchOptions{},
+        detail::calib_select_kernel<unsigned>, plain_launch(dim3(1), dim3(32)), stream,
         static_cast<const unsigned*>(db.Current()), n, static_cast<int>(m), sel));
     detail::SelectResult h{};
     PROX_RETURN_IF_ERROR(

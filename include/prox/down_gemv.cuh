@@ -64,7 +64,7 @@ struct DownGemvPolicy {
 
 //! Candidates (index 0 is the fallback) of the unfused Stage 2. prox-tune on the H100 picks each for
 //! some Qwen3 shape (docs/data/prox-tune-h100.tsv): 1 (128-column tiles) on 1.7B and 4B, 0 on 8B
-//! and 32B, 2 (1024-channel chunks) on 14B; the plan's default follows the grid (dispatch.hpp).
+//! and 32B, 2 (1024-channel chunks) on 14B; the plan's default follows the grid (dispatch.cuh).
 using DownGemvPolicies = PolicyList<DownGemvPolicy<256, 256, 512, 4, 3>, DownGemvPolicy<256, 128, 512, 4, 3>,
                                     DownGemvPolicy<256, 256, 1024, 4, 3>>;
 
@@ -246,6 +246,7 @@ struct DownGemvOp {
     return Status::kSuccess;
   }
   static bool same_shape(const Args& a, const Args& b) noexcept { return a.d_model == b.d_model && a.d_ff == b.d_ff; }
+  static Status check_options(const Options&) noexcept { return Status::kSuccess; }
 
   //! Tile counters (a region of the same size for every policy), then the split-K partials of the
   //! policy with the most chunks.

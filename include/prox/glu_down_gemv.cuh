@@ -80,7 +80,7 @@ struct GluDownGemvPolicy {
   }
 };
 
-//! Candidates (index 0 is the default where 256 threads fill a row's GLU steps; dispatch.hpp picks by
+//! Candidates (index 0 is the default where 256 threads fill a row's GLU steps; dispatch.cuh picks by
 //! load slots). Rows = 1024 holds a Qwen3 14B/32B down task (300-750 rows at e = 40-70 %) in one round:
 //! with 256, 2-3 rounds each restarted the stream from one memory latency (Stage 2 1.0-4.2 us slower).
 //! The order is a preference: prox-tune gives a near-tie to the lower index. Measured on the H100:
@@ -290,6 +290,9 @@ struct GluDownGemvOp {
     return Status::kSuccess;
   }
   static bool same_shape(const Args& a, const Args& b) noexcept { return a.d_model == b.d_model && a.d_ff == b.d_ff; }
+  static Status check_options(const Options& o) noexcept {
+    return o.grid_blocks < 0 ? Status::kErrorInvalidArgument : Status::kSuccess;
+  }
 
   //! Barrier words and down tile counters (the same place for every policy and grid), and the split-K
   //! partials of the largest grid any policy may have (kMaxFusedGridBlocks).
@@ -321,7 +324,7 @@ struct GluDownGemvOp {
   static Status configure(const Args&, const Options& o, const DeviceInfo& d, LaunchConfig* lc) noexcept {
     int max_blocks = 0;
     PROX_RETURN_IF_ERROR(max_grid_blocks<P>(d, &max_blocks));
-    if (o.grid_blocks < 0 || o.grid_blocks > max_blocks) return Status::kErrorInvalidArgument;
+    if (o.grid_blocks > max_blocks) return Status::kErrorInvalidArgument;  // could not all be resident
     lc->grid = dim3(static_cast<unsigned>(o.grid_blocks > 0 ? o.grid_blocks : max_blocks));
     lc->block = dim3(P::kThreads);
     lc->cooperative = o.cooperative;

@@ -288,11 +288,13 @@ struct GluGemvOp {
     return Status::kSuccess;
   }
   static bool same_shape(const Args& a, const Args& b) noexcept { return a.d_model == b.d_model && a.d_ff == b.d_ff; }
+  static Status check_options(const Options& o) noexcept {
+    return o.grid_blocks < 0 ? Status::kErrorInvalidArgument : Status::kSuccess;
+  }
   static WorkspaceNeeds workspace_needs(const Args&) noexcept { return {}; }
 
   template <class P>
   static Status configure(const Args&, const Options& o, const DeviceInfo& d, LaunchConfig* lc) noexcept {
-    if (o.grid_blocks < 0) return Status::kErrorInvalidArgument;
     lc->grid = dim3(static_cast<unsigned>(o.grid_blocks > 0 ? o.grid_blocks : d.sm_count * P::kMinBlocks));
     lc->block = dim3(P::kThreads);
     return Status::kSuccess;

@@ -8,11 +8,12 @@
 //!   Policies                  its candidate tile policies (a PolicyList; index 0 implements every shape)
 //!   Options                   launch knobs (pdl and op-specific ones)
 //!   can_implement(Args)       validation, no launch
+//!   check_options(Options)    the options' own rules (checked before the device is asked anything)
 //!   same_shape(Args, Args)    whether a plan made for one serves the other
 //!   workspace_needs(Args)     sync and scratch bytes, the same for every policy (core/workspace.cuh)
 //!   configure<P>(...)         plan time: grid, shared memory, launch attributes of policy P
 //!   launch<P>(...)            run time: launches with the planned configuration, nothing else
-//! and default_policy(Op, DeviceInfo, Args) in dispatch.hpp.
+//! and default_policy(Op, DeviceInfo, Args) in dispatch.cuh.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -26,7 +27,7 @@
 #include "core/policy.hpp"
 #include "core/status.hpp"
 #include "core/workspace.cuh"
-#include "dispatch.hpp"
+#include "dispatch.cuh"
 
 PROX_NAMESPACE_BEGIN
 
@@ -61,8 +62,14 @@ class Operator {
     return detail::standalone_workspace_bytes(Op::workspace_needs(a));
   }
 
+  //! The view of an op-only workspace (workspace_bytes(a) bytes at `workspace`) that run() launches on:
+  //! its header checked (initialize_workspace()), nothing reset or stamped.
+  static OpWorkspace workspace_view(void* workspace, const Args& a) noexcept {
+    return detail::standalone_view(workspace, Op::workspace_needs(a));
+  }
+
   /**
-   * @brief Plan: validate `a`, read the current device once, fix the policy (`policy` >= 0: that index
+   * @brief Plan: validate `a` and `o`, read the current device once, fix the policy (`policy` >= 0: that index
    * of Policies; -1: default_policy() for this device and shape) and its launch configuration.
    * Not capturable (it may query the driver); call it before capture. On failure the operator is
    * left uninitialized, and run() returns kErrorNotPlanned.
@@ -70,6 +77,7 @@ class Operator {
   Status initialize(const Args& a, const Options& o = {}, int policy = -1) noexcept {
     ready_ = false;
     PROX_RETURN_IF_ERROR(Op::can_implement(a));
+    PROX_RETURN_IF_ERROR(Op::check_options(o));
     if (policy >= Policies::kSize || policy < -1) return Status::kErrorInvalidArgument;
     DeviceInfo d;
     PROX_RETURN_IF_ERROR(query_device(&d));

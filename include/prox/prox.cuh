@@ -27,7 +27,7 @@
 #include "glu_gemv.cuh"
 #include "down_gemv.cuh"
 #include "glu_down_gemv.cuh"
-#include "dispatch.hpp"
+#include "dispatch.cuh"
 #include "operator.cuh"
 #include "sparse_ffn.cuh"
 #include "instantiate.cuh"

@@ -380,13 +380,14 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void proxy_g
  * @brief Stage 1 as a planned op (the contract of every prox op; drive it with prox::Operator):
  * Args, Policies, Options, can_implement, workspace_needs, configure<Policy> (plan time) and
  * launch<Policy> (run time: launches only).
- * @tparam T `__half` / `__nv_bfloat16`; @tparam Act SiLU / GeluTanh; @tparam Fmt Int4Weights / DenseWeights<W>.
+ * @tparam T `__half` / `__nv_bfloat16`; @tparam Act SiLU / GeluTanh; @tparam Fmt Int4Weights / DenseWeights<W>;
+ * @tparam List the candidate policies (default: the format's list).
  */
-template <class T, class Act = SiLU, class Fmt = Int4Weights>
+template <class T, class Act = SiLU, class Fmt = Int4Weights, class List = typename ProxyGemvPoliciesFor<Fmt>::type>
 struct ProxyGemvOp {
   static constexpr const char* kName = "proxy_gemv";
   using Args = ProxyGemvArgs<T, Fmt>;
-  using Policies = typename ProxyGemvPoliciesFor<Fmt>::type;
+  using Policies = List;  //!< the candidates (a list of one's own: experiments, tests)
 
   struct Options {
     bool pdl = false;  //!< launch with PDL (sm_90+)
@@ -433,6 +434,7 @@ struct ProxyGemvOp {
   }
 
   static bool same_shape(const Args& a, const Args& b) noexcept { return a.d_model == b.d_model && a.d_ff == b.d_ff; }
+  static Status check_options(const Options&) noexcept { return Status::kSuccess; }
 
   //! Tile counters (a region of the same size for every policy) and the split-K partials of the
   //! policy with the most chunks (sized for the global combine, which clusters do not use).

@@ -157,6 +157,7 @@ struct ThresholdOp {
     return Status::kSuccess;
   }
   static bool same_shape(const Args& a, const Args& b) noexcept { return a.n == b.n; }
+  static Status check_options(const Options&) noexcept { return Status::kSuccess; }
   //! No workspace.
   static WorkspaceNeeds workspace_needs(const Args&) noexcept { return {}; }
 

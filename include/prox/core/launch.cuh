@@ -36,6 +36,14 @@ struct LaunchConfig {
   bool pdl = false;
 };
 
+//! A plain launch: grid and block, no dynamic shared memory, no attributes (offline helpers).
+inline LaunchConfig plain_launch(dim3 grid, dim3 block) noexcept {
+  LaunchConfig lc;
+  lc.grid = grid;
+  lc.block = block;
+  return lc;
+}
+
 namespace detail {
 
 /**
