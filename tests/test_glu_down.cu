@@ -177,7 +177,7 @@ TEST_CASE("fused Stage 2 (glu_down_gemv): bad input gets a Status before any lau
   CHECK(op.run(a, ws.get(), prox::Operator<Op>::workspace_bytes(a) - 1, nullptr) ==
         prox::Status::kErrorWorkspaceTooSmall);
   CHECK(op.run(a, nullptr, ws.bytes(), nullptr) == prox::Status::kErrorNullPointer);
-  CHECK(op.run(a, ws.get() + 4, ws.bytes() - 4, nullptr) == prox::Status::kErrorMisalignedPointer);
+  CHECK(op.run(a, ws.get() + 4, ws.bytes(), nullptr) == prox::Status::kErrorMisalignedPointer);
   b = a;
   b.x = nullptr;
   CHECK(op.run(b, ws.get(), ws.bytes(), nullptr) == prox::Status::kErrorNullPointer);  // per-call args checked

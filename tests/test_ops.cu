@@ -580,7 +580,7 @@ TEST_CASE("ops reject bad input with a Status before launching", "[status][gpu]"
   prox::GluDownGemvArgs<__half> fa;
   static_cast<prox::GluGemvArgs<__half>&>(fa) = ga;
   fa.w_down_t = w.get();
-  fa.y = y.get() + 1;
+  fa.y = reinterpret_cast<__half*>(reinterpret_cast<char*>(y.get()) + 1);  // not element-aligned
   CHECK(plan_and_run(FusedOp{}, fa) == prox::Status::kErrorMisalignedPointer);
   fa.y = y.get();
   {
