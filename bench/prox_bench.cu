@@ -208,7 +208,10 @@ prox::OpWorkspace stage2_view(const DeviceBuffer& ws, const typename Op::Args& a
   if (prox::Operator<Op>::workspace_bytes(a) > 0)
     v = prox::Operator<Op>::workspace_view(ws.get(), a);
   v.guard = prox::WorkspaceGuard{};
-  if (stamp) v.guard.stamp = ws.template as<std::uint32_t>();  // {magic, tag 0}: what initialize_workspace wrote
+  if (stamp) {  // {magic, kTagAny}: what initialize_workspace wrote
+    v.guard.stamp = ws.template as<std::uint32_t>();
+    v.guard.tag = prox::detail::kTagAny;
+  }
   return v;
 }
 

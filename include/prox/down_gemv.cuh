@@ -138,6 +138,17 @@ struct DownRows {
   }
 };
 
+//! The down GEMV on a workspace that is not ready (the whole grid agrees): its counters are zeroed for
+//! the next launch, not used; y = NaN; the header flagged. Not inlined (see proxy_not_ready).
+template <int kTile, class T>
+__device__ __noinline__ void down_not_ready(OpWorkspace ws, int d_model, int d0, int ncols, int chunk, T* y) {
+  if (threadIdx.x == 0) flag_dirty(ws.guard);
+  grid_zero(ws.sync, static_cast<int>(tile_counter_bytes<kTile>(d_model) / sizeof(std::uint32_t)));
+  if (chunk != 0) return;
+  for (int ch = static_cast<int>(threadIdx.x); ch < ncols; ch += static_cast<int>(blockDim.x))
+    y[d0 + ch] = from_float<T>(__int_as_float(0x7fc00000));
+}
+
 }  // namespace detail
 
 // ---------------------------------------------------------------- L2: kernel
@@ -163,7 +174,7 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void down_ge
   const int c0 = chunk * kChunk;
   pdl_wait();  // mask and s come from the previous kernels
   pdl_launch_dependents();
-  const bool ready = detail::workspace_ready(ws.guard);  // block-uniform
+  const detail::HeaderWords header = detail::workspace_header(ws.guard, blockIdx.x + blockIdx.y);  // judged later
 
   // Mask words and s values of the whole chunk are loaded together (one memory latency), then the
   // selected channels are compacted in order.
@@ -180,6 +191,7 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void down_ge
   }
   const int count = block_compact_append<kThreads>(sel, c0, val, s_rows, s_val, s_warp);
   __syncthreads();
+  const bool ready = detail::workspace_ready(header, ws.guard);  // block-uniform
 
   float acc[1][8];
 #pragma unroll
@@ -188,13 +200,8 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void down_ge
 
   Reducer::reduce(s_red, acc);
   const int ncols = min(kTile, a.d_model - d0);
-  if (!ready) {
-    // Counters not to be trusted (workspace never initialized): not used; zeroed for the next launch
-    // (every block of the launch agrees), y = NaN, flagged (read_workspace_status).
-    if (tid == 0) detail::flag_dirty(ws.guard);
-    detail::grid_zero(ws.sync, static_cast<int>(detail::tile_counter_bytes<kTile>(a.d_model) / sizeof(std::uint32_t)));
-    if (chunk == 0)
-      for (int ch = tid; ch < ncols; ch += kThreads) a.y[d0 + ch] = from_float<T>(__int_as_float(0x7fc00000));
+  if (!ready) {  // counters not to be trusted (workspace never initialized): not used
+    detail::down_not_ready<kTile>(ws, a.d_model, d0, ncols, chunk, a.y);
     return;
   }
   if (!Reducer::split_k(s_red, static_cast<float*>(ws.scratch), ws.sync + tile, a.d_model, d0, ncols, chunk,

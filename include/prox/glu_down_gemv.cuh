@@ -177,7 +177,7 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void glu_dow
   // whole grid agrees) uses neither the barrier nor the counters (the generation read here is then
   // unused). In SparseFfn, Stage 1 has just made the sync words ready (no check), and this kernel
   // marks the header ready for the next Stage 1.
-  if (block == 0 && tid == 0) detail::stamp_header(ws.guard);
+  if (block == 0) detail::stamp_header(ws.guard, static_cast<unsigned>(tid));
   const unsigned gen = tid == 0 ? detail::GridBarrier::generation(ws.sync) : 0u;
 
   // GLU part: this block's rank range of the selected channels.

@@ -246,7 +246,7 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void glu_gem
   pdl_wait();  // the mask comes from Stage 1
   pdl_launch_dependents();
   // SparseFfn's Stage 1 is complete and left its sync words clean: mark the workspace ready.
-  if (blockIdx.x == 0 && threadIdx.x == 0) detail::stamp_header(ws.guard);
+  if (blockIdx.x == 0) detail::stamp_header(ws.guard, threadIdx.x);
 
   int total = 0;
   const int offset = detail::mask_rank_offset<Policy::kThreads>(a.channel_mask, a.d_ff / kWarpSize, s_warp, &total);

@@ -56,7 +56,7 @@ class Operator {
   static Status can_implement(const Args& a) noexcept { return Op::can_implement(a); }
   //! What the op needs of a workspace (the same for every policy and device).
   static WorkspaceNeeds workspace_needs(const Args& a) noexcept { return Op::workspace_needs(a); }
-  //! Bytes of a workspace for this op alone: a 256-byte header, the sync words, the scratch (0 for an
+  //! Bytes of a workspace for this op alone: a header (detail::kHeaderBytes), the sync words, the scratch (0 for an
   //! op that needs none: threshold, glu_gemv).
   static std::size_t workspace_bytes(const Args& a) noexcept {
     return detail::standalone_workspace_bytes(Op::workspace_needs(a));

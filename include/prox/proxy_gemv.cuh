@@ -231,6 +231,30 @@ struct ProxyRows {
   }
 };
 
+/**
+ * @brief Stage 1 on a workspace that is not ready (the header check failed; the whole grid agrees): its
+ * counters are not used. Zero them and the next kernel's sync words (WorkspaceGuard::reset) for the next
+ * launch and flag the header; with `select_all` (the global combine, which needs the counters), the
+ * chunk-0 block of each tile selects every channel of it (Stage 2 then computes the exact dense FFN) and
+ * writes NaN s~. Inlined: as a call (__noinline__) Stage 1 measured 0.1-0.5 us slower with s1 = 70 % on
+ * the Qwen3 1.7B-14B shapes (H100, A/B in one process), the ptxas schedule of the streaming loop changing.
+ */
+template <int kTile>
+PROX_DEVICE PROX_FORCEINLINE void proxy_not_ready(OpWorkspace ws, int d_ff, int n0, int ncols, int chunk, bool select_all,
+                                             std::uint32_t* channel_mask, float* s_proxy,
+                                             SparsityCounters* counters) {
+  if (threadIdx.x == 0) flag_dirty(ws.guard);
+  grid_zero(ws.sync, static_cast<int>(tile_counter_bytes<kTile>(d_ff) / sizeof(std::uint32_t)));
+  grid_zero(ws.guard.reset, ws.guard.reset_words);
+  if (!select_all || chunk != 0) return;
+  for (int ch = static_cast<int>(threadIdx.x); ch < ncols; ch += static_cast<int>(blockDim.x)) {
+    if (ch % kWarpSize == 0 && channel_mask != nullptr) channel_mask[(n0 + ch) / kWarpSize] = 0xffffffffu;
+    if (s_proxy != nullptr) s_proxy[n0 + ch] = __int_as_float(0x7fc00000);  // quiet NaN
+  }
+  if (counters != nullptr && threadIdx.x == 0)
+    atomicAdd(&counters->selected_channels, static_cast<unsigned long long>(ncols));
+}
+
 }  // namespace detail
 
 // ---------------------------------------------------------------- L2: kernel
@@ -253,6 +277,7 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void proxy_g
   constexpr int kXPerThread = (kChunk + kThreads - 1) / kThreads;  // x values per thread (step 1)
   __shared__ int s_warp[kXPerThread * (kThreads / kWarpSize)];    // block_compact_append
   __shared__ StreamOrReduce s_buf;
+  __shared__ int s_ready;  // the workspace header's verdict (thread 0)
 
   const int tid = static_cast<int>(threadIdx.x);
   const int tile = static_cast<int>(blockIdx.x);
@@ -274,8 +299,12 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void proxy_g
   pdl_launch_dependents();
   const float tau_x = a.thresholds != nullptr ? __ldg(a.thresholds) : a.tau_x;
   const float tau_s = a.thresholds != nullptr ? __ldg(a.thresholds + 1) : a.tau_s;
-  // Block-uniform (no kernel of this launch writes magic or tag); loaded with x, used at the combine.
-  const bool ready = detail::workspace_ready(ws.guard);
+  // Block-uniform (no kernel of this launch writes magic or tag): thread 0 loads the header with its
+  // first loads and judges it at the compaction's barrier; the block reads the verdict at the combine.
+  // Block (x, y) reads header copy x + y: the copies spread the grid's requests over kHeaderCopies L2
+  // lines. (Every thread loading one header word cost Stage 1 0.35-0.7 us on the H100.)
+  const detail::HeaderWords header =
+      tid == 0 ? detail::workspace_header(ws.guard, blockIdx.x + blockIdx.y) : detail::HeaderWords{};
 
   // Scales of the channels this thread finishes in the epilogue, loaded now so that no block waits
   // for them at the end (in the global combine only the last block of a tile uses them).
@@ -303,7 +332,9 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void proxy_g
     keep[i] = in && keep_magnitude(xv[i], tau_x);
   }
   const int count = block_compact_append<kThreads>(keep, k0, xv, s_rows, s_x, s_warp);
+  if (tid == 0) s_ready = detail::workspace_ready(header, ws.guard);
   __syncthreads();
+  const bool ready = s_ready != 0;
   if (a.counters != nullptr && tid == 0) {
     if (tile == 0) atomicAdd(&a.counters->kept_inputs, static_cast<unsigned long long>(count));
     if (tile == 0 && chunk == 0) atomicAdd(&a.counters->calls, 1ull);
@@ -323,24 +354,11 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void proxy_g
   typename Reducer::Storage& s_red = s_buf.red;
   Reducer::reduce(s_red, acc);
   if (!ready) {
-    // The workspace was not initialized or last served another layout: its counters cannot be
-    // trusted, so they are not used (every block of the launch takes this branch). Zero them and the
-    // next kernel's sync words for the next launch, flag it, and (without clusters, which need no
-    // workspace) select every channel of the tile: Stage 2 then computes the exact dense FFN.
-    if (tid == 0) detail::flag_dirty(ws.guard);
-    detail::grid_zero(ws.sync, static_cast<int>(detail::tile_counter_bytes<kTile>(a.d_ff) / sizeof(std::uint32_t)));
-    detail::grid_zero(ws.guard.reset, ws.guard.reset_words);
-    if (cluster_splits <= 1) {
-      if (chunk == 0) {
-        for (int ch = tid; ch < ncols; ch += kThreads) {
-          if (ch % kWarpSize == 0 && a.channel_mask != nullptr) a.channel_mask[(n0 + ch) / kWarpSize] = 0xffffffffu;
-          if (a.s_proxy != nullptr) a.s_proxy[n0 + ch] = __int_as_float(0x7fc00000);  // quiet NaN
-        }
-        if (a.counters != nullptr && tid == 0)
-          atomicAdd(&a.counters->selected_channels, static_cast<unsigned long long>(ncols));
-      }
-      return;
-    }
+    // The workspace was not initialized or last served another layout: its counters cannot be trusted
+    // (every block of the launch takes this branch). Without clusters the tile selects every channel.
+    detail::proxy_not_ready<kTile>(ws, a.d_ff, n0, ncols, chunk, cluster_splits <= 1, a.channel_mask, a.s_proxy,
+                                   a.counters);
+    if (cluster_splits <= 1) return;  // with clusters (no workspace needed) the combine below is right
   }
   if (cluster_splits > 1) {
     Reducer::cluster_combine(s_red, lo, hi, cluster_splits);  // no early exit: cluster_done() below
