@@ -4,6 +4,10 @@
 //! so torch.compile can trace the ops; every CUDA kernel here validates its inputs before launching
 //! anything, allocates only its outputs (torch's caching allocator, graph-safe), never synchronizes
 //! and runs on the current stream, so the FFN op can be captured in a CUDA graph.
+//!
+//! The workspace is declared mutable (Tensor(a!)): the kernels write its scratch regions (mask, s,
+//! split-K partials) and stamp its header, though they leave its sync words as they found them.
+//! torch.compile then orders the layers that share one workspace and keeps it in place.
 #include <Python.h>
 
 #include <ATen/ATen.h>
@@ -435,12 +439,12 @@ TORCH_LIBRARY(prox, m) {
   m.def("transpose(Tensor w) -> Tensor");
   m.def(
       "sparse_ffn(Tensor x, Tensor w_gate, Tensor w_up, Tensor w_down_t, Tensor proxy_gate, Tensor scale_gate, "
-      "Tensor proxy_up, Tensor scale_up, Tensor thresholds, Tensor workspace, int act, int[] options, "
-      "bool return_mask=False, bool return_s_proxy=False, bool return_s=False, Tensor(a!)? counters=None) "
+      "Tensor proxy_up, Tensor scale_up, Tensor thresholds, Tensor(a!) workspace, int act, int[] options, "
+      "bool return_mask=False, bool return_s_proxy=False, bool return_s=False, Tensor(b!)? counters=None) "
       "-> (Tensor y, Tensor mask, Tensor s_proxy, Tensor s)");
   m.def(
       "proxy_values(Tensor x, Tensor w_gate, Tensor w_up, Tensor w_down_t, Tensor proxy_gate, Tensor scale_gate, "
-      "Tensor proxy_up, Tensor scale_up, Tensor thresholds, Tensor workspace, int act, int[] options) -> Tensor");
+      "Tensor proxy_up, Tensor scale_up, Tensor thresholds, Tensor(a!) workspace, int act, int[] options) -> Tensor");
   m.def(
       "plan_ffn(Tensor w_gate, Tensor w_up, Tensor w_down_t, Tensor proxy_gate, Tensor scale_gate, "
       "Tensor proxy_up, Tensor scale_up, Tensor thresholds, int act, int[] options) -> int[]");
