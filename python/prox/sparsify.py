@@ -212,6 +212,8 @@ def sparsify(model: nn.Module, e: float, calibration_inputs=None, *, thresholds=
             f"(realized {lt.realized_s1:.3f}/{lt.realized_s2:.3f}) ffn rel. error {err:.4f} [{time.time() - t1:.1f} s]")
     if search_rows:
         cfg.calibration["search"] = {n: [list(r) for r in rows] for n, rows in search_rows.items()}
+    for _, m in sparse_mlps(model):  # counters report use after calibration only
+        m.reset_counters()
     set_mode(model, prefill=prefill)
     model.train(was_training)
     return cfg
