@@ -31,8 +31,13 @@
 #include <ctime>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
+
+#include <prox_support/cli.hpp>
+#include <prox_support/json.hpp>
 
 #include "bench_common.cuh"
 
@@ -233,90 +238,118 @@ class AlphaTool {
   const std::vector<PolicyTime>& per_policy() const { return per_policy_; }
 
  private:
+  //! The Stage-1 op of a proxy format, driven through prox::Operator.
   template <class Fmt>
-  prox::ProxyGemvArgs<Half> args(const ProxySet& set, int c, int K, int N, float tau_x, const Half* x,
-                                 std::uint32_t* mask) const {
-    prox::ProxyGemvArgs<Half> a;
+  using ProxyOp = prox::Operator<prox::ProxyGemvOp<Half, prox::SiLU, Fmt>>;
+
+  //! Copy c's gate or up proxy as the typed matrix of Fmt.
+  template <class Fmt>
+  static typename Fmt::Matrix matrix(const void* w, const float* scales) {
+    typename Fmt::Matrix m;
+    if constexpr (std::is_same_v<Fmt, Int4Fmt>) {
+      m.packed = static_cast<const std::uint32_t*>(w);
+    } else {
+      m.w = static_cast<const Half*>(w);
+    }
+    m.scales = scales;  // nullptr for fp16 proxies: scale 1
+    return m;
+  }
+
+  template <class Fmt>
+  prox::ProxyGemvArgs<Half, Fmt> args(const ProxySet& set, int c, int K, int N, float tau_x, const Half* x,
+                                      std::uint32_t* mask) const {
+    prox::ProxyGemvArgs<Half, Fmt> a;
     a.x = x;
     a.d_model = K;
     a.d_ff = N;
     a.tau_x = tau_x;
     a.tau_s = 0.0f;
-    a.w_gate = set.gate(c);
-    a.w_up = set.up(c);
-    a.scale_gate = set.sc_gate(c);  // nullptr for fp16 proxies: scale 1
-    a.scale_up = set.sc_up(c);
+    a.gate = matrix<Fmt>(set.gate(c), set.sc_gate(c));
+    a.up = matrix<Fmt>(set.up(c), set.sc_up(c));
     a.channel_mask = mask;
     return a;
+  }
+
+  //! Throw when a kernel found `ws` not ready since its initialize_workspace() (its outputs were NaN).
+  void check_workspace(const DeviceBuffer& ws) const {
+    prox::Status st = prox::Status::kSuccess;
+    PROX_BENCH_PROX(prox::read_workspace_status(ws.get(), stream_, &st));
+    PROX_BENCH_PROX(st);
   }
 
   //! Kept inputs summed over all tokens, from SparsityCounters of one eager launch per token.
   template <class Fmt, class List, class TokenFn>
   unsigned long long count_kept(const ProxySet& set, int K, int N, float tau_x, const TokenFn& token,
                                 const DeviceBuffer& mask, const DeviceBuffer& counters) {
-    using P = prox::PolicyAt<0, List>;
-    prox::ProxyGemvArgs<Half> probe = args<Fmt>(set, 0, K, N, tau_x, token(0), mask.as<std::uint32_t>());
-    DeviceBuffer ws(prox::proxy_gemv::workspace_bytes<P>(probe), "proxy workspace");
+    static_assert(std::is_same_v<List, typename ProxyOp<Fmt>::Policies>, "List is the format's candidate list");
+    const prox::ProxyGemvArgs<Half, Fmt> probe = args<Fmt>(set, 0, K, N, tau_x, token(0), mask.as<std::uint32_t>());
+    ProxyOp<Fmt> op;
+    PROX_BENCH_PROX(op.initialize(probe, {}, 0));  // policy 0, no PDL
+    DeviceBuffer ws(ProxyOp<Fmt>::workspace_bytes(probe), "proxy workspace");
     PROX_BENCH_PROX(prox::initialize_workspace(ws.get(), ws.bytes(), stream_));
     auto* cnt = counters.as<prox::SparsityCounters>();
     PROX_BENCH_PROX(prox::reset_counters(cnt, stream_));
     for (int t = 0; t < opt_.tokens; ++t) {
-      prox::ProxyGemvArgs<Half> a = args<Fmt>(set, 0, K, N, tau_x, token(t), mask.as<std::uint32_t>());
+      prox::ProxyGemvArgs<Half, Fmt> a = args<Fmt>(set, 0, K, N, tau_x, token(t), mask.as<std::uint32_t>());
       a.counters = cnt;
-      PROX_BENCH_PROX((prox::proxy_gemv::launch<P, Fmt, prox::SiLU>(a, ws.get(), ws.bytes(), stream_)));
+      PROX_BENCH_PROX(op.run(a, ws.get(), ws.bytes(), stream_));
     }
     prox::SparsityCounters h{};
     PROX_BENCH_CUDA(cudaMemcpyAsync(&h, cnt, sizeof(h), cudaMemcpyDeviceToHost, stream_));
     PROX_BENCH_CUDA(cudaStreamSynchronize(stream_));
+    check_workspace(ws);
     if (h.calls != static_cast<unsigned long long>(opt_.tokens))
       throw std::runtime_error(fmt::format("SparsityCounters counted {} calls, expected {}", h.calls, opt_.tokens));
     return h.kept_inputs;
   }
 
-  //! One policy's median per-launch time over graph replays (launch i: weight copy i mod copies,
-  //! token i mod tokens).
-  template <class Fmt, class P, class TokenFn>
-  Timing time_policy(const ProxySet& set, const FfnShape& shape, float tau_x, const TokenFn& token,
+  //! The median per-launch time of the policy at `index` of the format's list over graph replays
+  //! (launch i: weight copy i mod copies, token i mod tokens); planned once, launched per graph node.
+  template <class Fmt, class TokenFn>
+  Timing time_policy(int index, const ProxySet& set, const FfnShape& shape, float tau_x, const TokenFn& token,
                      const DeviceBuffer& mask, int launches) {
     const int K = shape.d_model;
     const int N = shape.d_ff;
-    prox::ProxyGemvArgs<Half> probe = args<Fmt>(set, 0, K, N, tau_x, token(0), mask.as<std::uint32_t>());
-    DeviceBuffer ws(prox::proxy_gemv::workspace_bytes<P>(probe), "proxy workspace");
-    PROX_BENCH_PROX(prox::initialize_workspace(ws.get(), ws.bytes(), stream_));
-    prox::LaunchOptions o;
+    const prox::ProxyGemvArgs<Half, Fmt> probe = args<Fmt>(set, 0, K, N, tau_x, token(0), mask.as<std::uint32_t>());
+    typename ProxyOp<Fmt>::Options o;  // no clusters, spread on: as the launches before the op contract
     o.pdl = opt_.pdl && dev_.cc_major >= 9;
+    ProxyOp<Fmt> op;
+    PROX_BENCH_PROX(op.initialize(probe, o, index));
+    DeviceBuffer ws(ProxyOp<Fmt>::workspace_bytes(probe), "proxy workspace");
+    PROX_BENCH_PROX(prox::initialize_workspace(ws.get(), ws.bytes(), stream_));
     GraphReplay graph(stream_, launches, [&](int i, cudaStream_t s) {
-      const prox::ProxyGemvArgs<Half> a =
+      const prox::ProxyGemvArgs<Half, Fmt> a =
           args<Fmt>(set, i % set.copies, K, N, tau_x, token(i % opt_.tokens), mask.as<std::uint32_t>());
-      PROX_BENCH_PROX((prox::proxy_gemv::launch<P, Fmt, prox::SiLU>(a, ws.get(), ws.bytes(), s, o)));
+      PROX_BENCH_PROX(op.run(a, ws.get(), ws.bytes(), s));
     });
-    return graph.measure(opt_.warmup, opt_.iterations);
+    const Timing t = graph.measure(opt_.warmup, opt_.iterations);
+    check_workspace(ws);
+    return t;
   }
 
   //! time_policy for the policy at `index` of List.
   template <class Fmt, class List, class TokenFn>
   Timing time_index(int index, const ProxySet& set, const FfnShape& shape, float tau_x, const TokenFn& token,
                     const DeviceBuffer& mask, int launches) {
-    Timing t;
-    PROX_BENCH_PROX(prox::dispatch_policy<List>(index, [&](auto p) {
-      t = time_policy<Fmt, decltype(p)>(set, shape, tau_x, token, mask, launches);
-      return prox::Status::kSuccess;
-    }));
-    return t;
+    static_assert(std::is_same_v<List, typename ProxyOp<Fmt>::Policies>, "List is the format's candidate list");
+    return time_policy<Fmt>(index, set, shape, tau_x, token, mask, launches);
   }
 
-  //! Time every policy of List; report the best and the plan-time default (dispatch.hpp's rule).
+  //! Time every policy of List; report the best and the plan-time default (dispatch.cuh's rule).
   template <class Fmt, class List, class TokenFn>
   void time_all(const char* fmt_name, const ProxySet& set, const FfnShape& shape, int s1_pct, float tau_x,
                 const TokenFn& token, const DeviceBuffer& mask, int launches, Timing* best, std::string* best_name,
                 int* best_index, Timing* dflt, std::string* dflt_name) {
+    static_assert(std::is_same_v<List, typename ProxyOp<Fmt>::Policies>, "List is the format's candidate list");
     const int K = shape.d_model;
     const int N = shape.d_ff;
-    const int default_index = prox::proxy_gemv_default_policy<List>(dev_.sm_count, K, N);
+    ProxyOp<Fmt> planner;  // the policy Operator::initialize picks for this device and shape
+    PROX_BENCH_PROX(planner.initialize(args<Fmt>(set, 0, K, N, tau_x, token(0), mask.as<std::uint32_t>())));
+    const int default_index = planner.policy();
     best->median_s = std::numeric_limits<double>::infinity();
     prox::for_each_policy<List>([&](auto p, int index) {
       using P = decltype(p);
-      const Timing t = time_policy<Fmt, P>(set, shape, tau_x, token, mask, launches);
+      const Timing t = time_policy<Fmt>(index, set, shape, tau_x, token, mask, launches);
       per_policy_.push_back({shape.name, s1_pct, fmt_name, index, P::name(), t});
       if (t.median_s < best->median_s) {
         *best = t;
@@ -411,165 +444,162 @@ void write_csv(const std::string& path, const std::vector<Row>& rows, double cop
   if (!f) throw std::runtime_error("error writing " + path);
 }
 
-void write_json(const std::string& path, const AlphaTool& tool, const prox_bench::DeviceFacts& dev, double copy_gbps,
-                const std::string& commit, const std::string& command, const Options& o) {
-  using prox_bench::json_escape;
-  std::ofstream f(path);
-  if (!f) throw std::runtime_error("cannot write " + path);
-  f << "{\n  \"tool\": \"prox_alpha\",\n  \"context\": {\n";
-  f << fmt::format("    \"date\": \"{}\",\n", utc_now());
-  f << fmt::format("    \"gpu\": \"{}\",\n", json_escape(dev.name));
-  f << fmt::format("    \"gpu_arch\": \"{}\",\n", dev.sm());
-  f << fmt::format("    \"gpu_sms\": {},\n", dev.sm_count);
-  f << fmt::format("    \"gpu_l2_MB\": {:.1f},\n", dev.l2_bytes / 1e6);
-  f << fmt::format("    \"cuda_runtime\": {},\n", dev.runtime_version);
-  f << fmt::format("    \"cuda_driver\": {},\n", dev.driver_version);
-  f << fmt::format("    \"copy_GBps\": {:.2f},\n", copy_gbps);
-  f << fmt::format("    \"prox_version\": \"{}\",\n", PROX_VERSION_STRING);
-  f << fmt::format("    \"prox_commit\": \"{}\",\n", json_escape(commit));
-  f << fmt::format("    \"prox_command\": \"{}\",\n", json_escape(command));
-  f << fmt::format("    \"prox_cuda_archs\": \"{}\",\n", json_escape(PROX_BENCH_CUDA_ARCHS));
-  f << fmt::format("    \"options\": \"iterations={} warmup={} tokens={} min_launches={} rotate_gb={:.2f} pdl={}{}\"\n",
-                   o.iterations, o.warmup, o.tokens, o.min_launches, o.rotate_gb, o.pdl ? 1 : 0,
-                   o.quick ? " quick" : "");
-  f << "  },\n";
-  f << fmt::format("  \"target_alpha_max\": {},\n", kTargetAlpha);
-  f << "  \"alpha_definition\": \"median per-launch time of proxy_gemv<Int4Weights> / proxy_gemv<DenseWeights<half>>, "
-       "best policy of each candidate list; alpha_default uses the plan-time default policies; alpha_streaming = "
-       "(t_int4 - t_int4_empty) / t_fp16, alpha without the INT4 kernel's fixed cost, the empty times being the same "
-       "policies with tau_x = +inf (nothing kept); int4_fixed_budget_us = 0.28 t_fp16 - (t_int4 - t_int4_empty), the "
-       "INT4 fixed cost at which alpha would be 0.28\",\n";
-  f << "  \"rows\": [\n";
-  const auto& rows = tool.rows();
-  for (std::size_t i = 0; i < rows.size(); ++i) {
-    const Row& r = rows[i];
-    f << fmt::format(
-        "    {{\"model\": \"{}\", \"d_model\": {}, \"d_ff\": {}, \"s1_target\": {:.2f}, \"s1_measured\": {:.5f}, "
-        "\"kept_rows\": {:.1f}, \"t_int4_us\": {:.4f}, \"policy_int4\": \"{}\", \"t_fp16_us\": {:.4f}, "
-        "\"policy_fp16\": \"{}\", \"alpha\": {:.5f}, \"t_int4_default_us\": {:.4f}, \"policy_int4_default\": \"{}\", "
-        "\"t_fp16_default_us\": {:.4f}, \"policy_fp16_default\": \"{}\", \"alpha_default\": {:.5f}, "
-        "\"bytes_int4\": {:.0f}, \"bytes_fp16\": {:.0f}, \"byte_ratio\": {:.5f}, \"int4_GBps\": {:.2f}, "
-        "\"fp16_GBps\": {:.2f}, \"t_int4_empty_us\": {:.4f}, \"t_fp16_empty_us\": {:.4f}, \"alpha_streaming\": {:.5f}, "
-        "\"int4_fixed_budget_us\": {:.4f}}}{}\n",
-        r.model, r.d_model, r.d_ff, r.s1_pct / 100.0, r.s1_measured, r.kept_rows, r.int4_best.median_s * 1e6,
-        r.int4_best_name, r.fp16_best.median_s * 1e6, r.fp16_best_name, r.alpha(), r.int4_default.median_s * 1e6,
-        r.int4_default_name, r.fp16_default.median_s * 1e6, r.fp16_default_name, r.alpha_default(), r.int4_bytes,
-        r.fp16_bytes, r.int4_bytes / r.fp16_bytes, r.int4_bytes / r.int4_best.median_s / 1e9,
-        r.fp16_bytes / r.fp16_best.median_s / 1e9, r.int4_empty.median_s * 1e6, r.fp16_empty.median_s * 1e6,
-        r.alpha_streaming(), r.int4_fixed_budget_us(), i + 1 < rows.size() ? "," : "");
+/**
+ * @brief The JSON document of a run (docs/data/alpha-h100.json is one; bench/report.py reads it).
+ * Figures keep the digits the CSV has: times 1e-4 us, ratios 1e-5, bandwidths 1e-2 GB/s.
+ */
+prox_support::json::Json alpha_document(const std::vector<Row>& rows, const std::vector<PolicyTime>& per_policy,
+                                        const prox_bench::DeviceFacts& dev, double copy_gbps,
+                                        const std::string& commit, const std::string& command, const Options& o,
+                                        const std::string& date) {
+  using prox_support::json::Json;
+  using prox_support::json::rounded;
+  Json doc;
+  doc["tool"] = "prox_alpha";
+  Json& c = doc["context"];
+  c["date"] = date;
+  c["gpu"] = dev.name;
+  c["gpu_arch"] = dev.sm();
+  c["gpu_sms"] = dev.sm_count;
+  c["gpu_l2_MB"] = rounded(dev.l2_bytes / 1e6, 1);
+  c["cuda_runtime"] = dev.runtime_version;
+  c["cuda_driver"] = dev.driver_version;
+  c["copy_GBps"] = rounded(copy_gbps, 2);
+  c["prox_version"] = PROX_VERSION_STRING;
+  c["prox_commit"] = commit;
+  c["prox_command"] = command;
+  c["prox_cuda_archs"] = PROX_BENCH_CUDA_ARCHS;
+  c["options"] = fmt::format("iterations={} warmup={} tokens={} min_launches={} rotate_gb={:.2f} pdl={}{}",
+                             o.iterations, o.warmup, o.tokens, o.min_launches, o.rotate_gb, o.pdl ? 1 : 0,
+                             o.quick ? " quick" : "");
+  doc["target_alpha_max"] = kTargetAlpha;
+  doc["alpha_definition"] =
+      "median per-launch time of proxy_gemv<Int4Weights> / proxy_gemv<DenseWeights<half>>, best policy of each "
+      "candidate list; alpha_default uses the plan-time default policies; alpha_streaming = (t_int4 - t_int4_empty) / "
+      "t_fp16, alpha without the INT4 kernel's fixed cost, the empty times being the same policies with tau_x = +inf "
+      "(nothing kept); int4_fixed_budget_us = 0.28 t_fp16 - (t_int4 - t_int4_empty), the INT4 fixed cost at which "
+      "alpha would be 0.28";
+  const auto us = [&](const Timing& t) { return rounded(t.median_s * 1e6, 4); };
+  Json& jr = doc["rows"] = Json::array();
+  for (const Row& r : rows) {
+    Json j;
+    j["model"] = r.model;
+    j["d_model"] = r.d_model;
+    j["d_ff"] = r.d_ff;
+    j["s1_target"] = rounded(r.s1_pct / 100.0, 2);
+    j["s1_measured"] = rounded(r.s1_measured, 5);
+    j["kept_rows"] = rounded(r.kept_rows, 1);
+    j["t_int4_us"] = us(r.int4_best);
+    j["policy_int4"] = r.int4_best_name;
+    j["t_fp16_us"] = us(r.fp16_best);
+    j["policy_fp16"] = r.fp16_best_name;
+    j["alpha"] = rounded(r.alpha(), 5);
+    j["t_int4_default_us"] = us(r.int4_default);
+    j["policy_int4_default"] = r.int4_default_name;
+    j["t_fp16_default_us"] = us(r.fp16_default);
+    j["policy_fp16_default"] = r.fp16_default_name;
+    j["alpha_default"] = rounded(r.alpha_default(), 5);
+    j["bytes_int4"] = std::llround(r.int4_bytes);
+    j["bytes_fp16"] = std::llround(r.fp16_bytes);
+    j["byte_ratio"] = rounded(r.int4_bytes / r.fp16_bytes, 5);
+    j["int4_GBps"] = rounded(r.int4_bytes / r.int4_best.median_s / 1e9, 2);
+    j["fp16_GBps"] = rounded(r.fp16_bytes / r.fp16_best.median_s / 1e9, 2);
+    j["t_int4_empty_us"] = us(r.int4_empty);
+    j["t_fp16_empty_us"] = us(r.fp16_empty);
+    j["alpha_streaming"] = rounded(r.alpha_streaming(), 5);
+    j["int4_fixed_budget_us"] = rounded(r.int4_fixed_budget_us(), 4);
+    jr.push_back(std::move(j));
   }
-  f << "  ],\n  \"per_policy\": [\n";
-  const auto& pp = tool.per_policy();
-  for (std::size_t i = 0; i < pp.size(); ++i) {
-    const PolicyTime& p = pp[i];
-    f << fmt::format(
-        "    {{\"model\": \"{}\", \"s1_target\": {:.2f}, \"format\": \"{}\", \"index\": {}, \"policy\": \"{}\", "
-        "\"t_us\": {:.4f}, \"t_min_us\": {:.4f}, \"launches\": {}, \"replays\": {}}}{}\n",
-        p.model, p.s1_pct / 100.0, p.format, p.index, p.policy, p.t.median_s * 1e6, p.t.min_s * 1e6, p.t.launches,
-        p.t.replays, i + 1 < pp.size() ? "," : "");
+  Json& jp = doc["per_policy"] = Json::array();
+  for (const PolicyTime& p : per_policy) {
+    Json j;
+    j["model"] = p.model;
+    j["s1_target"] = rounded(p.s1_pct / 100.0, 2);
+    j["format"] = p.format;
+    j["index"] = p.index;
+    j["policy"] = p.policy;
+    j["t_us"] = us(p.t);
+    j["t_min_us"] = rounded(p.t.min_s * 1e6, 4);
+    j["launches"] = p.t.launches;
+    j["replays"] = p.t.replays;
+    jp.push_back(std::move(j));
   }
-  f << "  ]\n}\n";
-  if (!f) throw std::runtime_error("error writing " + path);
+  return doc;
 }
 
 // ---------------------------------------------------------------- flags
-void usage(const Options& o) {
-  fmt::print(
-      "prox_alpha: measured proxy-cost ratio alpha = t(INT4 proxy GEMV) / t(fp16 input-sparse GEMV)\n"
-      "  --shapes=LIST        4B,8B,14B,32B (also 1.7B)             [{}]\n"
-      "  --sparsities=LIST    input sparsity s1, percent             [{}]\n"
-      "  --csv=PATH           CSV output                             [{}]\n"
-      "  --json=PATH          JSON output                            [{}]\n"
-      "  --quick              10 replays, 1 GB rotation, 16 launches per graph (a fast look)\n"
-      "  --iterations=N       timed graph replays per policy         [{}]\n"
-      "  --warmup=N           untimed replays first                  [{}]\n"
-      "  --tokens=N           distinct tokens cycled                 [{}]\n"
-      "  --min-launches=N     launches per graph, at least           [{}]\n"
-      "  --rotate-gb=G        bytes rotated per format, at least     [{:.1f}]\n"
-      "  --max-device-gb=G    device memory cap                      [{:.1f}]\n"
-      "  --pdl=0|1            launch with PDL (sm_90+), as SparseFfn launches Stage 1 [{}]\n"
-      "  --commit=SHA         commit to record (else $PROX_COMMIT, else the one built from)\n",
-      o.shapes, o.sparsities, o.csv, o.json, o.iterations, o.warmup, o.tokens, o.min_launches, o.rotate_gb,
-      o.max_device_gb, o.pdl ? 1 : 0);
-}
-
-Options parse_flags(int argc, char** argv, bool* help) {
-  Options o;
-  bool set_iter = false, set_rot = false, set_launch = false, set_warm = false;
-  *help = false;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    const auto val = [&](const char* name, std::string* v) { return prox_bench::flag_value(a, name, v); };
-    std::string v;
-    if (a == "--help" || a == "-h") {
-      *help = true;
-    } else if (a == "--quick") {
-      o.quick = true;
-    } else if (val("shapes", &v)) {
-      o.shapes = v;
-    } else if (val("sparsities", &v)) {
-      o.sparsities = v;
-    } else if (val("csv", &v)) {
-      o.csv = v;
-    } else if (val("json", &v)) {
-      o.json = v;
-    } else if (val("iterations", &v)) {
-      o.iterations = std::stoi(v);
-      set_iter = true;
-    } else if (val("warmup", &v)) {
-      o.warmup = std::stoi(v);
-      set_warm = true;
-    } else if (val("tokens", &v)) {
-      o.tokens = std::stoi(v);
-    } else if (val("min-launches", &v)) {
-      o.min_launches = std::stoi(v);
-      set_launch = true;
-    } else if (val("rotate-gb", &v)) {
-      o.rotate_gb = std::stod(v);
-      set_rot = true;
-    } else if (val("max-device-gb", &v)) {
-      o.max_device_gb = std::stod(v);
-    } else if (val("commit", &v)) {
-      o.commit = v;
-    } else if (val("pdl", &v)) {
-      if (v != "0" && v != "1") throw std::invalid_argument("--pdl takes 0 or 1");
-      o.pdl = v == "1";
-    } else {
-      throw std::invalid_argument("unknown argument " + a + " (--help lists the flags)");
-    }
+//! Parse the flags into *o. Returns the exit code when the program should stop (0 after --help,
+//! 2 after a bad flag, its error printed), nullopt to go on. Needs no GPU.
+std::optional<int> parse_flags(int argc, char** argv, Options* o) {
+  namespace cli = prox_support::cli;
+  CLI::App app{"prox_alpha: measured proxy-cost ratio alpha = t(INT4 proxy GEMV) / t(fp16 input-sparse GEMV)",
+               "prox_alpha"};
+  cli::setup(app, cli::Syntax::kEquals);
+  const auto count = [](int lo) { return cli::value_check(cli::number_in(lo, 1e9, true)); };
+  const auto positive = cli::value_check(cli::positive_number());
+  app.add_option("--shapes", o->shapes, "4B,8B,14B,32B (also 1.7B)")
+      ->type_name("LIST")
+      ->capture_default_str()
+      ->check(cli::list_check(prox_bench::shape_name_test()));
+  app.add_option("--sparsities", o->sparsities, "input sparsity s1, percent")
+      ->type_name("LIST")
+      ->capture_default_str()
+      ->check(cli::list_check(cli::number_in(0, 99, true)));
+  app.add_option("--csv", o->csv, "CSV output")->type_name("PATH")->capture_default_str();
+  app.add_option("--json", o->json, "JSON output")->type_name("PATH")->capture_default_str();
+  app.add_flag("--quick", o->quick, "10 replays, 1 GB rotation, 16 launches per graph (a fast look)");
+  CLI::Option* iterations = app.add_option("--iterations", o->iterations, "timed graph replays per policy")
+                                ->type_name("N")
+                                ->capture_default_str()
+                                ->check(count(1));
+  CLI::Option* warmup = app.add_option("--warmup", o->warmup, "untimed replays first")
+                            ->type_name("N")
+                            ->capture_default_str()
+                            ->check(count(0));
+  app.add_option("--tokens", o->tokens, "distinct tokens cycled")
+      ->type_name("N")
+      ->capture_default_str()
+      ->check(count(1));
+  CLI::Option* min_launches = app.add_option("--min-launches", o->min_launches, "launches per graph, at least")
+                                  ->type_name("N")
+                                  ->capture_default_str()
+                                  ->check(count(1));
+  CLI::Option* rotate = app.add_option("--rotate-gb", o->rotate_gb, "bytes rotated per format, at least")
+                            ->type_name("G")
+                            ->capture_default_str()
+                            ->check(positive);
+  app.add_option("--max-device-gb", o->max_device_gb, "device memory cap")
+      ->type_name("G")
+      ->capture_default_str()
+      ->check(positive);
+  app.add_option("--pdl", o->pdl, "launch with PDL (sm_90+), as SparseFfn launches Stage 1")
+      ->type_name("0|1")
+      ->capture_default_str()
+      ->check(cli::value_check(cli::one_of({"0", "1"})));
+  app.add_option("--commit", o->commit, "commit to record (else $PROX_COMMIT, else the one built from)")
+      ->type_name("SHA");
+  if (const auto rc = cli::parse(app, argc, argv)) return rc;
+  if (o->quick) {  // --quick's values, where the flag itself was not given
+    if (iterations->count() == 0) o->iterations = 10;
+    if (warmup->count() == 0) o->warmup = 2;
+    if (rotate->count() == 0) o->rotate_gb = 1.0;
+    if (min_launches->count() == 0) o->min_launches = 16;
   }
-  if (o.quick) {
-    if (!set_iter) o.iterations = 10;
-    if (!set_warm) o.warmup = 2;
-    if (!set_rot) o.rotate_gb = 1.0;
-    if (!set_launch) o.min_launches = 16;
-  }
-  if (o.iterations < 1 || o.warmup < 0 || o.tokens < 1 || o.min_launches < 1 || !(o.rotate_gb > 0) ||
-      !(o.max_device_gb > 0))
-    throw std::invalid_argument("flag values out of range (iterations, tokens, min-launches >= 1; warmup >= 0)");
-  return o;
+  return std::nullopt;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   const std::string command = prox_bench::join_argv(argc, argv);
+  Options opt;
+  if (const auto rc = parse_flags(argc, argv, &opt)) return *rc;
   cudaStream_t stream = nullptr;
   try {
-    bool help = false;
-    const Options opt = parse_flags(argc, argv, &help);
-    if (help) {
-      usage(opt);
-      return 0;
-    }
+    // Both lists were checked by parse_flags.
     const std::vector<FfnShape> shapes = prox_bench::select_shapes(opt.shapes, prox_bench::qwen3_shapes());
     std::vector<int> s1_list;
-    for (const std::string& s : prox_bench::split_list(opt.sparsities)) {
-      const int v = std::stoi(s);
-      if (v < 0 || v >= 100) throw std::invalid_argument("--sparsities: " + s + " is not in [0, 100)");
-      s1_list.push_back(v);
-    }
-    if (shapes.empty() || s1_list.empty()) throw std::invalid_argument("nothing to measure");
+    for (const std::string& s : prox_bench::split_list(opt.sparsities)) s1_list.push_back(std::stoi(s));
 
     const prox_bench::DeviceFacts dev = prox_bench::query_device_facts();
     fmt::print(stderr, "[prox_alpha] device: {}\n", prox_bench::describe(dev));
@@ -607,7 +637,8 @@ int main(int argc, char** argv) {
     fmt::print("paper (A6000, RTX 3090, A100): 0.234 - 0.351, pooled mean 0.285; the byte ratio is 0.25 plus scales\n");
 
     write_csv(opt.csv, tool.rows(), copy.GBps);
-    write_json(opt.json, tool, dev, copy.GBps, commit, command, opt);
+    prox_support::json::write_file(
+        opt.json, alpha_document(tool.rows(), tool.per_policy(), dev, copy.GBps, commit, command, opt, utc_now()));
     fmt::print("wrote {} and {}\n", opt.csv, opt.json);
     cudaStreamDestroy(stream);
     return 0;

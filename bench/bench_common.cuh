@@ -2,7 +2,8 @@
 //! @file bench_common.cuh  Shared by prox's benchmarks and tools: throwing checks, device facts,
 //! copy bandwidth, CUDA-graph replay timing over rotated weight copies, synthetic FFN layers made on
 //! the device, and exact-quantile threshold calibration. Not part of the library (it throws, prints
-//! and allocates freely).
+//! and allocates freely). The device buffer, the random fill and the flag and list helpers are
+//! prox_support's (tools/common), shared with the tests and the examples.
 //!
 //! Timing method (docs/benchmarks.md): R launches, launch i on weight copy i % C and token i % n_tok,
 //! are captured into one CUDA graph; the graph is replayed and each replay is timed with CUDA events;
@@ -27,6 +28,9 @@
 #include <vector>
 
 #include <prox/prox.cuh>
+#include <prox_support/cli.hpp>
+#include <prox_support/device_buffer.hpp>
+#include <prox_support/random.cuh>
 
 #include "dense_baseline.cuh"
 
@@ -45,15 +49,6 @@
 #endif
 
 namespace prox_bench {
-
-//! `--name=value` parsing shared by the tools: true and *v = value when arg is --name=...
-inline bool flag_value(const std::string& arg, const char* name, std::string* v) {
-  const std::string p = std::string("--") + name + "=";
-  if (arg.rfind(p, 0) != 0) return false;
-  *v = arg.substr(p.size());
-  return true;
-}
-
 
 inline void check_prox(prox::Status s, const char* what) {
   if (s != prox::Status::kSuccess) throw std::runtime_error(std::string("prox: ") + what + ": " + prox::to_string(s));
@@ -87,20 +82,7 @@ inline std::string lower(std::string s) {
   return s;
 }
 
-inline std::vector<std::string> split_list(const std::string& s, char sep = ',') {
-  std::vector<std::string> out;
-  std::string cur;
-  for (char c : s) {
-    if (c == sep) {
-      if (!cur.empty()) out.push_back(cur);
-      cur.clear();
-    } else if (!std::isspace(static_cast<unsigned char>(c))) {
-      cur += c;
-    }
-  }
-  if (!cur.empty()) out.push_back(cur);
-  return out;
-}
+using prox_support::cli::split_list;
 
 /**
  * @brief The shapes named in a comma list ("8B,14B" or "Qwen3-8B"; case-insensitive, exact match,
@@ -129,6 +111,24 @@ inline std::vector<FfnShape> select_shapes(const std::string& list, const std::v
     }
   }
   return out;
+}
+
+//! A prox_support::cli::list_check item test: a shape name select_shapes takes (so a bad name is
+//! refused while the flags are parsed, before any device work).
+inline prox_support::cli::ItemTest shape_name_test(const std::vector<FfnShape>& from = qwen3_shapes()) {
+  return [from](const std::string& v) -> std::string {
+    try {
+      select_shapes(v, from);
+      return {};
+    } catch (const std::invalid_argument&) {
+      std::string names;
+      for (const FfnShape& s : from) {
+        const std::string full = s.name;
+        names += (names.empty() ? "" : ", ") + full.substr(full.find('-') + 1);
+      }
+      return "not a shape of the suite: " + names + " (or Qwen3-8B etc.)";
+    }
+  };
 }
 
 // ---------------------------------------------------------------- bytes that must be read
@@ -254,103 +254,22 @@ inline std::string join_argv(int argc, char** argv) {
   return out;
 }
 
-inline std::string json_escape(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\t': out += "\\t"; break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          char b[8];
-          std::snprintf(b, sizeof(b), "\\u%04x", c);
-          out += b;
-        } else {
-          out += c;
-        }
-    }
-  }
-  return out;
-}
-
 // ---------------------------------------------------------------- device memory
-//! Owning device allocation (cudaMalloc is 256-byte aligned, more than any prox op needs).
-class DeviceBuffer {
- public:
-  DeviceBuffer() = default;
-  explicit DeviceBuffer(std::size_t bytes, const char* what = "buffer") : bytes_(bytes) {
-    if (bytes == 0) return;
-    const cudaError_t e = cudaMalloc(&p_, bytes);
-    if (e != cudaSuccess) {
-      cudaGetLastError();  // out-of-memory is not sticky; clear it so later calls are unaffected
-      p_ = nullptr;
-      throw std::runtime_error(std::string("cudaMalloc(") + std::to_string(bytes) + " bytes) for " + what + ": " +
-                               cudaGetErrorString(e));
-    }
-  }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  DeviceBuffer(DeviceBuffer&& o) noexcept : p_(std::exchange(o.p_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
-  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
-    if (this != &o) {
-      reset();
-      p_ = std::exchange(o.p_, nullptr);
-      bytes_ = std::exchange(o.bytes_, 0);
-    }
-    return *this;
-  }
-  ~DeviceBuffer() { reset(); }
-  void reset() noexcept {
-    if (p_ != nullptr) cudaFree(p_);
-    p_ = nullptr;
-    bytes_ = 0;
-  }
-  template <class U = void>
-  U* as(std::size_t byte_offset = 0) const {
-    return reinterpret_cast<U*>(static_cast<char*>(p_) + byte_offset);
-  }
-  void* get() const { return p_; }
-  std::size_t bytes() const { return bytes_; }
-
- private:
-  void* p_ = nullptr;
-  std::size_t bytes_ = 0;
-};
+//! Owning device allocation (cudaMalloc is 256-byte aligned, more than any prox op needs); throws.
+using DeviceBuffer = ::prox_support::DeviceBuffer;
 
 inline std::size_t align_up(std::size_t v, std::size_t a = 256) { return (v + a - 1) / a * a; }
 
 // ---------------------------------------------------------------- random data
-namespace detail {
-using ::prox::detail::splitmix64;
-
-//! out[i] ~ N(0, stddev^2), a pure function of (seed, i): Box-Muller on a counter-based hash, so the
-//! data does not depend on the launch configuration. A value that rounds to zero in T is replaced
-//! by +-stddev/1024: the benches never feed zeros (a zero input would be dropped for free).
-template <class T>
-__global__ void fill_normal_kernel(T* __restrict__ out, std::size_t n, std::uint64_t key, float stddev) {
-  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
-  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    const std::uint64_t h = splitmix64(key + i);
-    const float u1 = (static_cast<float>((h >> 40) & 0xffffffu) + 0.5f) * (1.0f / 16777216.0f);
-    const float u2 = (static_cast<float>((h >> 16) & 0xffffffu) + 0.5f) * (1.0f / 16777216.0f);
-    const float v = stddev * sqrtf(-2.0f * logf(u1)) * cospif(2.0f * u2);
-    T t = prox::from_float<T>(v);
-    if (prox::to_float(t) == 0.0f) t = prox::from_float<T>(copysignf(stddev * (1.0f / 1024.0f), v));
-    out[i] = t;
-  }
-}
-}  // namespace detail
-
-//! Fill n elements of T with seeded N(0, stddev^2) values on `stream` (asynchronous).
+/**
+ * @brief Fill n elements of T with N(0, stddev^2) values of random stream `seed` on `stream`
+ * (asynchronous; prox_support::fill_normal, a pure function of (seed, i)). A value that rounds to
+ * zero in T is replaced by +-stddev/1024: the benches never feed zeros (a zero input would be
+ * dropped for free).
+ */
 template <class T>
 void fill_normal(T* p, std::size_t n, std::uint64_t seed, float stddev, cudaStream_t stream) {
-  constexpr unsigned kThreads = 256;
-  const std::size_t blocks = std::min<std::size_t>((n + kThreads - 1) / kThreads, 1u << 16);
-  detail::fill_normal_kernel<T><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(p, n, detail::splitmix64(seed),
-                                                                                       stddev);
-  PROX_BENCH_CUDA(cudaGetLastError());
+  PROX_BENCH_CUDA(prox_support::fill_normal(p, n, seed, /*stream_id=*/0, stddev, stream, prox_support::Zeros::kAvoid));
 }
 
 //! Copy n elements of T to the host.
@@ -571,10 +490,20 @@ struct LayerCopy {
   const T* w_gate = nullptr;           //!< [d_ff][d_model] nn.Linear
   const T* w_up = nullptr;             //!< [d_ff][d_model]
   const T* w_down_t = nullptr;         //!< [d_ff][d_model] = W_down^T
-  const std::uint32_t* q_gate = nullptr;  //!< INT4 proxy [d_model][d_ff/8]
-  const std::uint32_t* q_up = nullptr;
-  const float* sc_gate = nullptr;      //!< [d_ff]
-  const float* sc_up = nullptr;
+  prox::Int4Weights::Matrix proxy_gate{};  //!< INT4 proxy of W_gate: packed [d_model][d_ff/8], scales [d_ff]
+  prox::Int4Weights::Matrix proxy_up{};    //!< INT4 proxy of W_up
+
+  //! This copy as a SparseFfn's weights (members set by name).
+  template <class Act = prox::SiLU>
+  typename prox::SparseFfn<T, Act>::Weights ffn_weights() const {
+    typename prox::SparseFfn<T, Act>::Weights w;
+    w.gate = w_gate;
+    w.up = w_up;
+    w.down_t = w_down_t;
+    w.proxy_gate = proxy_gate;
+    w.proxy_up = proxy_up;
+    return w;
+  }
 };
 
 /**
@@ -643,10 +572,10 @@ class SyntheticLayer {
     l.w_gate = reinterpret_cast<const T*>(b + off_.gate);
     l.w_up = reinterpret_cast<const T*>(b + off_.up);
     l.w_down_t = reinterpret_cast<const T*>(b + off_.down_t);
-    l.q_gate = reinterpret_cast<const std::uint32_t*>(b + off_.q_gate);
-    l.q_up = reinterpret_cast<const std::uint32_t*>(b + off_.q_up);
-    l.sc_gate = reinterpret_cast<const float*>(b + off_.sc_gate);
-    l.sc_up = reinterpret_cast<const float*>(b + off_.sc_up);
+    l.proxy_gate.packed = reinterpret_cast<const std::uint32_t*>(b + off_.q_gate);
+    l.proxy_gate.scales = reinterpret_cast<const float*>(b + off_.sc_gate);
+    l.proxy_up.packed = reinterpret_cast<const std::uint32_t*>(b + off_.q_up);
+    l.proxy_up.scales = reinterpret_cast<const float*>(b + off_.sc_up);
     return l;
   }
   //! Token t's activations [d_model], 256-byte aligned.
@@ -727,6 +656,10 @@ float calibrate_tau_s(const typename prox::SparseFfn<T, Act, Fmt>::Weights& w, c
     const std::vector<float> h = to_host(s_proxy.as<const float>(), static_cast<std::size_t>(shape.d_ff), stream);
     for (float v : h) all.push_back(std::fabs(v));
   }
+  // A workspace a kernel found not ready would have given NaN s~ (core/workspace.cuh): refuse them.
+  prox::Status ws_status = prox::Status::kSuccess;
+  PROX_BENCH_PROX(prox::read_workspace_status(ws.get(), stream, &ws_status));
+  PROX_BENCH_PROX(ws_status);
   return magnitude_threshold(std::move(all), s2);
 }
 

@@ -15,6 +15,7 @@
 
 #include <prox/activation.cuh>
 #include <prox/core/types.cuh>
+#include <prox_support/device_buffer.hpp>
 
 namespace prox_bench {
 
@@ -50,27 +51,20 @@ __global__ void glu_act_mul_kernel(const T* __restrict__ g, const T* __restrict_
 template <class T, class Act = prox::SiLU>
 class DenseFfn {
  public:
-  DenseFfn(cublasHandle_t handle, int d_model, int d_ff) : h_(handle), K_(d_model), N_(d_ff) {
-    check_cuda(cudaMalloc(&g_, sizeof(T) * N_), "malloc g");
-    check_cuda(cudaMalloc(&u_, sizeof(T) * N_), "malloc u");
-    check_cuda(cudaMalloc(&s_, sizeof(T) * N_), "malloc s");
-    check_cuda(cudaMalloc(&s32_, sizeof(float) * N_), "malloc s32");
-    check_cuda(cudaMalloc(&ws_, kWorkspace), "malloc cublas workspace");
-  }
-  DenseFfn(const DenseFfn&) = delete;
-  DenseFfn& operator=(const DenseFfn&) = delete;
-  ~DenseFfn() {
-    cudaFree(g_);
-    cudaFree(u_);
-    cudaFree(s_);
-    cudaFree(s32_);
-    cudaFree(ws_);
-  }
+  DenseFfn(cublasHandle_t handle, int d_model, int d_ff)
+      : h_(handle),
+        K_(d_model),
+        N_(d_ff),
+        g_(static_cast<std::size_t>(d_ff), "dense FFN g"),
+        u_(static_cast<std::size_t>(d_ff), "dense FFN u"),
+        s_(static_cast<std::size_t>(d_ff), "dense FFN s"),
+        s32_(static_cast<std::size_t>(d_ff), "dense FFN s (float)"),
+        ws_(kWorkspace, "cuBLAS workspace") {}
 
   //! y[n_out] = W x with W [n_out][n_in] row-major: one cublasGemmEx (m = n_out, n = 1, k = n_in).
   void gemv(const T* w, const T* x, T* y, int n_out, int n_in, cudaStream_t stream) const {
     check_cublas(cublasSetStream(h_, stream), "set stream");
-    check_cublas(cublasSetWorkspace(h_, ws_, kWorkspace), "set workspace");
+    check_cublas(cublasSetWorkspace(h_, ws_.get(), ws_.bytes()), "set workspace");
     const float one = 1.0f, zero = 0.0f;
     check_cublas(cublasGemmEx(h_, CUBLAS_OP_T, CUBLAS_OP_N, n_out, 1, n_in, &one, w, cuda_type<T>(), n_in, x,
                               cuda_type<T>(), n_in, &zero, y, cuda_type<T>(), n_out, CUBLAS_COMPUTE_32F,
@@ -79,29 +73,27 @@ class DenseFfn {
   }
 
   void run(const T* w_gate, const T* w_up, const T* w_down, const T* x, T* y, cudaStream_t stream) const {
-    gemv(w_gate, x, g_, N_, K_, stream);
-    gemv(w_up, x, u_, N_, K_, stream);
-    glu_act_mul_kernel<T, Act><<<(N_ + 255) / 256, 256, 0, stream>>>(g_, u_, s_, s32_, N_);
+    gemv(w_gate, x, g_.get(), N_, K_, stream);
+    gemv(w_up, x, u_.get(), N_, K_, stream);
+    glu_act_mul_kernel<T, Act><<<(N_ + 255) / 256, 256, 0, stream>>>(g_.get(), u_.get(), s_.get(), s32_.get(), N_);
     check_cuda(cudaGetLastError(), "act-mul launch");
     // W_down [d_model][d_ff]: y[d_model] = W_down s.
-    gemv(w_down, s_, y, K_, N_, stream);
+    gemv(w_down, s_.get(), y, K_, N_, stream);
   }
 
-  const T* gate() const { return g_; }
-  const T* up() const { return u_; }
-  const T* s() const { return s_; }
+  const T* gate() const { return g_.get(); }
+  const T* up() const { return u_.get(); }
+  const T* s() const { return s_.get(); }
   //! The intermediate state in float (before rounding to T), for oracle-s selection.
-  const float* s_float() const { return s32_; }
+  const float* s_float() const { return s32_.get(); }
 
  private:
-  static constexpr size_t kWorkspace = 4u << 20;
+  static constexpr std::size_t kWorkspace = 4u << 20;
   cublasHandle_t h_;
   int K_, N_;
-  T* g_ = nullptr;
-  T* u_ = nullptr;
-  T* s_ = nullptr;
-  float* s32_ = nullptr;
-  void* ws_ = nullptr;
+  prox_support::DeviceArray<T> g_, u_, s_;
+  prox_support::DeviceArray<float> s32_;
+  prox_support::DeviceBuffer ws_;
 };
 
 }  // namespace prox_bench

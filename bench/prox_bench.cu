@@ -100,36 +100,47 @@ struct ContextBase {
 
 template <class T>
 struct SparseSetup {
+  using Ffn = prox::SparseFfn<T, prox::SiLU>;
   int e_pct = 0;
   prox::StageSparsity target{};
   float tau_x = 0.0f;
   float tau_s = 0.0f;
-  std::vector<prox::SparseFfn<T, prox::SiLU>> ffns;  //!< one plan per weight copy (plans hold pointers)
+  std::vector<Ffn> ffns;  //!< one plan per weight copy (plans hold pointers)
   prox::PolicyChoice choice{};
   bool pdl = false;
   bool cluster = false;
   bool fused = false;
   int fused_blocks = 0;
   std::size_t ws_bytes = 0;
-  DeviceBuffer ws;        //!< the timed FFN's workspace
-  DeviceBuffer ws_tok;    //!< one FFN workspace per token: its mask and s feed the Stage-2 benches
+  DeviceBuffer ws;  //!< the timed FFN's workspace
+  //! Per token, the mask and s of the setup's FFN run (SparseFfn::Outputs): they feed the Stage-2
+  //! benches. Each token's slice starts on a 256-byte boundary, as the workspace regions do.
+  DeviceBuffer tok_mask, tok_s;
+  std::size_t tok_mask_stride = 0, tok_s_stride = 0;
   DeviceBuffer counters;  //!< prox::SparsityCounters
   DeviceBuffer mask_scratch, s_scratch, y_scratch;
   DeviceBuffer empty_mask;  //!< all zero: nothing selected (stage2_empty)
+  //! The ops the op benches launch, planned once here with the policies and options of the FFN's plan
+  //! (Stage 1, and the Stage 2 it runs, are copies of ffns[0]'s planned operators).
+  prox::Operator<typename Ffn::Stage1Op> proxy_op;
+  prox::Operator<typename Ffn::GluOp> glu_op;
+  prox::Operator<typename Ffn::DownOp> down_op;
+  prox::Operator<typename Ffn::FusedStage2Op> glu_down_op;  //!< initialized when the plan fuses Stage 2
+  prox::Operator<prox::ThresholdOp<T>> threshold_op;
+  //! Op-only workspaces (Operator<Op>::workspace_bytes(), initialize_workspace()d once), and the views
+  //! the Stage-2 launches get (stage2_view()).
   DeviceBuffer proxy_ws, down_ws, glu_down_ws;
-  std::size_t proxy_ws_bytes = 0, down_ws_bytes = 0;
+  prox::OpWorkspace glu_view, down_view, glu_down_view;
   DeviceBuffer thr_mask, thr_idx, thr_count;
   prox::SparsityReport report{};
   double kept_mean = 0.0;  //!< mean kept inputs per token (measured)
   double sel_mean = 0.0;   //!< mean selected channels per token (measured)
   std::string label;
 
-  const std::uint32_t* token_mask(int t) const {
-    return ws_tok.as<const std::uint32_t>(ws_bytes * static_cast<std::size_t>(t) + ffns[0].mask_offset());
+  std::uint32_t* token_mask(int t) const {
+    return tok_mask.as<std::uint32_t>(tok_mask_stride * static_cast<std::size_t>(t));
   }
-  const float* token_s(int t) const {
-    return ws_tok.as<const float>(ws_bytes * static_cast<std::size_t>(t) + ffns[0].s_offset());
-  }
+  float* token_s(int t) const { return tok_s.as<float>(tok_s_stride * static_cast<std::size_t>(t)); }
 };
 
 template <class T>
@@ -185,9 +196,174 @@ Context<T>& context_for(const FfnShape& shape) {
   return ref;
 }
 
+//! A view of an op-only workspace (Operator<Op>::workspace_bytes() bytes, initialized once) laid out
+//! as Operator::run() lays it out, with the header guard SparseFfn gives the kernels of its Stage 2:
+//! they do not check the header (in the FFN, Stage 1 has), and the GLU or fused kernel (`stamp`)
+//! stamps it ready. A Stage-2 launch then costs what it costs in the FFN: the check, an L2 round trip
+//! per block after the fused kernel's GLU part, is not on its path. setup_check() runs every op once
+//! through the checked path (Operator::run) on the same workspaces.
+template <class Op>
+prox::OpWorkspace stage2_view(const DeviceBuffer& ws, const typename Op::Args& a, bool stamp) {
+  prox::OpWorkspace v;
+  if (prox::Operator<Op>::workspace_bytes(a) > 0)
+    v = prox::Operator<Op>::workspace_view(ws.get(), a);
+  v.guard = prox::WorkspaceGuard{};
+  if (stamp) v.guard.stamp = ws.template as<std::uint32_t>();  // {magic, tag 0}: what initialize_workspace wrote
+  return v;
+}
+
+//! Throw when a kernel found `ws` not ready (its header flagged) since its initialize_workspace().
+inline void check_workspace(const DeviceBuffer& ws, const char* what, cudaStream_t s) {
+  prox::Status st = prox::Status::kSuccess;
+  PROX_BENCH_PROX(prox::read_workspace_status(ws.get(), s, &st));
+  if (st != prox::Status::kSuccess)
+    throw std::runtime_error(std::string(what) + ": " + prox::to_string(st) + " (flagged by a kernel)");
+}
+
+// ---------------------------------------------------------------- the ops' arguments for launch i
+// Launch i reads weight copy i mod copies and token i mod tokens (Stage 2: that token's mask and s).
+
+//! The GLU GEMV's arguments.
+template <class T>
+prox::GluGemvArgs<T> glu_args(const Context<T>& ctx, const SparseSetup<T>& sp, int i, float* s_out,
+                              bool empty = false) {
+  const prox_bench::LayerCopy<T> l = ctx.layer.copy(i % ctx.layer.copies());
+  const int t = i % ctx.layer.tokens();
+  prox::GluGemvArgs<T> a;
+  a.x = ctx.layer.token(t);
+  a.d_model = ctx.shape.d_model;
+  a.d_ff = ctx.shape.d_ff;
+  a.w_gate = l.w_gate;
+  a.w_up = l.w_up;
+  a.channel_mask = empty ? sp.empty_mask.template as<const std::uint32_t>() : sp.token_mask(t);
+  a.s = s_out;
+  return a;
+}
+
+//! The down GEMV's arguments; s_in = nullptr reads the token's own s.
+template <class T>
+prox::DownGemvArgs<T> down_args(const Context<T>& ctx, const SparseSetup<T>& sp, int i, const float* s_in,
+                                bool empty = false) {
+  const prox_bench::LayerCopy<T> l = ctx.layer.copy(i % ctx.layer.copies());
+  const int t = i % ctx.layer.tokens();
+  prox::DownGemvArgs<T> a;
+  a.s = s_in != nullptr ? s_in : sp.token_s(t);
+  a.channel_mask = empty ? sp.empty_mask.template as<const std::uint32_t>() : sp.token_mask(t);
+  a.w_down_t = l.w_down_t;
+  a.d_model = ctx.shape.d_model;
+  a.d_ff = ctx.shape.d_ff;
+  a.y = sp.y_scratch.template as<T>();
+  return a;
+}
+
+//! The fused Stage 2's arguments (s to the scratch, as the GLU GEMV's in stage2_unfused).
+template <class T>
+prox::GluDownGemvArgs<T> glu_down_args(const Context<T>& ctx, const SparseSetup<T>& sp, int i, bool empty = false) {
+  prox::GluDownGemvArgs<T> a;
+  static_cast<prox::GluGemvArgs<T>&>(a) = glu_args(ctx, sp, i, sp.s_scratch.template as<float>(), empty);
+  a.w_down_t = ctx.layer.copy(i % ctx.layer.copies()).w_down_t;
+  a.y = sp.y_scratch.template as<T>();
+  return a;
+}
+
+//! Stage 1's arguments (mask to the scratch); tau_x = +inf keeps no input (proxy_int4_empty).
+template <class T>
+prox::ProxyGemvArgs<T> proxy_args(const Context<T>& ctx, const SparseSetup<T>& sp, int i, float tau_x) {
+  const prox_bench::LayerCopy<T> l = ctx.layer.copy(i % ctx.layer.copies());
+  prox::ProxyGemvArgs<T> a;
+  a.x = ctx.layer.token(i % ctx.layer.tokens());
+  a.d_model = ctx.shape.d_model;
+  a.d_ff = ctx.shape.d_ff;
+  a.tau_x = tau_x;
+  a.tau_s = sp.tau_s;
+  a.gate = l.proxy_gate;
+  a.up = l.proxy_up;
+  a.channel_mask = sp.mask_scratch.template as<std::uint32_t>();
+  return a;
+}
+
+//! The threshold op's arguments: x's mask and compacted indices.
+template <class T>
+prox::ThresholdArgs<T> threshold_args(const Context<T>& ctx, const SparseSetup<T>& sp, int i) {
+  prox::ThresholdArgs<T> a;
+  a.x = ctx.layer.token(i % ctx.layer.tokens());
+  a.n = ctx.shape.d_model;
+  a.tau = sp.tau_x;
+  a.mask = sp.thr_mask.template as<std::uint32_t>();
+  a.indices = sp.thr_idx.template as<int>();
+  a.count = sp.thr_count.template as<int>();
+  return a;
+}
+
+//! Plan the op benches' operators and their workspaces (after the FFN plans and the token masks).
+template <class T>
+void setup_ops(Context<T>& ctx, SparseSetup<T>& sp, const prox::PolicyChoice& requested) {
+  using Ffn = typename SparseSetup<T>::Ffn;
+  const cudaStream_t s = g.stream;
+  const Ffn& ffn = sp.ffns[0];
+  sp.proxy_op = ffn.stage1();
+  if (sp.fused) {
+    sp.glu_down_op = ffn.fused_stage2_op();
+    // The unfused ops (stage2_unfused, glu, down) as a plan without fusion would make them: the
+    // requested index or the default for the shape, the FFN's PDL setting, one-wave GLU grid.
+    typename Ffn::GluOp::Options og;
+    og.pdl = ffn.plan_options().pdl;
+    PROX_BENCH_PROX(sp.glu_op.initialize(glu_args(ctx, sp, 0, sp.s_scratch.template as<float>()), og, requested.glu));
+    typename Ffn::DownOp::Options od;
+    od.pdl = ffn.plan_options().pdl;
+    PROX_BENCH_PROX(sp.down_op.initialize(down_args(ctx, sp, 0, nullptr), od, requested.down));
+  } else {
+    sp.glu_op = ffn.glu_op();
+    sp.down_op = ffn.down_op();
+  }
+  sp.choice.glu = sp.glu_op.policy();
+  sp.choice.down = sp.down_op.policy();
+  // Launched as before: policy 0, no PDL (its predecessor in the graph is itself).
+  PROX_BENCH_PROX(sp.threshold_op.initialize(threshold_args(ctx, sp, 0), {}, 0));
+
+  using ProxyOp = prox::Operator<typename Ffn::Stage1Op>;
+  using DownOp = prox::Operator<typename Ffn::DownOp>;
+  using FusedOp = prox::Operator<typename Ffn::FusedStage2Op>;
+  sp.proxy_ws = DeviceBuffer(ProxyOp::workspace_bytes(proxy_args(ctx, sp, 0, sp.tau_x)), "proxy workspace");
+  sp.down_ws = DeviceBuffer(DownOp::workspace_bytes(down_args(ctx, sp, 0, nullptr)), "down workspace");
+  PROX_BENCH_PROX(prox::initialize_workspace(sp.proxy_ws.get(), sp.proxy_ws.bytes(), s));
+  PROX_BENCH_PROX(prox::initialize_workspace(sp.down_ws.get(), sp.down_ws.bytes(), s));
+  // As in SparseFfn::run: the GLU kernel stamps the header of the workspace its down kernel uses.
+  sp.glu_view = prox::OpWorkspace{};
+  sp.glu_view.guard.stamp = sp.down_ws.template as<std::uint32_t>();
+  sp.down_view = stage2_view<typename Ffn::DownOp>(sp.down_ws, down_args(ctx, sp, 0, nullptr), /*stamp=*/false);
+  if (sp.fused) {
+    const prox::GluDownGemvArgs<T> f = glu_down_args(ctx, sp, 0);
+    sp.glu_down_ws = DeviceBuffer(FusedOp::workspace_bytes(f), "fused Stage-2 workspace");
+    PROX_BENCH_PROX(prox::initialize_workspace(sp.glu_down_ws.get(), sp.glu_down_ws.bytes(), s));
+    sp.glu_down_view = stage2_view<typename Ffn::FusedStage2Op>(sp.glu_down_ws, f, /*stamp=*/true);
+  }
+}
+
+//! Every op once through the checked path (Operator::run validates the arguments and the workspace
+//! size; the kernels check the header), then no workspace may be flagged: the views the timed graphs
+//! use lie on workspaces known to be initialized.
+template <class T>
+void setup_check(Context<T>& ctx, SparseSetup<T>& sp) {
+  const cudaStream_t s = g.stream;
+  PROX_BENCH_PROX(sp.threshold_op.run(threshold_args(ctx, sp, 0), nullptr, 0, s));
+  PROX_BENCH_PROX(sp.proxy_op.run(proxy_args(ctx, sp, 0, sp.tau_x), sp.proxy_ws.get(), sp.proxy_ws.bytes(), s));
+  PROX_BENCH_PROX(sp.glu_op.run(glu_args(ctx, sp, 0, sp.s_scratch.template as<float>()), nullptr, 0, s));
+  PROX_BENCH_PROX(sp.down_op.run(down_args(ctx, sp, 0, sp.s_scratch.template as<const float>()), sp.down_ws.get(),
+                                 sp.down_ws.bytes(), s));
+  if (sp.fused)
+    PROX_BENCH_PROX(sp.glu_down_op.run(glu_down_args(ctx, sp, 0), sp.glu_down_ws.get(), sp.glu_down_ws.bytes(), s));
+  check_workspace(sp.ws, "FFN workspace", s);
+  check_workspace(sp.proxy_ws, "proxy workspace", s);
+  check_workspace(sp.down_ws, "down workspace", s);
+  if (sp.fused) check_workspace(sp.glu_down_ws, "fused Stage-2 workspace", s);
+  PROX_BENCH_CUDA(cudaStreamSynchronize(s));
+}
+
 //! Calibrate, plan and measure the densities of target e (cached per context).
 template <class T>
 SparseSetup<T>& sparse_setup(Context<T>& ctx, int e_pct) {
+  using Ffn = typename SparseSetup<T>::Ffn;
   auto it = ctx.sparse.find(e_pct);
   if (it != ctx.sparse.end()) return *it->second;
   auto sp = std::make_unique<SparseSetup<T>>();
@@ -202,30 +378,19 @@ SparseSetup<T>& sparse_setup(Context<T>& ctx, int e_pct) {
   sp->tau_x = prox_bench::magnitude_threshold(ctx.layer.host_abs_tokens(s), sp->target.s1);
   std::vector<const T*> toks;
   for (int t = 0; t < ctx.layer.tokens(); ++t) toks.push_back(ctx.layer.token(t));
-  const auto weights_of = [&](int c) {
-    const prox_bench::LayerCopy<T> l = ctx.layer.copy(c);
-    typename prox::SparseFfn<T, prox::SiLU>::Weights w;
-    w.w_gate = l.w_gate;
-    w.w_up = l.w_up;
-    w.w_down_t = l.w_down_t;
-    w.proxy_gate = l.q_gate;
-    w.proxy_up = l.q_up;
-    w.proxy_scale_gate = l.sc_gate;
-    w.proxy_scale_up = l.sc_up;
-    return w;
-  };
+  const auto weights_of = [&](int c) { return ctx.layer.copy(c).template ffn_weights<prox::SiLU>(); };
   // Plan copy 0 first to learn the policies, then calibrate on exactly those kernels.
+  typename Ffn::PlanOptions po;
+  po.choice = g_opt.policy;
+  po.fuse_stage2 = g_opt.fuse;
+  po.cluster = g_opt.cluster;
+  po.spread = g_opt.spread;
   {
-    prox::SparseFfn<T, prox::SiLU> probe;
-    typename prox::SparseFfn<T, prox::SiLU>::PlanOptions po;
-    po.choice = g_opt.policy;
-    po.fuse_stage2 = g_opt.fuse;
-    po.cluster = g_opt.cluster;
-    po.spread = g_opt.spread;
+    Ffn probe;
     if (g.tuning) {  // the tuned choice at this target's densities, then any --prox_policy index on top
       prox::PolicyChoice tuned;
-      PROX_BENCH_PROX(prox::tuning::choose<prox::SparseFfn<T, prox::SiLU>>(
-          *g.tuning, {K, N, sp->tau_x, 0.0f}, 1.0 - sp->target.s1, 1.0 - sp->target.s2, &tuned, s, {}, g_opt.fuse));
+      PROX_BENCH_PROX(prox::tuning::choose<Ffn>(*g.tuning, {K, N, sp->tau_x, 0.0f}, 1.0 - sp->target.s1,
+                                                1.0 - sp->target.s2, &tuned, s, {}, g_opt.fuse));
       for (auto [field, t] : {std::pair{&po.choice.proxy, tuned.proxy}, std::pair{&po.choice.glu, tuned.glu},
                               std::pair{&po.choice.down, tuned.down}, std::pair{&po.choice.glu_down, tuned.glu_down}})
         if (*field < 0) *field = t;
@@ -237,22 +402,26 @@ SparseSetup<T>& sparse_setup(Context<T>& ctx, int e_pct) {
                                                                             sp->target.s2, toks, sp->choice, s);
   sp->ffns.resize(static_cast<std::size_t>(ctx.layer.copies()));
   for (int c = 0; c < ctx.layer.copies(); ++c) {
-    typename prox::SparseFfn<T, prox::SiLU>::PlanOptions po;
-    po.choice = sp->choice;
-    po.fuse_stage2 = g_opt.fuse;
-    po.cluster = g_opt.cluster;
-    po.spread = g_opt.spread;
-    PROX_BENCH_PROX(sp->ffns[c].plan({K, N, sp->tau_x, sp->tau_s}, weights_of(c), po));
+    typename Ffn::PlanOptions pc;
+    pc.choice = sp->choice;
+    pc.fuse_stage2 = g_opt.fuse;
+    pc.cluster = g_opt.cluster;
+    pc.spread = g_opt.spread;
+    PROX_BENCH_PROX(sp->ffns[c].plan({K, N, sp->tau_x, sp->tau_s}, weights_of(c), pc));
   }
-  sp->pdl = sp->ffns[0].uses_pdl();
-  sp->cluster = sp->ffns[0].uses_cluster();
-  sp->fused = sp->ffns[0].fused_stage2();
-  sp->fused_blocks = sp->ffns[0].glu_down_blocks();
-  sp->ws_bytes = sp->ffns[0].workspace_bytes();
+  const Ffn& ffn0 = sp->ffns[0];
+  sp->pdl = ffn0.stage1().launch_config().pdl;
+  sp->cluster = ffn0.plan_options().cluster && g.dev.cc_major >= 9;  // asked for and possible on the device
+  sp->fused = ffn0.fused_stage2();
+  sp->fused_blocks = sp->fused ? static_cast<int>(ffn0.fused_stage2_op().launch_config().grid.x) : 0;
+  sp->ws_bytes = ffn0.workspace_bytes();
 
   const int ntok = ctx.layer.tokens();
   sp->ws = DeviceBuffer(sp->ws_bytes, "FFN workspace");
-  sp->ws_tok = DeviceBuffer(sp->ws_bytes * ntok, "per-token FFN workspaces");
+  sp->tok_mask_stride = prox_bench::align_up(sizeof(std::uint32_t) * (N / 32));
+  sp->tok_s_stride = prox_bench::align_up(sizeof(float) * N);
+  sp->tok_mask = DeviceBuffer(sp->tok_mask_stride * ntok, "per-token masks");
+  sp->tok_s = DeviceBuffer(sp->tok_s_stride * ntok, "per-token s");
   sp->counters = DeviceBuffer(sizeof(prox::SparsityCounters), "sparsity counters");
   sp->mask_scratch = DeviceBuffer(sizeof(std::uint32_t) * (N / 32), "mask scratch");
   sp->s_scratch = DeviceBuffer(sizeof(float) * N, "s scratch");
@@ -260,45 +429,21 @@ SparseSetup<T>& sparse_setup(Context<T>& ctx, int e_pct) {
   sp->empty_mask = DeviceBuffer(sizeof(std::uint32_t) * (N / 32), "all-zero mask");
   PROX_BENCH_CUDA(cudaMemsetAsync(sp->empty_mask.get(), 0, sp->empty_mask.bytes(), s));
   PROX_BENCH_PROX(prox::initialize_workspace(sp->ws.get(), sp->ws.bytes(), s));
-  PROX_BENCH_PROX(prox::initialize_workspace(sp->ws_tok.get(), sp->ws_tok.bytes(), s));
-
-  // Stand-alone Stage-1 and down launches need their own split-K workspaces (zeroed once).
-  prox::ProxyGemvArgs<T> a1;
-  a1.d_model = K;
-  a1.d_ff = N;
-  PROX_BENCH_PROX(prox::dispatch_policy<prox::ProxyGemvPolicies>(sp->choice.proxy, [&](auto p) {
-    sp->proxy_ws_bytes = prox::proxy_gemv::workspace_bytes<decltype(p)>(a1);
-    return prox::Status::kSuccess;
-  }));
-  prox::DownGemvArgs<T> a3;
-  a3.d_model = K;
-  a3.d_ff = N;
-  PROX_BENCH_PROX(prox::dispatch_policy<prox::DownGemvPolicies>(sp->choice.down, [&](auto p) {
-    sp->down_ws_bytes = prox::down_gemv::workspace_bytes<decltype(p)>(a3);
-    return prox::Status::kSuccess;
-  }));
-  std::size_t glu_down_ws_bytes = 0;
-  PROX_BENCH_PROX(prox::dispatch_policy<prox::GluDownGemvPolicies>(sp->choice.glu_down, [&](auto p) {
-    glu_down_ws_bytes = prox::glu_down_gemv::workspace_bytes<decltype(p)>(K, sp->fused_blocks);
-    return prox::Status::kSuccess;
-  }));
-  sp->glu_down_ws = DeviceBuffer(std::max<std::size_t>(glu_down_ws_bytes, 256), "fused Stage-2 workspace");
-  PROX_BENCH_PROX(prox::initialize_workspace(sp->glu_down_ws.get(), sp->glu_down_ws.bytes(), s));
-  sp->proxy_ws = DeviceBuffer(std::max<std::size_t>(sp->proxy_ws_bytes, 256), "proxy workspace");
-  sp->down_ws = DeviceBuffer(std::max<std::size_t>(sp->down_ws_bytes, 256), "down workspace");
-  PROX_BENCH_PROX(prox::initialize_workspace(sp->proxy_ws.get(), sp->proxy_ws.bytes(), s));
-  PROX_BENCH_PROX(prox::initialize_workspace(sp->down_ws.get(), sp->down_ws.bytes(), s));
   sp->thr_mask = DeviceBuffer(sizeof(std::uint32_t) * ((K + 31) / 32), "threshold mask");
   sp->thr_idx = DeviceBuffer(sizeof(int) * K, "threshold indices");
   sp->thr_count = DeviceBuffer(sizeof(int), "threshold count");
 
-  // Real masks: one FFN per token with SparsityCounters on; they stay in ws_tok for Stage-2 benches.
+  // Real masks: one FFN run per token with SparsityCounters on; each token's mask and s are kept
+  // (Outputs) for the Stage-2 benches.
   auto* counters = sp->counters.template as<prox::SparsityCounters>();
   PROX_BENCH_PROX(prox::reset_counters(counters, s));
   for (int t = 0; t < ntok; ++t) {
-    PROX_BENCH_PROX(sp->ffns[0].run(ctx.layer.token(t), sp->y_scratch.template as<T>(),
-                                    sp->ws_tok.as(sp->ws_bytes * static_cast<std::size_t>(t)), sp->ws_bytes, s,
-                                    counters));
+    typename Ffn::Outputs out;
+    out.counters = counters;
+    out.channel_mask = sp->token_mask(t);
+    out.s = sp->token_s(t);
+    PROX_BENCH_PROX(
+        sp->ffns[0].run(ctx.layer.token(t), sp->y_scratch.template as<T>(), sp->ws.get(), sp->ws_bytes, s, out));
   }
   PROX_BENCH_PROX(prox::read_report(counters, K, N, s, &sp->report));
   if (sp->report.calls != static_cast<unsigned long long>(ntok))
@@ -306,6 +451,8 @@ SparseSetup<T>& sparse_setup(Context<T>& ctx, int e_pct) {
                              std::to_string(ntok));
   sp->kept_mean = (1.0 - sp->report.s1) * K;
   sp->sel_mean = (1.0 - sp->report.s2) * N;
+  setup_ops(ctx, *sp, po.choice);
+  setup_check(ctx, *sp);
   {
     std::string names;
     prox::for_each_policy<prox::ProxyGemvPolicies>([&](auto p, int i) {
@@ -521,64 +668,24 @@ enum class Op {
   kDownEmpty
 };
 
-//! The GLU GEMV's arguments for launch i (weight copy i mod copies, token i mod tokens).
-template <class T>
-prox::GluGemvArgs<T> glu_args(const Context<T>& ctx, const SparseSetup<T>& sp, int i, float* s_out,
-                              bool empty = false) {
-  const prox_bench::LayerCopy<T> l = ctx.layer.copy(i % ctx.layer.copies());
-  const int t = i % ctx.layer.tokens();
-  prox::GluGemvArgs<T> a;
-  a.x = ctx.layer.token(t);
-  a.d_model = ctx.shape.d_model;
-  a.d_ff = ctx.shape.d_ff;
-  a.w_gate = l.w_gate;
-  a.w_up = l.w_up;
-  a.channel_mask = empty ? sp.empty_mask.template as<const std::uint32_t>() : sp.token_mask(t);
-  a.s = s_out;
-  return a;
-}
-
+//! The unfused GLU GEMV as SparseFfn launches it (its planned policy, one-wave grid and PDL).
 template <class T>
 void enqueue_glu(const Context<T>& ctx, const SparseSetup<T>& sp, int i, float* s_out, cudaStream_t s,
                  bool empty = false) {
-  prox::GluGemvArgs<T> a = glu_args(ctx, sp, i, s_out, empty);
-  a.grid_blocks = sp.ffns[0].glu_blocks();  // the grid SparseFfn plans (SMs x resident blocks)
-  PROX_BENCH_PROX(prox::dispatch_policy<prox::GluGemvPolicies>(sp.choice.glu, [&](auto p) {
-    return prox::glu_gemv::launch<decltype(p), prox::SiLU>(a, nullptr, 0, s, prox::LaunchOptions{sp.pdl});
-  }));
+  PROX_BENCH_PROX(sp.glu_op.launch(glu_args(ctx, sp, i, s_out, empty), sp.glu_view, s));
 }
 
+//! The unfused down GEMV as SparseFfn launches it.
 template <class T>
 void enqueue_down(const Context<T>& ctx, const SparseSetup<T>& sp, int i, const float* s_in, cudaStream_t s,
                   bool empty = false) {
-  const prox_bench::LayerCopy<T> l = ctx.layer.copy(i % ctx.layer.copies());
-  const int t = i % ctx.layer.tokens();
-  prox::DownGemvArgs<T> a;
-  a.s = s_in != nullptr ? s_in : sp.token_s(t);
-  a.channel_mask = empty ? sp.empty_mask.template as<const std::uint32_t>() : sp.token_mask(t);
-  a.w_down_t = l.w_down_t;
-  a.d_model = ctx.shape.d_model;
-  a.d_ff = ctx.shape.d_ff;
-  a.y = sp.y_scratch.template as<T>();
-  PROX_BENCH_PROX(prox::dispatch_policy<prox::DownGemvPolicies>(sp.choice.down, [&](auto p) {
-    return prox::down_gemv::launch<decltype(p)>(a, sp.down_ws.get(), sp.down_ws.bytes(), s,
-                                                prox::LaunchOptions{sp.pdl});
-  }));
+  PROX_BENCH_PROX(sp.down_op.launch(down_args(ctx, sp, i, s_in, empty), sp.down_view, s));
 }
 
-//! The fused Stage 2 as SparseFfn launches it (the planned policy and grid, PDL-chained).
+//! The fused Stage 2 as SparseFfn launches it (the FFN's planned operator: policy, grid, PDL).
 template <class T>
 void enqueue_glu_down(const Context<T>& ctx, const SparseSetup<T>& sp, int i, cudaStream_t s, bool empty = false) {
-  prox::GluDownGemvArgs<T> a;
-  static_cast<prox::GluGemvArgs<T>&>(a) = glu_args(ctx, sp, i, sp.s_scratch.template as<float>(), empty);
-  a.grid_blocks = sp.fused_blocks;
-  a.w_down_t = ctx.layer.copy(i % ctx.layer.copies()).w_down_t;
-  a.y = sp.y_scratch.template as<T>();
-  prox::LaunchOptions o;
-  o.pdl = sp.pdl;
-  PROX_BENCH_PROX(prox::dispatch_policy<prox::GluDownGemvPolicies>(sp.choice.glu_down, [&](auto p) {
-    return prox::glu_down_gemv::launch<decltype(p), prox::SiLU>(a, sp.glu_down_ws.get(), sp.glu_down_ws.bytes(), s, o);
-  }));
+  PROX_BENCH_PROX(sp.glu_down_op.launch(glu_down_args(ctx, sp, i, empty), sp.glu_down_view, s));
 }
 
 template <class T>
@@ -635,14 +742,7 @@ void bench_prox(benchmark::State& st, const std::string& name, FfnShape shape, i
         bytes = static_cast<double>(K) * sizeof(T);
         rotates = false;  // reads only x, which stays in L2 in a real decoder too
         enqueue = [&](int i, cudaStream_t s) {
-          prox::ThresholdArgs<T> a;
-          a.x = ctx.layer.token(i % ctx.layer.tokens());
-          a.n = K;
-          a.tau = sp.tau_x;
-          a.mask = sp.thr_mask.template as<std::uint32_t>();
-          a.indices = sp.thr_idx.template as<int>();
-          a.count = sp.thr_count.template as<int>();
-          PROX_BENCH_PROX(prox::threshold::launch<prox::PolicyAt<0, prox::ThresholdPolicies>>(a, nullptr, s));
+          PROX_BENCH_PROX(sp.threshold_op.run(threshold_args(ctx, sp, i), nullptr, 0, s));
         };
         break;
       case Op::kProxy:
@@ -651,27 +751,10 @@ void bench_prox(benchmark::State& st, const std::string& name, FfnShape shape, i
         // cost (x threshold, block reduction, split-K combine, epilogue), for docs/benchmarks.md.
         bytes = op == Op::kProxy ? stage1 : static_cast<double>(K) * sizeof(T);
         enqueue = [&, op](int i, cudaStream_t s) {
-          const prox_bench::LayerCopy<T> l = ctx.layer.copy(i % ctx.layer.copies());
-          prox::ProxyGemvArgs<T> a;
-          a.x = ctx.layer.token(i % ctx.layer.tokens());
-          a.d_model = K;
-          a.d_ff = N;
-          a.tau_x = op == Op::kProxy ? sp.tau_x : std::numeric_limits<float>::infinity();
-          a.tau_s = sp.tau_s;
-          a.w_gate = l.q_gate;
-          a.w_up = l.q_up;
-          a.scale_gate = l.sc_gate;
-          a.scale_up = l.sc_up;
-          a.channel_mask = sp.mask_scratch.template as<std::uint32_t>();
-          // Launched as SparseFfn launches Stage 1 (PDL, clusters where the plan uses them, spread).
-          prox::LaunchOptions o;
-          o.pdl = sp.pdl;
-          o.cluster = sp.cluster;
-          o.spread = g_opt.spread;
-          PROX_BENCH_PROX(prox::dispatch_policy<prox::ProxyGemvPolicies>(sp.choice.proxy, [&](auto p) {
-            return prox::proxy_gemv::launch<decltype(p), prox::Int4Weights, prox::SiLU>(a, sp.proxy_ws.get(),
-                                                                                       sp.proxy_ws.bytes(), s, o);
-          }));
+          // Launched as SparseFfn launches Stage 1: its planned operator (policy, PDL, clusters where
+          // the plan uses them, spread), on an op-only workspace.
+          const float tau_x = op == Op::kProxy ? sp.tau_x : std::numeric_limits<float>::infinity();
+          PROX_BENCH_PROX(sp.proxy_op.run(proxy_args(ctx, sp, i, tau_x), sp.proxy_ws.get(), sp.proxy_ws.bytes(), s));
         };
         break;
       case Op::kGlu:
@@ -713,6 +796,7 @@ void bench_prox(benchmark::State& st, const std::string& name, FfnShape shape, i
       }
       prox::SparsityReport rep{};
       PROX_BENCH_PROX(prox::read_report(cnt, K, N, g.stream, &rep));
+      check_workspace(sp.ws, "FFN workspace", g.stream);
       if (rep.s1 != sp.report.s1 || rep.s2 != sp.report.s2) {
         std::fprintf(stderr,
                      "[prox_bench] warning: %s: densities after timing (%.5f, %.5f) differ from setup (%.5f, %.5f)\n",
@@ -786,87 +870,125 @@ void register_all() {
 }
 
 // ---------------------------------------------------------------- flags
-void usage() {
-  std::printf(
-      "prox_bench: Google Benchmark suite of prox (see docs/benchmarks.md)\n"
-      "  --prox_shapes=LIST        shapes (1.7B,4B,8B,14B,32B)          [%s]\n"
-      "  --prox_dtypes=LIST        f16,bf16                             [%s]\n"
-      "  --prox_targets=LIST       target effective sparsity, percent   [%s]\n"
-      "  --prox_iterations=N       timed graph replays per benchmark    [%d]\n"
-      "  --prox_warmup=N           untimed replays first                [%d]\n"
-      "  --prox_tokens=N           distinct tokens cycled               [%d]\n"
-      "  --prox_min_launches=N     launches per graph, at least         [%d]\n"
-      "  --prox_rotate_gb=G        weight bytes rotated over, at least  [%.1f]\n"
-      "  --prox_max_device_gb=G    device memory cap                    [%.1f]\n"
-      "  --prox_policy=P,G,D[,F]   policy indices (proxy,glu,down[,fused]), -1 = default\n"
-      "  --prox_fuse=0|1           Stage 2 as one fused kernel          [%d]\n"
-      "  --prox_cluster=0|1        Stage-1 split-K through clusters     [%d]\n"
-      "  --prox_spread=0|1         spread a small Stage-1 grid over the SMs [%d]\n"
-      "  --prox_tuning=FILE        plan with the policies of this prox-tune cache (read-only;\n"
-      "                            a miss or a file of another GPU/build keeps the defaults)\n"
-      "  --prox_commit=SHA         commit to record (else $PROX_COMMIT, else the one built from)\n"
+//! The suite's own flags, bound to g_opt (whose values are the defaults the help shows).
+void add_flags(CLI::App* app) {
+  namespace cli = prox_support::cli;
+  cli::setup(*app, cli::Syntax::kEquals);
+  const auto count = [](int lo) { return cli::value_check(cli::number_in(lo, 1e9, true)); };
+  const auto positive = cli::value_check(cli::positive_number());
+  const auto zero_one = cli::value_check(cli::one_of({"0", "1"}));
+  app->add_option("--prox_shapes", g_opt.shapes, "shapes (1.7B,4B,8B,14B,32B)")
+      ->type_name("LIST")
+      ->capture_default_str()
+      ->check(cli::list_check(prox_bench::shape_name_test()));
+  app->add_option("--prox_dtypes", g_opt.dtypes, "f16,bf16")
+      ->type_name("LIST")
+      ->capture_default_str()
+      ->check(cli::list_check([](const std::string& v) { return cli::one_of({"f16", "bf16"})(prox_bench::lower(v)); }));
+  app->add_option("--prox_targets", g_opt.targets, "target effective sparsity, percent")
+      ->type_name("LIST")
+      ->capture_default_str()
+      ->check(cli::list_check([](const std::string& v) -> std::string {
+        prox::StageSparsity st;
+        if (cli::number_in(0, 93, true)(v).empty() &&
+            prox::allocate_sparsity(std::stoi(v) / 100.0, &st) == prox::Status::kSuccess)
+          return {};
+        return "not a target the allocation reaches (an integer percent, 0 to 93)";
+      }));
+  app->add_option("--prox_iterations", g_opt.iterations, "timed graph replays per benchmark")
+      ->type_name("N")
+      ->capture_default_str()
+      ->check(count(1));
+  app->add_option("--prox_warmup", g_opt.warmup, "untimed replays first")
+      ->type_name("N")
+      ->capture_default_str()
+      ->check(count(0));
+  app->add_option("--prox_tokens", g_opt.tokens, "distinct tokens cycled")
+      ->type_name("N")
+      ->capture_default_str()
+      ->check(count(1));
+  app->add_option("--prox_min_launches", g_opt.min_launches, "launches per graph, at least")
+      ->type_name("N")
+      ->capture_default_str()
+      ->check(count(1));
+  app->add_option("--prox_rotate_gb", g_opt.rotate_gb, "weight bytes rotated over, at least")
+      ->type_name("G")
+      ->capture_default_str()
+      ->check(positive);
+  app->add_option("--prox_max_device_gb", g_opt.max_device_gb, "device memory cap")
+      ->type_name("G")
+      ->capture_default_str()
+      ->check(positive);
+  app->add_option_function<std::string>(
+         "--prox_policy",
+         [](const std::string& v) {
+           const std::vector<std::string> p = prox_bench::split_list(v);
+           g_opt.policy.proxy = std::stoi(p[0]);
+           g_opt.policy.glu = std::stoi(p[1]);
+           g_opt.policy.down = std::stoi(p[2]);
+           if (p.size() == 4) g_opt.policy.glu_down = std::stoi(p[3]);
+         },
+         "policy indices (proxy,glu,down[,fused]), -1 = default")
+      ->type_name("P,G,D[,F]")
+      ->check(cli::list_check(cli::number_in(-1, 1e6, true)))
+      ->check(cli::value_check([](const std::string& v) -> std::string {
+        const std::size_t n = prox_bench::split_list(v).size();
+        return n == 3 || n == 4 ? std::string() : std::string("not three or four indices: proxy,glu,down[,fused]");
+      }));
+  app->add_option("--prox_fuse", g_opt.fuse, "Stage 2 as one fused kernel")
+      ->type_name("0|1")
+      ->capture_default_str()
+      ->check(zero_one);
+  app->add_option("--prox_cluster", g_opt.cluster, "Stage-1 split-K through clusters")
+      ->type_name("0|1")
+      ->capture_default_str()
+      ->check(zero_one);
+  app->add_option("--prox_spread", g_opt.spread, "spread a small Stage-1 grid over the SMs")
+      ->type_name("0|1")
+      ->capture_default_str()
+      ->check(zero_one);
+  app->add_option("--prox_tuning", g_opt.tuning,
+                  "plan with the policies of this prox-tune cache (read-only; a miss or a file of another GPU/build "
+                  "keeps the defaults)")
+      ->type_name("FILE");
+  app->add_option("--prox_commit", g_opt.commit, "commit to record (else $PROX_COMMIT, else the one built from)")
+      ->type_name("SHA");
+  app->footer(
       "plus Google Benchmark's flags, e.g. --benchmark_filter=REGEX --benchmark_out=FILE\n"
-      "--benchmark_out_format=json --benchmark_list_tests\n",
-      g_opt.shapes.c_str(), g_opt.dtypes.c_str(), g_opt.targets.c_str(), g_opt.iterations, g_opt.warmup, g_opt.tokens,
-      g_opt.min_launches, g_opt.rotate_gb, g_opt.max_device_gb, int(g_opt.fuse), int(g_opt.cluster),
-      int(g_opt.spread));
+      "--benchmark_out_format=json --benchmark_list_tests");
 }
 
-//! Consume --prox_* flags from argv (Google Benchmark gets the rest).
+constexpr const char* kDescription = "prox_bench: Google Benchmark suite of prox (see docs/benchmarks.md)";
+
+void usage() {
+  CLI::App app{kDescription, "prox_bench"};
+  add_flags(&app);
+  std::fputs(app.help().c_str(), stdout);
+}
+
+//! Consume the --prox_* flags from argv and leave the rest, in order, for Google Benchmark. A bad
+//! flag or value ends the process: one error line, exit code 2 (prox_support::cli::parse).
 void parse_flags(int* argc, char** argv) {
+  CLI::App app{kDescription, "prox_bench"};
+  add_flags(&app);
+  app.allow_extras();
+  if (const auto rc = prox_support::cli::parse(app, *argc, argv)) std::exit(*rc);
+  // app.remaining() holds the arguments CLI11 did not take, as given and in order: keep those argv
+  // entries (matched in order, so the pointers stay argv's own).
+  const std::vector<std::string> rest = app.remaining();
   int out = 1;
-  for (int i = 1; i < *argc; ++i) {
-    const std::string a = argv[i];
-    const auto val = [&](const char* name, std::string* v) { return prox_bench::flag_value(a, name, v); };
-    std::string v;
-    if (val("prox_shapes", &v)) {
-      g_opt.shapes = v;
-    } else if (val("prox_dtypes", &v)) {
-      g_opt.dtypes = v;
-    } else if (val("prox_targets", &v)) {
-      g_opt.targets = v;
-    } else if (val("prox_iterations", &v)) {
-      g_opt.iterations = std::stoi(v);
-    } else if (val("prox_warmup", &v)) {
-      g_opt.warmup = std::stoi(v);
-    } else if (val("prox_tokens", &v)) {
-      g_opt.tokens = std::stoi(v);
-    } else if (val("prox_min_launches", &v)) {
-      g_opt.min_launches = std::stoi(v);
-    } else if (val("prox_rotate_gb", &v)) {
-      g_opt.rotate_gb = std::stod(v);
-    } else if (val("prox_max_device_gb", &v)) {
-      g_opt.max_device_gb = std::stod(v);
-    } else if (val("prox_fuse", &v)) {
-      g_opt.fuse = std::stoi(v) != 0;
-    } else if (val("prox_cluster", &v)) {
-      g_opt.cluster = std::stoi(v) != 0;
-    } else if (val("prox_policy", &v)) {
-      const std::vector<std::string> p = prox_bench::split_list(v);
-      if (p.size() != 3 && p.size() != 4)
-        throw std::invalid_argument("--prox_policy needs three or four indices: proxy,glu,down[,fused]");
-      if (p.size() == 4) g_opt.policy.glu_down = std::stoi(p[3]);
-      g_opt.policy.proxy = std::stoi(p[0]);
-      g_opt.policy.glu = std::stoi(p[1]);
-      g_opt.policy.down = std::stoi(p[2]);
-    } else if (val("prox_spread", &v)) {
-      g_opt.spread = std::stoi(v) != 0;
-    } else if (val("prox_tuning", &v)) {
-      g_opt.tuning = v;
-    } else if (val("prox_commit", &v)) {
-      g_opt.commit = v;
-    } else if (a.rfind("--prox_", 0) == 0) {
-      throw std::invalid_argument("unknown flag " + a + " (--help lists them)");
-    } else {
-      argv[out++] = argv[i];
+  std::size_t k = 0;
+  for (int i = 1; i < *argc && k < rest.size(); ++i) {
+    if (rest[k] != argv[i]) continue;
+    if (rest[k].rfind("--prox_", 0) == 0) {
+      prox_support::cli::print_error(app, "unknown flag " + rest[k] + " (--help lists them)");
+      std::exit(2);
     }
+    argv[out++] = argv[i];
+    ++k;
   }
   *argc = out;
   argv[out] = nullptr;
-  if (g_opt.iterations < 1 || g_opt.warmup < 0 || g_opt.tokens < 1 || g_opt.min_launches < 1 ||
-      !(g_opt.rotate_gb > 0) || !(g_opt.max_device_gb > 0)) {
-    throw std::invalid_argument("flag values out of range (iterations, tokens, min_launches >= 1; warmup >= 0)");
-  }
 }
 
 bool has_arg(int argc, char** argv, const char* prefix) {

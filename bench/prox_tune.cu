@@ -20,6 +20,7 @@
 #include <prox/sparse_ffn.cuh>
 #include <prox/tuning/cache.hpp>
 #include <prox/tuning/tune.cuh>
+#include <prox_support/cli.hpp>
 
 namespace pt = prox::tuning;
 
@@ -59,181 +60,124 @@ struct Args {
   bool quiet = false;
 };
 
-void usage(std::FILE* f) {
-  fmt::print(f,
-             "prox-tune: measure prox's candidate policies on this GPU and write the tuning cache.\n"
-             "\n"
-             "usage: prox-tune [options]\n"
-             "  --shapes LIST            d_model x d_ff pairs, e.g. 4096x12288,5120x17408\n"
-             "                           (default: Qwen3 1.7B/4B/8B/14B/32B FFNs)\n"
-             "  --dtypes LIST            f16,bf16 (default: both)\n"
-             "  --act NAME               silu | gelu_tanh | both (default: silu)\n"
-             "  --proxy NAME             int4 | dense | both: proxy-weight format (default: int4)\n"
-             "  --ops LIST               threshold,proxy,glu,down,glu_down (default: all; glu_down is the\n"
-             "                           fused Stage 2 that SparseFfn runs by default)\n"
-             "  --input-densities LIST   fractions of x kept (proxy, threshold), rounded up to 1/16\n"
-             "                           (default: 1,0.9,0.45,0.3 = the paper's allocation at e = 40..70%)\n"
-             "  --channel-densities LIST fractions of channels selected (glu, down, glu_down)\n"
-             "                           (default: 0.378,0.3,0.233)\n"
-             "  --all-buckets            every bucket 1/16 .. 16/16 for both densities\n"
-             "  --out PATH               cache file (default: $PROX_AUTOTUNE_CACHE, else prox-<signature>.tsv in\n"
-             "                           $PROX_CACHE_DIR, $XDG_CACHE_HOME/prox or ~/.cache/prox)\n"
-             "  --device N               CUDA device (default: the current one)\n"
-             "  --reps N                 timed reps per candidate (>= 20; default 25)\n"
-             "  --chain N                launches per rep, back to back with PDL as in the FFN (default 8;\n"
-             "                           1 times each launch alone)\n"
-             "  --warmup N               untimed launches per candidate and round (default 3)\n"
-             "  --rounds N               rounds over the candidates (default 2)\n"
-             "  --rotate-mb N            weight MiB touched between two uses of a buffer (default: 2 x L2)\n"
-             "  --no-verify              skip the check of every candidate against policy 0\n"
-             "  --dry-run                tune and print, do not write the cache\n"
-             "  --show                   print the cache file of this GPU and exit\n"
-             "  -q, --quiet              print only the summary\n"
-             "  -h, --help               this text\n"
-             "The file is merged under a lock with what is already there; entries tuned now replace old ones.\n");
-}
-
-std::vector<std::string> split(const std::string& s, char sep) {
-  std::vector<std::string> out;
-  std::size_t start = 0;
-  for (;;) {
-    const std::size_t pos = s.find(sep, start);
-    std::string part = s.substr(start, pos == std::string::npos ? std::string::npos : pos - start);
-    if (!part.empty()) out.push_back(part);
-    if (pos == std::string::npos) return out;
-    start = pos + 1;
-  }
-}
-
-bool parse_int_arg(const std::string& s, int lo, int hi, int* out) {
-  char* end = nullptr;
-  const long v = std::strtol(s.c_str(), &end, 10);
-  if (s.empty() || *end != '\0' || v < lo || v > hi) return false;
-  *out = static_cast<int>(v);
-  return true;
-}
-
-bool parse_densities(const std::string& s, std::vector<double>* out) {
-  out->clear();
-  for (const auto& p : split(s, ',')) {
-    char* end = nullptr;
-    const double v = std::strtod(p.c_str(), &end);
-    if (*end != '\0' || !(v >= 0.0 && v <= 1.0)) return false;
-    out->push_back(v);
-  }
-  return !out->empty();
-}
-
-//! Returns 0 to go on, 1 for --help, 2 for a usage error.
+//! Parse the flags into *a. Returns 0 to go on, 1 after --help (usage printed), 2 after a bad flag
+//! or value (one error line printed). Needs no GPU.
 int parse(int argc, char** argv, Args* a) {
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    const auto value = [&](std::string* v) {
-      if (i + 1 >= argc) return false;
-      *v = argv[++i];
-      return true;
-    };
-    std::string v;
-    if (arg == "-h" || arg == "--help") {
-      usage(stdout);
-      return 1;
-    } else if (arg == "--shapes" && value(&v)) {
-      a->shapes.clear();
-      for (const auto& p : split(v, ',')) {
+  namespace cli = prox_support::cli;
+  CLI::App app{"prox-tune: measure prox's candidate policies on this GPU and write the tuning cache.", "prox-tune"};
+  cli::setup(app, cli::Syntax::kSpace);
+  const auto int_in = [](int lo, int hi) { return cli::value_check(cli::number_in(lo, hi, true)); };
+  std::string shapes, dtypes = "f16,bf16", act = "silu", proxy = "int4", ops = "threshold,proxy,glu,down,glu_down";
+  std::string input_densities, channel_densities;
+  int rotate_mb = 0;
+  bool all_buckets = false, no_verify = false;
+  app.add_option("--shapes", shapes,
+                 "d_model x d_ff pairs, e.g. 4096x12288,5120x17408 (default: Qwen3 1.7B/4B/8B/14B/32B FFNs)")
+      ->type_name("LIST")
+      ->check(cli::list_check([](const std::string& p) -> std::string {
         const std::size_t x = p.find('x');
-        int k = 0, n = 0;
-        if (x == std::string::npos || !parse_int_arg(p.substr(0, x), 1, 1 << 20, &k) ||
-            !parse_int_arg(p.substr(x + 1), 1, 1 << 20, &n)) {
-          fmt::print(stderr, "prox-tune: bad shape '{}' (want d_modelxd_ff, e.g. 4096x12288)\n", p);
-          return 2;
-        }
-        a->shapes.push_back({k, n, ""});
-      }
-      if (a->shapes.empty()) return 2;
-    } else if (arg == "--dtypes" && value(&v)) {
-      a->f16 = a->bf16 = false;
-      for (const auto& p : split(v, ',')) {
-        if (p == "f16" || p == "fp16") a->f16 = true;
-        else if (p == "bf16") a->bf16 = true;
-        else {
-          fmt::print(stderr, "prox-tune: unknown dtype '{}' (f16, bf16)\n", p);
-          return 2;
-        }
-      }
-    } else if (arg == "--act" && value(&v)) {
-      a->silu = v == "silu" || v == "both";
-      a->gelu = v == "gelu_tanh" || v == "both";
-      if (!a->silu && !a->gelu) {
-        fmt::print(stderr, "prox-tune: unknown activation '{}' (silu, gelu_tanh, both)\n", v);
-        return 2;
-      }
-    } else if (arg == "--proxy" && value(&v)) {
-      a->int4 = v == "int4" || v == "both";
-      a->dense = v == "dense" || v == "both";
-      if (!a->int4 && !a->dense) {
-        fmt::print(stderr, "prox-tune: unknown proxy format '{}' (int4, dense, both)\n", v);
-        return 2;
-      }
-    } else if (arg == "--ops" && value(&v)) {
-      a->op_threshold = a->op_proxy = a->op_glu = a->op_down = a->op_glu_down = false;
-      for (const auto& p : split(v, ',')) {
-        if (p == "threshold") a->op_threshold = true;
-        else if (p == "proxy") a->op_proxy = true;
-        else if (p == "glu") a->op_glu = true;
-        else if (p == "down") a->op_down = true;
-        else if (p == "glu_down") a->op_glu_down = true;
-        else {
-          fmt::print(stderr, "prox-tune: unknown op '{}' (threshold, proxy, glu, down, glu_down)\n", p);
-          return 2;
-        }
-      }
-    } else if (arg == "--input-densities" && value(&v)) {
-      if (!parse_densities(v, &a->input_densities)) {
-        fmt::print(stderr, "prox-tune: bad --input-densities '{}' (fractions in [0, 1])\n", v);
-        return 2;
-      }
-    } else if (arg == "--channel-densities" && value(&v)) {
-      if (!parse_densities(v, &a->channel_densities)) {
-        fmt::print(stderr, "prox-tune: bad --channel-densities '{}' (fractions in [0, 1])\n", v);
-        return 2;
-      }
-    } else if (arg == "--all-buckets") {
-      a->input_densities.clear();
-      for (int b = pt::kDensityBuckets; b >= 1; --b) a->input_densities.push_back(pt::bucket_density(b));
-      a->channel_densities = a->input_densities;
-    } else if (arg == "--out" && value(&v)) {
-      a->out = v;
-    } else if (arg == "--device" && value(&v)) {
-      if (!parse_int_arg(v, 0, 1024, &a->device)) return 2;
-    } else if (arg == "--reps" && value(&v)) {
-      if (!parse_int_arg(v, pt::kMinReps, 100000, &a->tune.reps)) {
-        fmt::print(stderr, "prox-tune: --reps must be >= {}\n", pt::kMinReps);
-        return 2;
-      }
-    } else if (arg == "--chain" && value(&v)) {
-      if (!parse_int_arg(v, 1, 1000, &a->tune.chain)) return 2;
-    } else if (arg == "--warmup" && value(&v)) {
-      if (!parse_int_arg(v, 0, 10000, &a->tune.warmup)) return 2;
-    } else if (arg == "--rounds" && value(&v)) {
-      if (!parse_int_arg(v, 1, 1000, &a->tune.rounds)) return 2;
-    } else if (arg == "--rotate-mb" && value(&v)) {
-      int mb = 0;
-      if (!parse_int_arg(v, 1, 1 << 20, &mb)) return 2;
-      a->tune.rotate_bytes = static_cast<std::size_t>(mb) << 20;
-    } else if (arg == "--no-verify") {
-      a->tune.verify = false;
-    } else if (arg == "--dry-run") {
-      a->dry_run = true;
-    } else if (arg == "--show") {
-      a->show = true;
-    } else if (arg == "-q" || arg == "--quiet") {
-      a->quiet = true;
-    } else {
-      fmt::print(stderr, "prox-tune: unknown or incomplete option '{}'\n\n", arg);
-      usage(stderr);
-      return 2;
-    }
+        const auto dim = cli::number_in(1, 1 << 20, true);
+        if (x != std::string::npos && dim(p.substr(0, x)).empty() && dim(p.substr(x + 1)).empty()) return {};
+        return "not d_modelxd_ff, e.g. 4096x12288";
+      }));
+  app.add_option("--dtypes", dtypes, "f16,bf16")
+      ->type_name("LIST")
+      ->capture_default_str()
+      ->check(cli::list_check(cli::one_of({"f16", "fp16", "bf16"})));
+  app.add_option("--act", act, "silu | gelu_tanh | both")
+      ->type_name("NAME")
+      ->capture_default_str()
+      ->check(cli::value_check(cli::one_of({"silu", "gelu_tanh", "both"})));
+  app.add_option("--proxy", proxy, "int4 | dense | both: proxy-weight format")
+      ->type_name("NAME")
+      ->capture_default_str()
+      ->check(cli::value_check(cli::one_of({"int4", "dense", "both"})));
+  app.add_option("--ops", ops, "glu_down is the fused Stage 2 that SparseFfn runs by default")
+      ->type_name("LIST")
+      ->capture_default_str()
+      ->check(cli::list_check(cli::one_of({"threshold", "proxy", "glu", "down", "glu_down"})));
+  CLI::Option* input = app.add_option("--input-densities", input_densities,
+                                      "fractions of x kept (proxy, threshold), rounded up to 1/16 (default: "
+                                      "1,0.9,0.45,0.3 = the paper's allocation at e = 40..70%)")
+                           ->type_name("LIST")
+                           ->check(cli::list_check(cli::number_in(0.0, 1.0)));
+  CLI::Option* channel = app.add_option("--channel-densities", channel_densities,
+                                        "fractions of channels selected (glu, down, glu_down) (default: "
+                                        "0.378,0.3,0.233)")
+                             ->type_name("LIST")
+                             ->check(cli::list_check(cli::number_in(0.0, 1.0)));
+  app.add_flag("--all-buckets", all_buckets,
+               "every bucket 1/16 .. 16/16 for both densities (a density list given as well wins)");
+  app.add_option("--out", a->out,
+                 "cache file (default: $PROX_AUTOTUNE_CACHE, else prox-<signature>.tsv in $PROX_CACHE_DIR, "
+                 "$XDG_CACHE_HOME/prox or ~/.cache/prox)")
+      ->type_name("PATH");
+  app.add_option("--device", a->device, "CUDA device (default: the current one)")
+      ->type_name("N")
+      ->check(int_in(0, 1024));
+  app.add_option("--reps", a->tune.reps, "timed reps per candidate (>= " + std::to_string(pt::kMinReps) + ")")
+      ->type_name("N")
+      ->capture_default_str()
+      ->check(int_in(pt::kMinReps, 100000));
+  app.add_option("--chain", a->tune.chain,
+                 "launches per rep, back to back with PDL as in the FFN (1 times each launch alone)")
+      ->type_name("N")
+      ->capture_default_str()
+      ->check(int_in(1, 1000));
+  app.add_option("--warmup", a->tune.warmup, "untimed launches per candidate and round")
+      ->type_name("N")
+      ->capture_default_str()
+      ->check(int_in(0, 10000));
+  app.add_option("--rounds", a->tune.rounds, "rounds over the candidates")
+      ->type_name("N")
+      ->capture_default_str()
+      ->check(int_in(1, 1000));
+  app.add_option("--rotate-mb", rotate_mb, "weight MiB touched between two uses of a buffer (default: 2 x L2)")
+      ->type_name("N")
+      ->check(int_in(1, 1 << 20));
+  app.add_flag("--no-verify", no_verify, "skip the check of every candidate against policy 0");
+  app.add_flag("--dry-run", a->dry_run, "tune and print, do not write the cache");
+  app.add_flag("--show", a->show, "print the cache file of this GPU and exit");
+  app.add_flag("-q,--quiet", a->quiet, "print only the summary");
+  app.footer("The file is merged under a lock with what is already there; entries tuned now replace old ones.");
+  if (const auto rc = cli::parse(app, argc, argv)) return *rc == 0 ? 1 : 2;
+
+  // The strings were checked item by item above; turn them into Args.
+  const auto has = [](const std::string& list, const char* item) {
+    for (const std::string& i : cli::split_list(list))
+      if (i == item) return true;
+    return false;
+  };
+  const auto densities = [](const std::string& list) {
+    std::vector<double> out;
+    for (const std::string& i : cli::split_list(list)) out.push_back(std::stod(i));
+    return out;
+  };
+  if (!shapes.empty()) {
+    a->shapes.clear();
+    for (const std::string& p : cli::split_list(shapes))
+      a->shapes.push_back({std::stoi(p.substr(0, p.find('x'))), std::stoi(p.substr(p.find('x') + 1)), ""});
   }
+  a->f16 = has(dtypes, "f16") || has(dtypes, "fp16");
+  a->bf16 = has(dtypes, "bf16");
+  a->silu = act == "silu" || act == "both";
+  a->gelu = act == "gelu_tanh" || act == "both";
+  a->int4 = proxy == "int4" || proxy == "both";
+  a->dense = proxy == "dense" || proxy == "both";
+  a->op_threshold = has(ops, "threshold");
+  a->op_proxy = has(ops, "proxy");
+  a->op_glu = has(ops, "glu");
+  a->op_down = has(ops, "down");
+  a->op_glu_down = has(ops, "glu_down");
+  if (all_buckets) {
+    a->input_densities.clear();
+    for (int b = pt::kDensityBuckets; b >= 1; --b) a->input_densities.push_back(pt::bucket_density(b));
+    a->channel_densities = a->input_densities;
+  }
+  if (input->count() > 0) a->input_densities = densities(input_densities);
+  if (channel->count() > 0) a->channel_densities = densities(channel_densities);
+  if (rotate_mb > 0) a->tune.rotate_bytes = static_cast<std::size_t>(rotate_mb) << 20;
+  if (no_verify) a->tune.verify = false;
   return 0;
 }
 

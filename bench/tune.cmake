@@ -5,7 +5,7 @@ find_package(fmt REQUIRED)  # Debian libfmt-dev 9
 find_package(CUDAToolkit REQUIRED)
 
 add_executable(prox-tune ${CMAKE_CURRENT_LIST_DIR}/prox_tune.cu)
-target_link_libraries(prox-tune PRIVATE prox::prox fmt::fmt CUDA::cudart)
+target_link_libraries(prox-tune PRIVATE prox::prox prox_support fmt::fmt CUDA::cudart)
 if(TARGET prox_warnings)
   target_link_libraries(prox-tune PRIVATE prox_warnings)
 endif()

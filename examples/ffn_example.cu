@@ -7,7 +7,8 @@
 //!                    [--target 0.5] [--calib-tokens 64] [--eval-tokens 32] [--seed 1]
 //!
 //! Everything heavy runs on the device (weights come from a counter-based RNG kernel, packing and
-//! calibration are prox calls); the host only compares a few hundred KB of results.
+//! calibration are prox calls); the host only compares a few hundred KB of results. The device
+//! buffers, the RNG and the flag parsing are prox_support's (tools/common), shared with the benches.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <fmt/core.h>
@@ -16,13 +17,13 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cerrno>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <numeric>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -33,6 +34,9 @@
 #include <prox/layout.cuh>
 #include <prox/sparse_ffn.cuh>
 #include <prox/stats.cuh>
+#include <prox_support/cli.hpp>
+#include <prox_support/device_buffer.hpp>
+#include <prox_support/random.cuh>
 
 #include "dense_baseline.cuh"
 
@@ -55,33 +59,9 @@ struct ExampleError : std::runtime_error {
     if (s_ != ::prox::Status::kSuccess) throw ExampleError(std::string(#expr) + ": " + ::prox::to_string(s_)); \
   } while (0)
 
-//! Owning device buffer (throws on allocation failure with the size asked for).
+//! Owning device array of n elements of T (throws on allocation failure).
 template <class T>
-class DevBuf {
- public:
-  explicit DevBuf(std::size_t n) : n_(n) {
-    if (cudaMalloc(&p_, std::max<std::size_t>(n, 1) * sizeof(T)) != cudaSuccess) {
-      (void)cudaGetLastError();
-      throw ExampleError(fmt::format("out of device memory allocating {:.1f} MiB", n * sizeof(T) / 1048576.0));
-    }
-  }
-  DevBuf(const DevBuf&) = delete;
-  DevBuf& operator=(const DevBuf&) = delete;
-  ~DevBuf() { cudaFree(p_); }
-  T* get() const { return p_; }
-  std::size_t size() const { return n_; }
-  std::size_t bytes() const { return n_ * sizeof(T); }
-  std::vector<T> download(cudaStream_t stream) const {
-    std::vector<T> h(n_);
-    EX_CUDA(cudaMemcpyAsync(h.data(), p_, bytes(), cudaMemcpyDeviceToHost, stream));
-    EX_CUDA(cudaStreamSynchronize(stream));
-    return h;
-  }
-
- private:
-  T* p_ = nullptr;
-  std::size_t n_ = 0;
-};
+using DevBuf = prox_support::DeviceArray<T>;
 
 // ---------------------------------------------------------------- options
 struct Options {
@@ -95,139 +75,80 @@ struct Options {
   std::uint64_t seed = 1;
 };
 
-constexpr const char* kUsage =
-    "usage: prox_example_ffn [options]\n"
-    "  Calibrates and runs one synthetic Prox FFN layer, and compares it with the dense cuBLAS FFN.\n"
-    "  --d-model N       hidden size, a multiple of 8 in [8, 16384]        (default 4096, Qwen3-8B)\n"
-    "  --d-ff N          FFN size, a multiple of 32 in [32, 65536]         (default 12288, Qwen3-8B)\n"
-    "  --dtype T         f16 | bf16                                        (default f16)\n"
-    "  --act A           silu (SwiGLU) | gelu (tanh GeGLU)                 (default silu)\n"
-    "  --target E        target effective sparsity e in [0, 0.9333]        (default 0.5)\n"
-    "  --calib-tokens N  calibration tokens in [1, 4096]                   (default 64)\n"
-    "  --eval-tokens N   held-out tokens in [1, 1024]                      (default 32)\n"
-    "  --seed S          seed of the synthetic layer and tokens            (default 1)\n"
-    "  --help            this text\n";
-
-bool parse_int(const std::string& s, long long lo, long long hi, long long* out) {
-  if (s.empty()) return false;
-  char* end = nullptr;
-  errno = 0;
-  const long long v = std::strtoll(s.c_str(), &end, 10);
-  if (errno != 0 || end == nullptr || *end != '\0' || v < lo || v > hi) return false;
-  *out = v;
-  return true;
-}
-
-//! 0: run; 1: --help; 2: invalid (*err says why, one line).
-int parse_args(int argc, char** argv, Options* o, std::string* err) {
-  for (int i = 1; i < argc; ++i) {
-    std::string flag = argv[i];
-    std::string value;
-    bool has_value = false;
-    if (flag == "--help" || flag == "-h") return 1;
-    const auto eq = flag.find('=');
-    if (flag.rfind("--", 0) == 0 && eq != std::string::npos) {
-      value = flag.substr(eq + 1);
-      flag = flag.substr(0, eq);
-      has_value = true;
-    }
-    static const char* kFlags[] = {"--d-model", "--d-ff", "--dtype", "--act", "--target", "--calib-tokens",
-                                   "--eval-tokens", "--seed"};
-    if (std::find_if(std::begin(kFlags), std::end(kFlags), [&](const char* f) { return flag == f; }) ==
-        std::end(kFlags)) {
-      *err = fmt::format("unknown flag '{}' (see --help)", argv[i]);
-      return 2;
-    }
-    if (!has_value) {
-      if (i + 1 >= argc) {
-        *err = fmt::format("{} needs a value (see --help)", flag);
-        return 2;
-      }
-      value = argv[++i];
-    }
-    const auto bad = [&](const char* expected) {
-      *err = fmt::format("invalid value for {}: '{}' (expected {})", flag, value, expected);
-      return 2;
-    };
-    long long v = 0;
-    if (flag == "--d-model") {
-      if (!parse_int(value, 8, 16384, &v) || v % 8 != 0) return bad("a multiple of 8 in [8, 16384]");
-      o->d_model = static_cast<int>(v);
-    } else if (flag == "--d-ff") {
-      if (!parse_int(value, 32, 65536, &v) || v % 32 != 0) return bad("a multiple of 32 in [32, 65536]");
-      o->d_ff = static_cast<int>(v);
-    } else if (flag == "--dtype") {
-      if (value != "f16" && value != "bf16") return bad("f16 or bf16");
-      o->dtype = value;
-    } else if (flag == "--act") {
-      if (value != "silu" && value != "gelu") return bad("silu or gelu");
-      o->act = value;
-    } else if (flag == "--target") {
-      char* end = nullptr;
-      const double t = std::strtod(value.c_str(), &end);
-      prox::StageSparsity st;
-      if (value.empty() || *end != '\0' || prox::allocate_sparsity(t, &st) != prox::Status::kSuccess)
-        return bad(fmt::format("a fraction in [0, {:.4f}], e.g. 0.5", prox::max_effective_sparsity()).c_str());
-      o->target = t;
-    } else if (flag == "--calib-tokens") {
-      if (!parse_int(value, 1, 4096, &v)) return bad("an integer in [1, 4096]");
-      o->calib_tokens = static_cast<int>(v);
-    } else if (flag == "--eval-tokens") {
-      if (!parse_int(value, 1, 1024, &v)) return bad("an integer in [1, 1024]");
-      o->eval_tokens = static_cast<int>(v);
-    } else if (flag == "--seed") {
-      char* end = nullptr;
-      errno = 0;
-      const unsigned long long s = std::strtoull(value.c_str(), &end, 10);
-      if (value.empty() || value[0] == '-' || errno != 0 || *end != '\0') return bad("a non-negative integer");
-      o->seed = s;
-    }
-  }
-  return 0;
+//! Parse the flags into *o. Returns the exit code when the program should stop (0 after --help,
+//! 2 after a bad flag, its error printed), nullopt to go on. Needs no GPU.
+std::optional<int> parse_args(int argc, char** argv, Options* o) {
+  namespace cli = prox_support::cli;
+  CLI::App app{"Calibrates and runs one synthetic Prox FFN layer, and compares it with the dense cuBLAS FFN.",
+               "prox_example_ffn"};
+  cli::setup(app, cli::Syntax::kSpace);
+  const auto multiple_in = [](int m, int lo, int hi) {
+    return cli::value_check([m, lo, hi](const std::string& v) -> std::string {
+      if (cli::number_in(lo, hi, true)(v).empty() && std::stoi(v) % m == 0) return {};
+      return fmt::format("not a multiple of {} in [{}, {}]", m, lo, hi);
+    });
+  };
+  app.add_option("--d-model", o->d_model, "hidden size, a multiple of 8 in [8, 16384], Qwen3-8B's")
+      ->type_name("N")
+      ->capture_default_str()
+      ->check(multiple_in(8, 8, 16384));
+  app.add_option("--d-ff", o->d_ff, "FFN size, a multiple of 32 in [32, 65536], Qwen3-8B's")
+      ->type_name("N")
+      ->capture_default_str()
+      ->check(multiple_in(32, 32, 65536));
+  app.add_option("--dtype", o->dtype, "f16 | bf16")
+      ->type_name("T")
+      ->capture_default_str()
+      ->check(cli::value_check(cli::one_of({"f16", "bf16"})));
+  app.add_option("--act", o->act, "silu (SwiGLU) | gelu (tanh GeGLU)")
+      ->type_name("A")
+      ->capture_default_str()
+      ->check(cli::value_check(cli::one_of({"silu", "gelu"})));
+  const std::string target_range = fmt::format("a fraction in [0, {:.4f}]", prox::max_effective_sparsity());
+  app.add_option("--target", o->target, "target effective sparsity e, " + target_range)
+      ->type_name("E")
+      ->capture_default_str()
+      ->check(cli::value_check([target_range](const std::string& v) -> std::string {
+        prox::StageSparsity st;
+        if (cli::number_in(0.0, 1.0)(v).empty() && prox::allocate_sparsity(std::stod(v), &st) == prox::Status::kSuccess)
+          return {};
+        return "not " + target_range + ", e.g. 0.5";
+      }));
+  app.add_option("--calib-tokens", o->calib_tokens, "calibration tokens in [1, 4096]")
+      ->type_name("N")
+      ->capture_default_str()
+      ->check(cli::value_check(cli::number_in(1, 4096, true)));
+  app.add_option("--eval-tokens", o->eval_tokens, "held-out tokens in [1, 1024]")
+      ->type_name("N")
+      ->capture_default_str()
+      ->check(cli::value_check(cli::number_in(1, 1024, true)));
+  app.add_option("--seed", o->seed, "seed of the synthetic layer and tokens")
+      ->type_name("S")
+      ->capture_default_str()
+      ->check(cli::value_check(cli::digits()));
+  return cli::parse(app, argc, argv);
 }
 
 // ---------------------------------------------------------------- synthetic layer (device RNG)
-//! Counter-based N(0,1): hash of (seed, stream, index), Box-Muller. Any element can be made by any
-//! thread, so filling 150 M weights is one bandwidth-bound kernel.
-__device__ __forceinline__ float hash_normal(std::uint64_t seed, std::uint64_t stream, std::uint64_t i) {
-  const std::uint64_t base = prox::calib::mix64(seed ^ prox::calib::mix64(stream + 0x9E3779B97F4A7C15ull));
-  const std::uint64_t a = prox::calib::mix64(base ^ (2 * i));
-  const std::uint64_t b = prox::calib::mix64(base ^ (2 * i + 1));
-  const float u1 = (static_cast<float>(a >> 40) + 0.5f) * (1.0f / 16777216.0f);  // (0, 1)
-  const float u2 = static_cast<float>(b >> 40) * (1.0f / 16777216.0f);
-  return sqrtf(-2.0f * logf(u1)) * cospif(2.0f * u2);
-}
-
+//! Tokens [tokens][d_model]: N(0,1) per coordinate (prox_support's counter-based normal_at) times a
+//! per-coordinate scale. About 0.5 % of the coordinates carry an 8x scale: LLM hidden states have a
+//! few persistent outlier features.
 template <class T>
-__global__ void fill_normal_kernel(T* out, std::size_t n, std::uint64_t seed, std::uint64_t stream, float sigma) {
-  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<std::size_t>(gridDim.x) * blockDim.x)
-    out[i] = prox::from_float<T>(sigma * hash_normal(seed, stream, i));
-}
-
-//! Tokens [tokens][d_model]: N(0,1) per coordinate times a per-coordinate scale. About 0.5 % of the
-//! coordinates carry an 8x scale: LLM hidden states have a few persistent outlier features.
-template <class T>
-__global__ void fill_tokens_kernel(T* out, int tokens, int d_model, std::uint64_t seed, std::uint64_t stream) {
-  const std::size_t n = static_cast<std::size_t>(tokens) * d_model;
-  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+struct TokenGen {
+  std::uint64_t key;  //!< prox_support::random_key(seed, stream)
+  std::uint64_t seed;
+  int d_model;
+  __device__ T operator()(std::size_t i) const {
     const int k = static_cast<int>(i % d_model);
     const bool outlier = (prox::calib::mix64(seed ^ (0xC0FFEEull + k)) >> 40) < (16777216ull / 200);
-    out[i] = prox::from_float<T>((outlier ? 8.0f : 1.0f) * hash_normal(seed, stream, i));
+    return prox::from_float<T>((outlier ? 8.0f : 1.0f) * prox_support::normal_at(key, i));
   }
-}
-
-template <class T>
-void fill_normal(T* out, std::size_t n, std::uint64_t seed, std::uint64_t stream, float sigma, cudaStream_t s) {
-  fill_normal_kernel<T><<<1024, 256, 0, s>>>(out, n, seed, stream, sigma);
-  EX_CUDA(cudaGetLastError());
-}
+};
 
 template <class T>
 void fill_tokens(T* out, int tokens, int d_model, std::uint64_t seed, std::uint64_t stream, cudaStream_t s) {
-  fill_tokens_kernel<T><<<256, 256, 0, s>>>(out, tokens, d_model, seed, stream);
-  EX_CUDA(cudaGetLastError());
+  const TokenGen<T> gen{prox_support::random_key(seed, stream), seed, d_model};
+  EX_CUDA(prox_support::fill(out, static_cast<std::size_t>(tokens) * d_model, gen, s));
 }
 
 // ---------------------------------------------------------------- progress
@@ -320,9 +241,10 @@ void run(const Options& o) {
     // 1. The layer: nn.Linear weights, W_down^T for prox, INT4 proxies of gate and up.
     const auto t_setup = Clock::now();
     DevBuf<T> wg(KN), wu(KN), wd(KN), wdt(KN);
-    fill_normal(wg.get(), KN, o.seed, 1, 1.0f / std::sqrt(static_cast<float>(K)), stream);
-    fill_normal(wu.get(), KN, o.seed, 2, 1.0f / std::sqrt(static_cast<float>(K)), stream);
-    fill_normal(wd.get(), KN, o.seed, 3, 1.0f / std::sqrt(static_cast<float>(N)), stream);  // [d_model][d_ff]
+    EX_CUDA(prox_support::fill_normal(wg.get(), KN, o.seed, 1, 1.0f / std::sqrt(static_cast<float>(K)), stream));
+    EX_CUDA(prox_support::fill_normal(wu.get(), KN, o.seed, 2, 1.0f / std::sqrt(static_cast<float>(K)), stream));
+    EX_CUDA(prox_support::fill_normal(wd.get(), KN, o.seed, 3, 1.0f / std::sqrt(static_cast<float>(N)),
+                                      stream));  // [d_model][d_ff]
     EX_PROX(prox::transpose_device(wd.get(), K, N, wdt.get(), stream));
     DevBuf<std::uint32_t> qg(prox::int4::packed_words(K, N)), qu(prox::int4::packed_words(K, N));
     DevBuf<float> sg(N), su(N);
@@ -339,8 +261,12 @@ void run(const Options& o) {
 
     // 2. Plan with placeholder thresholds; calibration re-plans with the calibrated ones.
     prox::SparseFfn<T, Act> ffn;
-    const typename prox::SparseFfn<T, Act>::Weights w{wg.get(), wu.get(), wdt.get(), qg.get(),
-                                                      qu.get(), sg.get(), su.get()};
+    typename prox::SparseFfn<T, Act>::Weights w;
+    w.gate = wg.get();
+    w.up = wu.get();
+    w.down_t = wdt.get();
+    w.proxy_gate = {qg.get(), sg.get()};  // Int4Weights::Matrix {packed, scales}
+    w.proxy_up = {qu.get(), su.get()};
     EX_PROX(ffn.plan({K, N, 0.0f, 0.0f}, w));
     DevBuf<unsigned char> ws(ffn.workspace_bytes());
     EX_PROX(prox::initialize_workspace(ws.get(), ws.bytes(), stream));
@@ -376,7 +302,6 @@ void run(const Options& o) {
     const int mask_words = N / 32;
     DevBuf<std::uint32_t> masks(static_cast<std::size_t>(E) * mask_words);
     DevBuf<prox::SparsityCounters> counters(1);
-    const auto* mask_ws = reinterpret_cast<const std::uint32_t*>(ws.get() + ffn.mask_offset());
     const auto xt = [&](int t) { return x_eval.get() + static_cast<std::size_t>(t) * K; };
     const auto yd = [&](int t) { return y_dense.get() + static_cast<std::size_t>(t) * K; };
     const auto yp = [&](int t) { return y_prox.get() + static_cast<std::size_t>(t) * K; };
@@ -387,12 +312,16 @@ void run(const Options& o) {
     }
     EX_PROX(prox::reset_counters(counters.get(), stream));
     for (int t = 0; t < E; ++t) {
-      EX_PROX(ffn.run(xt(t), yp(t), ws.get(), ws.bytes(), stream, counters.get()));
-      EX_CUDA(cudaMemcpyAsync(masks.get() + static_cast<std::size_t>(t) * mask_words, mask_ws,
-                              sizeof(std::uint32_t) * mask_words, cudaMemcpyDeviceToDevice, stream));
+      typename prox::SparseFfn<T, Act>::Outputs out;  // the counters, and each token's mask kept
+      out.counters = counters.get();
+      out.channel_mask = masks.get() + static_cast<std::size_t>(t) * mask_words;
+      EX_PROX(ffn.run(xt(t), yp(t), ws.get(), ws.bytes(), stream, out));
     }
     prox::SparsityReport rep;
     EX_PROX(prox::read_report(counters.get(), K, N, stream, &rep));
+    prox::Status ws_status = prox::Status::kSuccess;  // a run on a workspace not ready would be dense
+    EX_PROX(prox::read_workspace_status(ws.get(), stream, &ws_status));
+    EX_PROX(ws_status);
 
     // 5. Quality on the host: relative L2 error of y, and overlap of Prox's channel set with the
     //    oracle-s set (the same number of channels, chosen by the exact |s|, ties to the lower index).
@@ -465,17 +394,7 @@ void run(const Options& o) {
 
 int main(int argc, char** argv) {
   Options o;
-  std::string err;
-  switch (parse_args(argc, argv, &o, &err)) {
-    case 1:
-      std::fputs(kUsage, stdout);
-      return 0;
-    case 2:
-      fmt::print(stderr, "prox example: {}\n", err);
-      return 2;
-    default:
-      break;
-  }
+  if (const auto rc = parse_args(argc, argv, &o)) return *rc;
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
     fmt::print(stderr, "prox example: no CUDA device found\n");

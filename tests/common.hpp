@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-//! @file common.hpp  Test helpers: seeded random data, fp16/bf16 conversion, RAII device buffers,
-//! poisoning, and the throwing check macros of tests/bench/examples (the library never throws).
+//! @file common.hpp  Test helpers: seeded random data, fp16/bf16 conversion, RAII device buffers
+//! (prox_support's), poisoning, and the throwing check macros of the tests (the library never throws).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -14,6 +14,10 @@
 
 #include <prox/core/status.hpp>
 #include <prox/core/types.cuh>
+
+// By its path, so that the test targets need no include directory of tools/ (the header includes
+// only cuda_runtime.h and the standard library).
+#include "../tools/common/include/prox_support/device_buffer.hpp"
 
 namespace prox_test {
 
@@ -47,50 +51,10 @@ std::vector<T> random_vector(std::size_t n, std::uint64_t seed, double sigma = 1
   return v;
 }
 
-//! Owning device buffer of n elements of T.
+//! Owning device buffer of n elements of T: prox_support's DeviceArray, the one the benches, tools
+//! and examples use (get, size, bytes, upload, download, poison; throws on a CUDA error).
 template <class T>
-class DeviceBuffer {
- public:
-  DeviceBuffer() = default;
-  explicit DeviceBuffer(std::size_t n) : n_(n) {
-    if (n_ > 0) PROX_TEST_CUDA(cudaMalloc(&p_, n_ * sizeof(T)));
-  }
-  explicit DeviceBuffer(const std::vector<T>& h) : DeviceBuffer(h.size()) { upload(h); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  DeviceBuffer(DeviceBuffer&& o) noexcept : p_(o.p_), n_(o.n_) {
-    o.p_ = nullptr;
-    o.n_ = 0;
-  }
-  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
-    std::swap(p_, o.p_);
-    std::swap(n_, o.n_);
-    return *this;
-  }
-  ~DeviceBuffer() {
-    if (p_ != nullptr) cudaFree(p_);
-  }
-  T* get() const { return p_; }
-  std::size_t size() const { return n_; }
-  std::size_t bytes() const { return n_ * sizeof(T); }
-  void upload(const std::vector<T>& h) {
-    if (h.size() != n_) throw CheckError("upload size mismatch");
-    if (n_ > 0) PROX_TEST_CUDA(cudaMemcpy(p_, h.data(), bytes(), cudaMemcpyHostToDevice));
-  }
-  std::vector<T> download() const {
-    std::vector<T> h(n_);
-    if (n_ > 0) PROX_TEST_CUDA(cudaMemcpy(h.data(), p_, bytes(), cudaMemcpyDeviceToHost));
-    return h;
-  }
-  //! Fill every byte with `byte` (0xFF poisons floats and halves into NaN, ints into -1).
-  void poison(unsigned char byte = 0xFF) const {
-    if (n_ > 0) PROX_TEST_CUDA(cudaMemset(p_, byte, bytes()));
-  }
-
- private:
-  T* p_ = nullptr;
-  std::size_t n_ = 0;
-};
+using DeviceBuffer = ::prox_support::DeviceArray<T>;
 
 //! Bit pattern of a 16-bit element (to check "was it written" against the 0xFFFF poison).
 template <class T>

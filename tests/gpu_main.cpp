@@ -2,7 +2,7 @@
 //! @file gpu_main.cpp  Catch2 main of the GPU tests: with no CUDA device it prints one line and
 //! exits with ctest's skip code (77), so the run reports "skipped", never "passed".
 #define CATCH_CONFIG_RUNNER
-#include <catch2/catch.hpp>
+#include "catch.hpp"
 #include <cuda_runtime_api.h>
 
 #include <cstdio>

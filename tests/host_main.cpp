@@ -1,4 +1,4 @@
 // SPDX-License-Identifier: Apache-2.0
 //! @file host_main.cpp  Catch2 main of the host (no GPU) tests.
 #define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
+#include "catch.hpp"

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 //! @file test_allocation.cpp  The stage-wise allocation rule reproduces the paper's table.
-#include <catch2/catch.hpp>
+#include "catch.hpp"
 
 #include <cmath>
 #include <limits>

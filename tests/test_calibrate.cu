@@ -3,7 +3,7 @@
 //! exact quantiles (below and beyond the reservoir capacity, via the same sample priorities), ties
 //! and unreachable targets, histogram totals and bin placement, NaN/Inf accounting, Status
 //! returns, and calibrate_layer() against the float64 Stage-1 reference and the runtime counters.
-#include <catch2/catch.hpp>
+#include "catch.hpp"
 
 #include <algorithm>
 #include <cmath>

@@ -2,7 +2,7 @@
 //! @file test_ffn.cu  The whole Prox FFN (SparseFfn) on the GPU against the float64 reference:
 //! Stage 1's channel set, Stage 2 on that set, every policy combination on a small shape, Qwen3
 //! shapes, boundary densities, CUDA-graph capture and replay on new inputs, determinism, bad input.
-#include <catch2/catch.hpp>
+#include "catch.hpp"
 
 #include <algorithm>
 #include <cmath>

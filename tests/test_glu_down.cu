@@ -4,7 +4,7 @@
 //! the selected rows, every element written; grids from 1 block to the largest resident grid (so
 //! blocks run several down tasks), repeated launches on one workspace (the barrier and the tile
 //! counters are left ready), cooperative and plain launches bit-identical, bad input.
-#include <catch2/catch.hpp>
+#include "catch.hpp"
 
 #include <algorithm>
 #include <cmath>

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 //! @file test_int4_device.cu  INT4 format on the GPU: device pack == host pack bit for bit, the
 //! register dequantizer decodes every nibble, non-finite weights get a Status, device transpose.
-#include <catch2/catch.hpp>
+#include "catch.hpp"
 
 #include <cstdint>
 #include <limits>

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 //! @file test_int4_host.cpp  The INT4 proxy format on the host: layout, rounding, edge cases.
-#include <catch2/catch.hpp>
+#include "catch.hpp"
 
 #include <cmath>
 #include <cstdint>

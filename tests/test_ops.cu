@@ -2,7 +2,7 @@
 //! @file test_ops.cu  The four ops on the GPU against the float64 reference: threshold, Stage-1 proxy
 //! GEMV (INT4 and fp16/bf16 proxies), masked GLU GEMV, sparse down GEMV. Every compiled policy,
 //! both dtypes, both activations, boundary densities, odd shapes, poisoned outputs.
-#include <catch2/catch.hpp>
+#include "catch.hpp"
 
 #include <cmath>
 #include <cstdint>

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 //! @file test_reference.cpp  Self-consistency of the float64 reference (the golden model).
-#include <catch2/catch.hpp>
+#include "catch.hpp"
 
 #include <cmath>
 #include <limits>

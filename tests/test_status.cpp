@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 //! @file test_status.cpp  Status names, the versioned namespace, the policy-list machinery.
-#include <catch2/catch.hpp>
+#include "catch.hpp"
 
 #include <atomic>
 #include <csignal>
@@ -88,11 +88,15 @@ TEST_CASE("PROX_CHECK and PROX_RETURN_IF_ERROR take expressions with commas in t
   CHECK(reached == 1);
 }
 
-TEST_CASE("public symbols live in the versioned inline namespace prox::v0", "[status]") {
-  CHECK(prox::v0::to_string(prox::v0::Status::kSuccess) == std::string("success"));
-  CHECK(std::string(PROX_VERSION_STRING) == std::to_string(PROX_VERSION_MAJOR) + "." +
-                                                std::to_string(PROX_VERSION_MINOR) + "." +
-                                                std::to_string(PROX_VERSION_PATCH));
+#define PROX_TEST_STR_(x) #x
+#define PROX_TEST_STR(x) PROX_TEST_STR_(x)
+TEST_CASE("public symbols live in the inline namespace named by the version, prox::v<major>_<minor>_<patch>",
+          "[status]") {
+  CHECK(prox::PROX_ABI_NAMESPACE::to_string(prox::PROX_ABI_NAMESPACE::Status::kSuccess) == std::string("success"));
+  const std::string major = std::to_string(PROX_VERSION_MAJOR), minor = std::to_string(PROX_VERSION_MINOR),
+                    patch = std::to_string(PROX_VERSION_PATCH);
+  CHECK(std::string(PROX_VERSION_STRING) == major + "." + minor + "." + patch);
+  CHECK(std::string(PROX_TEST_STR(PROX_ABI_NAMESPACE)) == "v" + major + "_" + minor + "_" + patch);
 }
 
 namespace {

@@ -4,7 +4,7 @@
 //! every reducer shape the library instantiates and for more row groups per warp (more halving
 //! steps), on inputs whose sums depend on the order of the additions (checked: the same sums with
 //! the warps in reverse order differ).
-#include <catch2/catch.hpp>
+#include "catch.hpp"
 
 #include <cstdint>
 #include <vector>

@@ -3,7 +3,7 @@
 //! percent-encoding, corrupt / truncated / foreign files (ignored with exactly one warning),
 //! location precedence, modes, the near-tie rule, and concurrency (lookups, records, saves; two
 //! caches saving one file).
-#include <catch2/catch.hpp>
+#include "catch.hpp"
 
 #include <atomic>
 #include <cstdlib>

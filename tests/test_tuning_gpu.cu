@@ -3,7 +3,7 @@
 //! included) tunes a small shape to a valid, verified choice; choices persist across save/load and
 //! feed SparseFfn::plan() (the fused and the unfused Stage 2); choose() follows the mode (off /
 //! read-only / tune-on-miss, fixed once chosen); nothing tunes during stream capture.
-#include <catch2/catch.hpp>
+#include "catch.hpp"
 
 #include <cuda_runtime.h>
 

@@ -6,7 +6,7 @@
 //! let one of these cases through would try to launch (no device: a CUDA runtime error, not the
 //! Status expected; with a device: a fault), so every CHECK below can fail. Each case changes one
 //! field of arguments that can_implement() accepts, which is checked first.
-#include <catch2/catch.hpp>
+#include "catch.hpp"
 
 #include <cstdint>
 #include <limits>

@@ -6,7 +6,7 @@
 //! policy wrote split-K partials, and the next launch combined garbage (prox-tune rejected every
 //! 256-channel Stage-1 candidate after a 512-channel one had run). The SparseFfn case (fused and
 //! unfused Stage 2 re-planned on one workspace) is in test_ffn.cu.
-#include <catch2/catch.hpp>
+#include "catch.hpp"
 
 #include <algorithm>
 #include <cstdint>

@@ -62,6 +62,12 @@ class Operator {
     return detail::standalone_workspace_bytes(Op::workspace_needs(a));
   }
 
+  //! The view of an op-only workspace (workspace_bytes(a) bytes at `workspace`) that run() launches on:
+  //! its header checked (initialize_workspace()), nothing reset or stamped.
+  static OpWorkspace workspace_view(void* workspace, const Args& a) noexcept {
+    return detail::standalone_view(workspace, Op::workspace_needs(a));
+  }
+
   /**
    * @brief Plan: validate `a` and `o`, read the current device once, fix the policy (`policy` >= 0: that index
    * of Policies; -1: default_policy() for this device and shape) and its launch configuration.

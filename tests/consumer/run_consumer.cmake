@@ -1,6 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 # ctest driver: build and run tests/consumer against prox, as an installed package (MODE=find_package)
-# or as a subdirectory (MODE=add_subdirectory).
+# or as a subdirectory (MODE=add_subdirectory), then check the binaries: built with CMake's default
+# CUDA runtime (static), neither needs libcudart.so, and the engine module exports no prox symbol.
+cmake_minimum_required(VERSION 3.22)  # policies of script mode
 file(REMOVE_RECURSE ${WORK_DIR})
 file(MAKE_DIRECTORY ${WORK_DIR})
 set(consumer_src ${PROX_SOURCE_DIR}/tests/consumer)
@@ -26,4 +28,47 @@ execute_process(COMMAND ${WORK_DIR}/build/consumer RESULT_VARIABLE rc OUTPUT_VAR
 message(STATUS "${out}")
 if(rc)
   message(FATAL_ERROR "consumer exited with ${rc}")
+endif()
+
+# The dynamic section's NEEDED entries: a CUDA runtime forced on the consumer shows up here, since
+# CMake's default (CMAKE_CUDA_RUNTIME_LIBRARY Static) links libcudart_static.a and needs no .so.
+find_program(READELF readelf)
+find_program(NM nm)
+if(NOT READELF OR NOT NM)
+  message(FATAL_ERROR "readelf and nm (binutils) are needed for the link checks")
+endif()
+set(problems)
+foreach(bin consumer libconsumer_module.so)
+  execute_process(COMMAND ${READELF} -d ${WORK_DIR}/build/${bin} OUTPUT_VARIABLE dyn RESULT_VARIABLE rc)
+  if(rc)
+    message(FATAL_ERROR "readelf -d ${bin} failed")
+  endif()
+  string(REGEX MATCHALL "\\(NEEDED\\)[^\n]*\\[([^]]*)\\]" needed_lines "${dyn}")
+  set(needed)
+  foreach(l IN LISTS needed_lines)
+    string(REGEX REPLACE ".*\\[([^]]*)\\]" "\\1" lib "${l}")
+    list(APPEND needed ${lib})
+  endforeach()
+  message(STATUS "${bin} needs: ${needed}")
+  if(needed MATCHES "libcudart\\.so")
+    list(APPEND problems "${bin} needs libcudart.so although the consumer chose the static CUDA runtime")
+  endif()
+endforeach()
+execute_process(COMMAND ${NM} -D -C --defined-only ${WORK_DIR}/build/libconsumer_module.so OUTPUT_VARIABLE syms
+                RESULT_VARIABLE rc)
+if(rc)
+  message(FATAL_ERROR "nm -D libconsumer_module.so failed")
+endif()
+string(REGEX MATCHALL "[^\n]*prox::[^\n]*" prox_syms "${syms}")
+list(LENGTH prox_syms n)
+if(n GREATER 0)
+  list(SUBLIST prox_syms 0 10 first)
+  list(JOIN first "\n  " listing)
+  list(APPEND problems "libconsumer_module.so exports ${n} prox symbols, e.g.:\n  ${listing}")
+else()
+  message(STATUS "libconsumer_module.so exports no prox symbol")
+endif()
+if(problems)
+  list(JOIN problems "\n" text)
+  message(FATAL_ERROR "${text}")
 endif()
