@@ -43,10 +43,12 @@ def main() -> None:
         sources=sources,
         include_dirs=[str(inc), str(csrc)],
         extra_compile_args={
-            "cxx": ["-O3", "-std=c++17"],
+            # Hidden visibility, as prox's own symbols are (version.hpp): the module exports only PyInit__C,
+            # and its classes may hold prox types as fields without GCC's -Wattributes.
+            "cxx": ["-O3", "-std=c++17", "-fvisibility=hidden"],
             # The .cu files include prox, not torch: undo the half/bf16 operator bans torch adds for its
             # own headers, so prox compiles as its CMake build compiles it.
-            "nvcc": ["-O3", "-std=c++17", "-U__CUDA_NO_HALF_OPERATORS__", "-U__CUDA_NO_HALF_CONVERSIONS__",
+            "nvcc": ["-O3", "-std=c++17", "-Xcompiler", "-fvisibility=hidden", "-U__CUDA_NO_HALF_OPERATORS__", "-U__CUDA_NO_HALF_CONVERSIONS__",
                      "-U__CUDA_NO_BFLOAT16_CONVERSIONS__", "-U__CUDA_NO_HALF2_OPERATORS__"],
         },
     )

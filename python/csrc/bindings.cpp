@@ -480,7 +480,7 @@ TORCH_LIBRARY_IMPL(prox, CPU, m) {
 
 // A Python module with no functions: `import prox._C` loads this library, whose static initializers
 // register the ops above (torch's recommended pattern for op-only extensions).
-extern "C" PyObject* PyInit__C(void) {
+PyMODINIT_FUNC PyInit__C(void) {  // default visibility (the rest of the module is hidden)
   static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", "prox's torch custom ops (torch.ops.prox)",
                                           -1, nullptr};
   return PyModule_Create(&module_def);
