@@ -48,8 +48,9 @@ def main() -> None:
             "cxx": ["-O3", "-std=c++17", "-fvisibility=hidden"],
             # The .cu files include prox, not torch: undo the half/bf16 operator bans torch adds for its
             # own headers, so prox compiles as its CMake build compiles it.
-            "nvcc": ["-O3", "-std=c++17", "-Xcompiler", "-fvisibility=hidden", "-U__CUDA_NO_HALF_OPERATORS__", "-U__CUDA_NO_HALF_CONVERSIONS__",
-                     "-U__CUDA_NO_BFLOAT16_CONVERSIONS__", "-U__CUDA_NO_HALF2_OPERATORS__"],
+            "nvcc": ["-O3", "-std=c++17", "-Xcompiler", "-fvisibility=hidden", "-U__CUDA_NO_HALF_OPERATORS__",
+                     "-U__CUDA_NO_HALF_CONVERSIONS__", "-U__CUDA_NO_BFLOAT16_CONVERSIONS__",
+                     "-U__CUDA_NO_HALF2_OPERATORS__"],
         },
     )
     setup(

@@ -27,7 +27,8 @@ deps=("typing-extensions>=4.10" filelock sympy networkx jinja2 fsspec "setuptool
       transformers==5.17.0)
 # (pip then lists torch's CUDA wheels as missing requirements: expected, filtered out)
 install() { "${pip[@]}" --no-deps "${nodeps[@]}" && "${pip[@]}" "${deps[@]}"; }
-if ! install 2>&1 | { grep -v -E "^(ERROR: pip's dependency resolver|pip's dependency resolver|torch 2\.11\.0 requires)" || true; }; then
+noise="^(ERROR: pip's dependency resolver|pip's dependency resolver|torch 2\.11\.0 requires)"
+if ! install 2>&1 | { grep -v -E "$noise" || true; }; then
   if [[ "${CI:-}" == "true" ]]; then
     echo "prox python: installing torch 2.11.0 failed" >&2
     exit 1

@@ -137,7 +137,8 @@ FfnDesc describe(const at::Tensor& w_gate, const at::Tensor& w_up, const at::Ten
 
 void check_x(const at::Tensor& x, const FfnDesc& d, const at::Tensor& w_gate, bool tokens_allowed) {
   check_tensor(x, "x", w_gate.device(), w_gate.scalar_type(), 16);
-  const bool one = (x.dim() == 1 && x.size(0) == d.d_model) || (x.dim() == 2 && x.size(0) == 1 && x.size(1) == d.d_model);
+  const bool one =
+      (x.dim() == 1 && x.size(0) == d.d_model) || (x.dim() == 2 && x.size(0) == 1 && x.size(1) == d.d_model);
   if (tokens_allowed) {
     TORCH_CHECK_VALUE(one || (x.dim() == 2 && x.size(1) == d.d_model),
                       "prox: x must be [d_model] or [tokens, d_model] with d_model = ", d.d_model, " (it is ",

@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import math
 import os
 import platform
 import subprocess
@@ -333,8 +332,10 @@ def calibrate_random(model, sparse, e_values, tokens: int, device, vocab: int):
     """Per layer and e: (tau_x, tau_s) by the paper's split on the MLP inputs of a dense prefill of random
     tokens (s~ from the op's Stage 1 when on CUDA). Returns {e: tensor [L, 2]} and the captured inputs."""
     xs = [None] * len(sparse)
-    hooks = [layer.mlp.register_forward_pre_hook(lambda mod, a, i=i: xs.__setitem__(i, a[0].reshape(-1, a[0].shape[-1])))
-             for i, layer in enumerate(model.model.layers)]
+
+    def keep(i):
+        return lambda mod, a: xs.__setitem__(i, a[0].reshape(-1, a[0].shape[-1]))
+    hooks = [layer.mlp.register_forward_pre_hook(keep(i)) for i, layer in enumerate(model.model.layers)]
     ids = torch.randint(0, vocab, (1, tokens), device=device)
     try:
         model(input_ids=ids, use_cache=False)
@@ -407,7 +408,7 @@ def run_model(args, name: str, dtype_name: str, results: dict, save):
         thresholds.copy_(tables[e])
         ffn["prox_us"][str(e)] = time_graph(ffn_prox, args.ffn_iters, use_graph) * 1e6 / len(sparse)
     ffn["speedup"] = {k: ffn["dense_us"] / v for k, v in ffn["prox_us"].items()}
-    del lean_tmp
+
     log(f"  FFN alone: dense {ffn['dense_us']:.1f} us/layer; Prox "
         + ", ".join(f"e={k}: {v:.1f} us ({ffn['speedup'][k]:.2f}x)" for k, v in ffn["prox_us"].items()))
 
@@ -432,11 +433,7 @@ def run_model(args, name: str, dtype_name: str, results: dict, save):
                     f"{cell['mlp_share']:.0%}; Prox " + ", ".join(
                         f"e={k}: {v['speedup']:.2f}x (bound {v['amdahl_bound']:.2f}x, {v['fraction_of_bound']:.0%})"
                         for k, v in cell["prox"].items()) + f" [{time.time() - t:.0f} s]")
-    set_mlps(model, dense_mlps)
-    del model, sparse, dense_mlps, zero, tables, xs, xs1
-    gc.collect()
-    if use_graph:
-        torch.cuda.empty_cache()
+    set_mlps(model, dense_mlps)  # the caller frees the model (this frame's references end here)
 
 
 def run_cell(args, kind, model, cfg, dense_mlps, sparse, zero, thresholds, tables, tok, pos, ctx, max_len, use_graph,
@@ -463,7 +460,8 @@ def run_cell(args, kind, model, cfg, dense_mlps, sparse, zero, thresholds, table
     t_dense = runners["dense"].time(args.new_tokens, args.repeats)
     t_none = runners["none"].time(args.new_tokens, args.repeats)
     share = max(t_dense - t_none, 0.0) / t_dense
-    cell = {"dense": {"ms": t_dense * 1e3, "tok_s": 1.0 / t_dense}, "no_mlp": {"ms": t_none * 1e3, "tok_s": 1.0 / t_none},
+    cell = {"dense": {"ms": t_dense * 1e3, "tok_s": 1.0 / t_dense},
+            "no_mlp": {"ms": t_none * 1e3, "tok_s": 1.0 / t_none},
             "mlp_share": share, "prox": {}, "warmup_and_capture_s": compile_s}
     for e in args.e:
         thresholds.copy_(tables[e])  # the same captured graph, new thresholds
@@ -600,6 +598,9 @@ def main(argv=None) -> int:
                     continue
                 a = argparse.Namespace(**{**vars(args), "contexts": ctxs})
             run_model(a, name, dt, results, save)
+            gc.collect()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
     save()
     path = args.plot or os.path.splitext(args.out)[0] + ".svg"
     try:

@@ -53,7 +53,8 @@ def pack_int4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The reference of prox::int4::pack_host / pack_device: w [d_ff, d_model] (nn.Linear layout) ->
     (packed [d_model, d_ff/8] int32 holding the uint32 words, scales [d_ff] float32)."""
     if w.dim() != 2 or w.shape[0] % 32 != 0 or w.shape[0] < 32:
-        raise ValueError(f"prox: pack_int4 needs a [d_ff, d_model] weight with d_ff a multiple of 32, got {tuple(w.shape)}")
+        raise ValueError(f"prox: pack_int4 needs a [d_ff, d_model] weight with d_ff a multiple of 32, "
+                         f"got {tuple(w.shape)}")
     d_ff, d_model = w.shape
     scales = int4_scales(w)
     nib = int4_quantize(w, scales).t().reshape(d_model, d_ff // CHANNELS_PER_WORD, CHANNELS_PER_WORD).to(torch.int64)
