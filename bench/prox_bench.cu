@@ -48,7 +48,7 @@
 
 #include "bench_common.cuh"
 #include "dense_baseline.cuh"
-#include "prox/tuning/tune.cuh"
+#include "prox/tuning/choose.cuh"
 
 namespace {
 
@@ -388,9 +388,10 @@ SparseSetup<T>& sparse_setup(Context<T>& ctx, int e_pct) {
   {
     Ffn probe;
     if (g.tuning) {  // the tuned choice at this target's densities, then any --prox_policy index on top
-      prox::PolicyChoice tuned;
+      typename Ffn::PlanOptions to = po;  // choose() fills the fields of po's Stage-2 form
       PROX_BENCH_PROX(prox::tuning::choose<Ffn>(*g.tuning, {K, N, sp->tau_x, 0.0f}, 1.0 - sp->target.s1,
-                                                1.0 - sp->target.s2, &tuned, s, {}, g_opt.fuse));
+                                                1.0 - sp->target.s2, &to, s));
+      const prox::PolicyChoice tuned = to.choice;
       for (auto [field, t] : {std::pair{&po.choice.proxy, tuned.proxy}, std::pair{&po.choice.glu, tuned.glu},
                               std::pair{&po.choice.down, tuned.down}, std::pair{&po.choice.glu_down, tuned.glu_down}})
         if (*field < 0) *field = t;
@@ -1048,7 +1049,6 @@ int main(int argc, char** argv) {
       prox::tuning::CacheOptions co;
       co.path = g_opt.tuning;
       co.mode = prox::tuning::Mode::kReadOnly;
-      co.use_environment = false;
       const prox::Status st = prox::tuning::open_cache(&g.tuning, co);
       if (g.tuning == nullptr) throw std::runtime_error("--prox_tuning: " + std::string(prox::to_string(st)));
       std::fprintf(stderr, "[prox_bench] tuning cache %s: %zu entries\n", g_opt.tuning.c_str(), g.tuning->size());

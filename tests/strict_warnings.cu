@@ -10,23 +10,29 @@
 //! this file adds the host-side tools, calibration and tuning.
 #include "arch_coverage.cu"
 
+#include <memory>
+#include <string>
+
 #include <prox/calibrate.cuh>
-#include <prox/tuning/tune.cuh>
+#include <prox/tuning/choose.cuh>
 
 namespace prox_strict_warnings {
 
 using Ffn = prox::SparseFfn<__half, prox::SiLU, prox::Int4Weights>;
 
-//! References the calibration and tuning templates so they are compiled (never called).
+//! References the calibration templates and the run-time tuning cache (choose<Ffn>, open_cache) so
+//! they are compiled (never called); the measuring tuner is the prox_tuning library's (tools/tuning).
 prox::Status tools(Ffn& ffn, const Ffn::Weights& w, const prox::calib::LayerCalibrationArgs<__half>& a,
-                   prox::calib::ThresholdCalibrator& cal, prox::tuning::Cache& cache, int d_model, int d_ff,
-                   const prox::ThresholdArgs<__half>& t, cudaStream_t stream) {
+                   prox::calib::ThresholdCalibrator& cal, const std::string& cache_file, cudaStream_t stream) {
   prox::calib::LayerCalibration lc;
   PROX_RETURN_IF_ERROR(prox::calib::calibrate_layer(ffn, w, a, cal, stream, &lc));
-  PROX_RETURN_IF_ERROR(prox::tuning::tune_ffn<Ffn>(cache, d_model, d_ff, {0.5}, {0.3}, stream));
-  PROX_RETURN_IF_ERROR(prox::tuning::tune_threshold<__half>(cache, d_model, 0.5, stream));
-  PROX_CHECK(prox::threshold::launch<prox::PolicyAt<0, prox::ThresholdPolicies>>(t, nullptr, stream));
-  return prox::Status::kSuccess;
+  std::unique_ptr<prox::tuning::Cache> cache;
+  prox::tuning::CacheOptions o;
+  o.path = cache_file;
+  PROX_RETURN_IF_ERROR(prox::tuning::open_cache(&cache, o));
+  Ffn::PlanOptions opts;
+  PROX_RETURN_IF_ERROR(prox::tuning::choose<Ffn>(*cache, ffn.config(), 0.5, 0.3, &opts, stream));
+  return ffn.plan(ffn.config(), w, opts);
 }
 
 }  // namespace prox_strict_warnings

@@ -1,8 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
-//! @file test_tuning_gpu.cu  The device-side tuner: every op (the fused Stage 2 glu_down_gemv
-//! included) tunes a small shape to a valid, verified choice; choices persist across save/load and
-//! feed SparseFfn::plan() (the fused and the unfused Stage 2); choose() follows the mode (off /
-//! read-only / tune-on-miss, fixed once chosen); nothing tunes during stream capture.
+//! @file test_tuning_gpu.cu  The tuner (the prox_tuning library): every op (the fused Stage 2
+//! glu_down_gemv included) tunes a small shape to a valid choice, policy 0 verified against the
+//! float64 reference and every other candidate against policy 0; choices persist across save/load
+//! and feed SparseFfn::plan() (the fused and the unfused Stage 2); choose() follows the mode (off /
+//! read-only / tune-on-miss through the library's miss handler, fixed once chosen); nothing tunes
+//! during stream capture.
 #include "catch.hpp"
 
 #include <cuda_runtime.h>
@@ -19,7 +21,8 @@
 #include <prox/glu_down_gemv.cuh>
 #include <prox/int4_format.hpp>
 #include <prox/sparse_ffn.cuh>
-#include <prox/tuning/tune.cuh>
+#include <prox/tuning/choose.cuh>
+#include <prox_tuning/tune.hpp>
 
 #include "common.hpp"
 #include "ffn_instances.hpp"
@@ -63,6 +66,17 @@ class WarningCapture {
   pt::WarningHandler old_;
 };
 
+//! Fast but still the full protocol (>= 20 timed reps, default 2 x L2 rotation).
+pt::TuneOptions quick() {
+  pt::TuneOptions o;
+  o.warmup = 2;
+  o.reps = 20;
+  o.rounds = 1;
+  return o;
+}
+
+//! A cache of this device and build at `path` ("" = in memory), no environment; in mode 2 the
+//! library's miss handler tunes with quick().
 std::unique_ptr<pt::Cache> make_cache(pt::Mode mode, const std::string& path = std::string()) {
   int device = 0;
   PROX_TEST_CUDA(cudaGetDevice(&device));
@@ -71,17 +85,9 @@ std::unique_ptr<pt::Cache> make_cache(pt::Mode mode, const std::string& path = s
   pt::CacheOptions o;
   o.path = path;
   o.mode = mode;
-  o.use_environment = false;
-  return std::make_unique<pt::Cache>(sig, pt::policy_table(), o);
-}
-
-//! Fast but still the full protocol (>= 20 timed reps, default 2 x L2 rotation).
-pt::TuneOptions quick() {
-  pt::TuneOptions o;
-  o.warmup = 2;
-  o.reps = 20;
-  o.rounds = 1;
-  return o;
+  auto c = std::make_unique<pt::Cache>(sig, pt::policy_table(), o);
+  pt::install_miss_handler(*c, quick());
+  return c;
 }
 
 std::string describe(const pt::TuneResult& r) {
@@ -132,12 +138,33 @@ void check_result(const pt::TuneResult& r, const std::vector<std::string>& names
 //! The fused Stage-2 grid SparseFfn::plan gives policy `index` of GluDownGemvPolicies (SiLU).
 template <class T>
 int glu_down_grid(int index) {
+  prox::DeviceInfo d;
+  PROX_TEST_OK(prox::query_device(&d));
   int blocks = -1;
   const prox::Status st = prox::dispatch_policy<prox::GluDownGemvPolicies>(index, [&](auto p) {
-    return prox::glu_down_gemv::max_grid_blocks<decltype(p), prox::SiLU, T>(&blocks);
+    return prox::GluDownGemvOp<T, prox::SiLU>::template max_grid_blocks<decltype(p)>(d, &blocks);
   });
   PROX_TEST_OK(st);
   return blocks;
+}
+
+//! The grid the plan's fused Stage 2 launches.
+template <class Ffn>
+int planned_glu_down_grid(const Ffn& ffn) {
+  return static_cast<int>(ffn.fused_stage2_op().launch_config().grid.x);
+}
+
+//! choose<Ffn>() for a plan with (`fused`) or without a fused Stage 2, its PolicyChoice in *out.
+template <class Ffn>
+prox::Status choose_choice(pt::Cache& cache, const typename Ffn::Config& cfg, double input_density,
+                           double channel_density, prox::PolicyChoice* out, cudaStream_t stream = nullptr,
+                           bool fused = true) {
+  typename Ffn::PlanOptions o;
+  o.fuse_stage2 = fused;
+  o.choice = *out;
+  const prox::Status st = pt::choose<Ffn>(cache, cfg, input_density, channel_density, &o, stream);
+  *out = o.choice;
+  return st;
 }
 
 //! Device buffers of one SparseFfn layer (zeros: plan() and one run() only check the choice works).
@@ -161,7 +188,13 @@ struct ZeroLayer {
     su.poison(0);
   }
   typename prox::SparseFfn<T>::Weights weights() const {
-    return {wg.get(), wu.get(), wdt.get(), qg.get(), qu.get(), sg.get(), su.get()};
+    typename prox::SparseFfn<T>::Weights w;
+    w.gate = wg.get();
+    w.up = wu.get();
+    w.down_t = wdt.get();
+    w.proxy_gate = {qg.get(), sg.get()};
+    w.proxy_up = {qu.get(), su.get()};
+    return w;
   }
 };
 
@@ -248,7 +281,7 @@ TEST_CASE("tuning: every op tunes a small shape to a valid, verified choice", "[
     CHECK(r.key.d_model == K);
     CHECK(r.key.d_ff == N);
     CHECK(r.key.density16 == 5);
-    CHECK(r.key == pt::glu_down_gemv_key<__half, prox::SiLU>(K, N, 0.3));
+    CHECK(r.key == (pt::op_key<prox::GluDownGemvOp<__half, prox::SiLU>>(K, N, 0.3)));
     check_result(r, pt::policy_names<prox::GluDownGemvPolicies>(), *cache);
     CHECK(cache->size() == 1);
     // Empty and full masks (y = 0 must still be written; every s is +0 or computed).
@@ -332,7 +365,7 @@ TEST_CASE("tuning: a tuned layer persists across save and load and plans a Spars
   // A hand-made entry (bucket 12) naming the fused list's last policy, so one plan below must take
   // a non-default fused policy from the file (the tuned winners may well all be policy 0).
   const int forced = static_cast<int>(fused_names.size()) - 1;
-  const pt::Key forced_key = pt::glu_down_gemv_key<__half, prox::SiLU>(K, N, 0.75);
+  const pt::Key forced_key = pt::op_key<prox::GluDownGemvOp<__half, prox::SiLU>>(K, N, 0.75);
   std::vector<pt::TuneResult> results;
   {
     auto a = make_cache(pt::Mode::kReadOnly, path);
@@ -350,7 +383,7 @@ TEST_CASE("tuning: a tuned layer persists across save and load and plans a Spars
     CHECK(a->size() == 8);
     REQUIRE(a->record(forced_key, {fused_names[static_cast<std::size_t>(forced)], 9.0, 8.9, 9.1, 20}) ==
             prox::Status::kSuccess);
-    REQUIRE(a->save() == prox::Status::kSuccess);
+    REQUIRE(pt::save(*a) == prox::Status::kSuccess);
     CHECK(a->warnings() == 0);
   }
   REQUIRE(fs::exists(path));
@@ -372,7 +405,7 @@ TEST_CASE("tuning: a tuned layer persists across save and load and plans a Spars
 
   // The default plan fuses Stage 2: proxy and glu_down come from the file, glu/down are not needed.
   prox::PolicyChoice pc;
-  REQUIRE(pt::choose<Ffn>(*b, cfg, 0.5, 0.3, &pc) == prox::Status::kSuccess);
+  REQUIRE(choose_choice<Ffn>(*b, cfg, 0.5, 0.3, &pc) == prox::Status::kSuccess);
   CHECK(pc.proxy == chosen_for("proxy_gemv", 8));
   CHECK(pc.glu_down == chosen_for("glu_down_gemv", 5));
   CHECK(pc.glu_down >= 0);
@@ -380,16 +413,16 @@ TEST_CASE("tuning: a tuned layer persists across save and load and plans a Spars
   CHECK(pc.down == -1);
   // The unfused plan: glu and down from the file, no fused choice.
   prox::PolicyChoice pu;
-  REQUIRE(pt::choose<Ffn>(*b, cfg, 0.5, 0.25, &pu, nullptr, {}, /*fuse_stage2=*/false) == prox::Status::kSuccess);
+  REQUIRE(choose_choice<Ffn>(*b, cfg, 0.5, 0.25, &pu, nullptr, /*fused=*/false) == prox::Status::kSuccess);
   CHECK(pu.proxy == chosen_for("proxy_gemv", 8));
   CHECK(pu.glu == chosen_for("glu_gemv", 4));
   CHECK(pu.down == chosen_for("down_gemv", 4));
   CHECK(pu.glu_down == -1);
   prox::PolicyChoice miss;
-  REQUIRE(pt::choose<Ffn>(*b, cfg, 0.2, 0.9, &miss) == prox::Status::kSuccess);  // read-only: misses stay -1
+  REQUIRE(choose_choice<Ffn>(*b, cfg, 0.2, 0.9, &miss) == prox::Status::kSuccess);  // read-only: misses stay -1
   CHECK(miss.proxy == -1);
   CHECK(miss.glu_down == -1);
-  REQUIRE(pt::choose<Ffn>(*b, cfg, 0.2, 0.9, &miss, nullptr, {}, false) == prox::Status::kSuccess);
+  REQUIRE(choose_choice<Ffn>(*b, cfg, 0.2, 0.9, &miss, nullptr, false) == prox::Status::kSuccess);
   CHECK(miss.glu == -1);
   CHECK(miss.down == -1);
 
@@ -404,7 +437,7 @@ TEST_CASE("tuning: a tuned layer persists across save and load and plans a Spars
     CHECK(ffn.fused_stage2());
     CHECK(ffn.choice().proxy == pc.proxy);
     CHECK(ffn.choice().glu_down == pc.glu_down);
-    CHECK(ffn.glu_down_blocks() == glu_down_grid<__half>(pc.glu_down));
+    CHECK(planned_glu_down_grid(ffn) == glu_down_grid<__half>(pc.glu_down));
   }
   {
     INFO("the PlanOptions form takes a non-default fused policy from the file");
@@ -417,7 +450,7 @@ TEST_CASE("tuning: a tuned layer persists across save and load and plans a Spars
     Ffn ffn;
     plan_and_run_zero_layer<__half>(K, N, opts, &ffn);
     CHECK(ffn.choice().glu_down == forced);
-    CHECK(ffn.glu_down_blocks() == glu_down_grid<__half>(forced));
+    CHECK(planned_glu_down_grid(ffn) == glu_down_grid<__half>(forced));
   }
   {
     INFO("the unfused plan launches the tuned glu and down policies");
@@ -460,7 +493,7 @@ TEST_CASE("tuning: nothing is tuned during stream capture", "[tuning][gpu]") {
   const prox::Status st_ffn = pt::tune_ffn<Ffn>(*cache, 512, 2048, {0.5}, {0.3}, stream, opts, &rs);
   prox::PolicyChoice pc;
   pc.proxy = pc.glu = pc.down = pc.glu_down = 7;
-  const prox::Status st_choose = pt::choose<Ffn>(*cache, cfg, 0.5, 0.3, &pc, stream, opts);
+  const prox::Status st_choose = choose_choice<Ffn>(*cache, cfg, 0.5, 0.3, &pc, stream);
   cudaGraph_t graph = nullptr;
   const cudaError_t end = cudaStreamEndCapture(stream, &graph);
   if (graph != nullptr) cudaGraphDestroy(graph);
@@ -482,13 +515,13 @@ TEST_CASE("tuning: nothing is tuned during stream capture", "[tuning][gpu]") {
   CHECK(cudaGetLastError() == cudaSuccess);
 
   // Outside capture, the same call tunes what the default (fused) plan runs: proxy and glu_down.
-  REQUIRE(pt::choose<Ffn>(*cache, cfg, 0.5, 0.3, &pc, stream, opts) == prox::Status::kSuccess);
+  REQUIRE(choose_choice<Ffn>(*cache, cfg, 0.5, 0.3, &pc, stream) == prox::Status::kSuccess);
   CHECK(pc.proxy >= 0);
   CHECK(pc.glu_down >= 0);
   CHECK(pc.glu == -1);
   CHECK(pc.down == -1);
   CHECK(cache->size() == 2);
-  CHECK(cache->index_of(pt::glu_down_gemv_key<__half, prox::SiLU>(512, 2048, 0.3)) == pc.glu_down);
+  CHECK(cache->index_of(pt::op_key<prox::GluDownGemvOp<__half, prox::SiLU>>(512, 2048, 0.3)) == pc.glu_down);
   CHECK(warnings.messages().empty());
 }
 
@@ -499,34 +532,34 @@ TEST_CASE("tuning: choose() follows the mode; a choice once made is fixed", "[tu
   const auto opts = quick();
   SECTION("off: defaults, even with an entry") {
     auto c = make_cache(pt::Mode::kOff);
-    const pt::Key k = pt::glu_gemv_key<__half, prox::SiLU>(512, 2048, 0.3);
+    const pt::Key k = pt::op_key<prox::GluGemvOp<__half, prox::SiLU>>(512, 2048, 0.3);
     REQUIRE(c->record(k, {pt::policy_names<prox::GluGemvPolicies>()[1], 5.0, 4.9, 5.1, 20}) == prox::Status::kSuccess);
-    const pt::Key kf = pt::glu_down_gemv_key<__half, prox::SiLU>(512, 2048, 0.3);
+    const pt::Key kf = pt::op_key<prox::GluDownGemvOp<__half, prox::SiLU>>(512, 2048, 0.3);
     REQUIRE(c->record(kf, {pt::policy_names<prox::GluDownGemvPolicies>()[1], 5.0, 4.9, 5.1, 20}) ==
             prox::Status::kSuccess);
     prox::PolicyChoice pc;
-    REQUIRE(pt::choose<Ffn>(*c, cfg, 0.5, 0.3, &pc) == prox::Status::kSuccess);
+    REQUIRE(choose_choice<Ffn>(*c, cfg, 0.5, 0.3, &pc) == prox::Status::kSuccess);
     CHECK(pc.proxy == -1);
     CHECK(pc.glu_down == -1);
-    REQUIRE(pt::choose<Ffn>(*c, cfg, 0.5, 0.3, &pc, nullptr, {}, false) == prox::Status::kSuccess);
+    REQUIRE(choose_choice<Ffn>(*c, cfg, 0.5, 0.3, &pc, nullptr, false) == prox::Status::kSuccess);
     CHECK(pc.glu == -1);
     CHECK(pc.down == -1);
   }
   SECTION("read-only: hits by name, misses stay -1, nothing is tuned") {
     auto c = make_cache(pt::Mode::kReadOnly);
-    const pt::Key k = pt::glu_gemv_key<__half, prox::SiLU>(512, 2048, 0.3);
+    const pt::Key k = pt::op_key<prox::GluGemvOp<__half, prox::SiLU>>(512, 2048, 0.3);
     REQUIRE(c->record(k, {pt::policy_names<prox::GluGemvPolicies>()[1], 5.0, 4.9, 5.1, 20}) == prox::Status::kSuccess);
-    const pt::Key kf = pt::glu_down_gemv_key<__half, prox::SiLU>(512, 2048, 0.3);
+    const pt::Key kf = pt::op_key<prox::GluDownGemvOp<__half, prox::SiLU>>(512, 2048, 0.3);
     REQUIRE(c->record(kf, {pt::policy_names<prox::GluDownGemvPolicies>()[1], 5.0, 4.9, 5.1, 20}) ==
             prox::Status::kSuccess);
     prox::PolicyChoice pc;
-    REQUIRE(pt::choose<Ffn>(*c, cfg, 0.5, 0.26, &pc) == prox::Status::kSuccess);  // 0.26 -> bucket 5, like 0.3
+    REQUIRE(choose_choice<Ffn>(*c, cfg, 0.5, 0.26, &pc) == prox::Status::kSuccess);  // 0.26 -> bucket 5, like 0.3
     CHECK(pc.proxy == -1);
     CHECK(pc.glu_down == 1);  // the default plan fuses Stage 2
     CHECK(pc.glu == -1);
     CHECK(pc.down == -1);
     prox::PolicyChoice pu;
-    REQUIRE(pt::choose<Ffn>(*c, cfg, 0.5, 0.26, &pu, nullptr, {}, false) == prox::Status::kSuccess);
+    REQUIRE(choose_choice<Ffn>(*c, cfg, 0.5, 0.26, &pu, nullptr, false) == prox::Status::kSuccess);
     CHECK(pu.proxy == -1);
     CHECK(pu.glu == 1);
     CHECK(pu.down == -1);
@@ -538,14 +571,14 @@ TEST_CASE("tuning: choose() follows the mode; a choice once made is fixed", "[tu
     const std::string path = dir.file("auto.tsv");
     auto c = make_cache(pt::Mode::kTuneOnMiss, path);
     prox::PolicyChoice first;  // the default (fused) plan: proxy + glu_down
-    REQUIRE(pt::choose<Ffn>(*c, cfg, 0.5, 0.3, &first, nullptr, opts) == prox::Status::kSuccess);
+    REQUIRE(choose_choice<Ffn>(*c, cfg, 0.5, 0.3, &first) == prox::Status::kSuccess);
     CHECK(first.proxy >= 0);
     CHECK(first.glu_down >= 0);
     CHECK(c->size() == 2);
     CHECK(fs::exists(path));  // mode 2 saves what it tuned
     // The unfused plan tunes its own two ops on their miss; the proxy entry is reused.
     prox::PolicyChoice unfused;
-    REQUIRE(pt::choose<Ffn>(*c, cfg, 0.5, 0.3, &unfused, nullptr, opts, false) == prox::Status::kSuccess);
+    REQUIRE(choose_choice<Ffn>(*c, cfg, 0.5, 0.3, &unfused, nullptr, false) == prox::Status::kSuccess);
     CHECK(unfused.proxy == first.proxy);
     CHECK(unfused.glu >= 0);
     CHECK(unfused.down >= 0);
@@ -555,8 +588,8 @@ TEST_CASE("tuning: choose() follows the mode; a choice once made is fixed", "[tu
     CHECK(c->size() == 4);
     for (int i = 0; i < 3; ++i) {
       prox::PolicyChoice again, again_unfused;
-      REQUIRE(pt::choose<Ffn>(*c, cfg, 0.5, 0.3, &again, nullptr, opts) == prox::Status::kSuccess);
-      REQUIRE(pt::choose<Ffn>(*c, cfg, 0.5, 0.3, &again_unfused, nullptr, opts, false) == prox::Status::kSuccess);
+      REQUIRE(choose_choice<Ffn>(*c, cfg, 0.5, 0.3, &again) == prox::Status::kSuccess);
+      REQUIRE(choose_choice<Ffn>(*c, cfg, 0.5, 0.3, &again_unfused, nullptr, false) == prox::Status::kSuccess);
       CHECK(again.proxy == first.proxy);
       CHECK(again.glu_down == first.glu_down);
       CHECK(again_unfused.glu == first.glu);
@@ -572,8 +605,8 @@ TEST_CASE("tuning: choose() follows the mode; a choice once made is fixed", "[tu
     auto ro = make_cache(pt::Mode::kReadOnly, path);
     REQUIRE(ro->load() == prox::Status::kSuccess);
     prox::PolicyChoice seen, seen_unfused;
-    REQUIRE(pt::choose<Ffn>(*ro, cfg, 0.5, 0.3, &seen) == prox::Status::kSuccess);
-    REQUIRE(pt::choose<Ffn>(*ro, cfg, 0.5, 0.3, &seen_unfused, nullptr, {}, false) == prox::Status::kSuccess);
+    REQUIRE(choose_choice<Ffn>(*ro, cfg, 0.5, 0.3, &seen) == prox::Status::kSuccess);
+    REQUIRE(choose_choice<Ffn>(*ro, cfg, 0.5, 0.3, &seen_unfused, nullptr, false) == prox::Status::kSuccess);
     CHECK(seen.proxy == first.proxy);
     CHECK(seen.glu_down == first.glu_down);
     CHECK(seen_unfused.glu == first.glu);
@@ -585,7 +618,7 @@ TEST_CASE("tuning: choose() follows the mode; a choice once made is fixed", "[tu
 TEST_CASE("tuning: the device signature and the per-device default cache", "[tuning][gpu]") {
   WarningCapture warnings;
   TempDir dir;
-  pt::CacheOptions o;
+  pt::OpenOptions o;
   o.path = dir.file("open.tsv");
   o.use_environment = false;
   std::unique_ptr<pt::Cache> c;

@@ -3,7 +3,7 @@
 //! prox headers through prox::prox's include path alone, and calls the engine module (main.cu +
 //! instances.cu, a shared library).
 #include <prox/core/status.hpp>
-#include <prox/dispatch.hpp>  // includes <cuda_runtime.h>: prox::prox brings the toolkit's include path
+#include <prox/core/device.hpp>  // includes <cuda_runtime.h>: prox::prox brings the toolkit's include path
 
 #include <cstdio>
 

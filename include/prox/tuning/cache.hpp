@@ -1,9 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
-//! @file cache.hpp  The runtime autotuning cache: keys, the device/build signature, the TSV file,
-//! location and mode from the environment, lock-free lookups, locked and merged persistence.
+//! @file cache.hpp  The run-time half of the tuning cache: keys, the device/build signature, reading
+//! and parsing a cache file (rows validated against the compiled policy tables), lock-free lookups,
+//! and the hook through which a tuner fills misses (mode 2).
 //!
-//! Host-only C++17 (no kernels; cuda_runtime.h only for the device signature). The device-side
-//! tuner that fills the cache is tuning/tune.cuh; docs/tuning.md describes the design and the file.
+//! Host-only C++17 (cuda_runtime.h only for the device signature and the capture check). The keys of
+//! prox's ops and choose<Ffn>() are in tuning/choose.cuh. What an engine does not need at run time
+//! lives in the compiled `prox_tuning` library (tools/tuning): the measuring harness, save() (file
+//! locking, atomic replace) and the environment (PROX_AUTOTUNE, PROX_CACHE_DIR, XDG, HOME);
+//! docs/tuning.md describes the design and the file.
 //!
 //! Guarantees
 //!  - Lookups (find / index_of) never lock: they read an immutable snapshot
@@ -15,10 +19,7 @@
 //!    truncated, foreign-version or other-device file is ignored with ONE warning per file and
 //!    problem, through the warning handler (set_warning_handler); malformed rows are skipped one
 //!    by one and counted; rows naming an unknown op or policy are dropped.
-//!  - The file is written only by an explicit save(): flock(<file>.lock) -> re-read -> merge
-//!    (memory wins) -> write <file>.tmp.* in the same directory -> fsync -> rename. A file with a
-//!    valid header but another signature or format version is never overwritten; an unparsable
-//!    one is renamed to <file>.corrupt first.
+//!  - Nothing here writes a file, reads the environment, or clears a pending CUDA error.
 //!
 //! Printing: prox prints nothing unless PROX_DEBUG is defined, with one documented exception:
 //! the default warning handler of this cache writes one line ("prox: tuning cache: ...") to
@@ -33,7 +34,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -47,8 +47,6 @@
 
 #if !defined(_WIN32)
 #include <fcntl.h>
-#include <sys/file.h>
-#include <sys/stat.h>
 #include <unistd.h>
 #endif
 
@@ -66,25 +64,25 @@ constexpr const char* kMagic = "# prox_autotune v1";
 constexpr const char* kMagicPrefix = "# prox_autotune ";
 //! Density buckets: densities are rounded *up* to a multiple of 1/kDensityBuckets.
 constexpr int kDensityBuckets = 16;
-//! Near-tie rule: the lowest index whose median is within this fraction of the best wins. 0.5 %:
-//! the p20-p80 spread of a tuned median is 0.2-0.5 % on the H100, and the fused Stage-2 candidates
-//! of a 5120-wide row differ by 1.4-1.6 %, which the former 2 % left to the slower lower index
-//! (docs/tuning.md).
+//! Near-tie rule of the tuner: the lowest index whose median is within this fraction of the best
+//! wins. 0.5 %: the p20-p80 spread of a tuned median is 0.2-0.5 % on the H100, and the fused Stage-2
+//! candidates of a 5120-wide row differ by 1.4-1.6 %, which the former 2 % left to the slower lower
+//! index (docs/tuning.md). Part of the selection logic that kSelectionVersion versions.
 constexpr double kTieTolerance = 0.005;
-//! Version of the selection logic (tie rule, measurement protocol); hashed into the signature.
-//! 2: tie tolerance 2 % -> 0.5 %.
+//! Version of the selection logic (tie rule, measurement protocol); hashed into the signature, so a
+//! file chosen under other rules is not used. 2: tie tolerance 2 % -> 0.5 %.
 constexpr int kSelectionVersion = 2;
 //! Files larger than this are treated as corrupt rather than read.
 constexpr std::size_t kMaxFileBytes = std::size_t{64} << 20;
 
 /**
- * @brief What the cache may do on its own. Set by CacheOptions::mode or `PROX_AUTOTUNE`
- * (0 / 1 / 2; anything else: read-only with a warning).
+ * @brief What choose() may do on a miss. CacheOptions::mode sets it (the prox_tuning library also
+ * reads `PROX_AUTOTUNE`).
  */
 enum class Mode : int {
-  kOff = 0,         //!< lookups miss: plan() uses the compile-time default policy
-  kReadOnly = 1,    //!< (default) use cached choices; never tune or write on its own
-  kTuneOnMiss = 2,  //!< choose() tunes a missing key (never during stream capture) and saves
+  kOff = 0,         //!< lookups miss: plan() uses the default policies
+  kReadOnly = 1,    //!< (default) use cached choices; a miss stays a miss
+  kTuneOnMiss = 2,  //!< choose() hands a miss to the cache's miss handler (never during capture)
 };
 
 constexpr const char* to_string(Mode m) noexcept {
@@ -110,27 +108,11 @@ inline int density_bucket(double density) noexcept {
 //! The density a bucket stands for (its upper edge; the tuner measures there).
 constexpr double bucket_density(int bucket) noexcept { return static_cast<double>(bucket) / kDensityBuckets; }
 
-/**
- * @brief Near-tie rule: the lowest index whose median is <= (1 + tolerance) * best median.
- * Non-finite or negative medians (failed candidates) never win. Returns -1 if none is valid.
- */
-inline int choose_index(const std::vector<double>& medians, double tolerance = kTieTolerance) noexcept {
-  double best = HUGE_VAL;
-  for (double m : medians)
-    if (std::isfinite(m) && m >= 0.0 && m < best) best = m;
-  if (!std::isfinite(best)) return -1;
-  const double limit = best * (1.0 + tolerance);
-  for (std::size_t i = 0; i < medians.size(); ++i)
-    if (std::isfinite(medians[i]) && medians[i] >= 0.0 && medians[i] <= limit) return static_cast<int>(i);
-  return -1;
-}
-
 // ---------------------------------------------------------------- key, entry, policy table
 /**
- * @brief Cache key. All fields are strict (equal or miss).
- * Ops name candidate lists: "threshold", "proxy_gemv" (INT4 proxy), "proxy_gemv_dense"
- * (fp16/bf16 proxy), "glu_gemv", "down_gemv", "glu_down_gemv" (fused Stage 2). tuning/tune.cuh
- * builds keys from types.
+ * @brief Cache key. All fields are strict (equal or miss). `op` names a candidate list
+ * ("threshold", "proxy_gemv" (INT4 proxy), "proxy_gemv_dense" (fp16/bf16 proxy), "glu_gemv",
+ * "down_gemv", "glu_down_gemv" (fused Stage 2)); tuning/choose.cuh builds keys from op types.
  */
 struct Key {
   std::string op;       //!< candidate list, a key of the PolicyTable
@@ -171,6 +153,15 @@ std::vector<std::string> policy_names() {
   std::vector<std::string> out;
   for_each_policy<List>([&](auto p, int) { out.push_back(decltype(p)::name()); });
   return out;
+}
+
+//! FNV-1a 64-bit hash: the policy-table signature and the default file name.
+inline std::uint64_t fnv1a64(const std::string& s, std::uint64_t h = 1469598103934665603ull) noexcept {
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
 }
 
 //! Hash of a policy table and the selection-logic version (the `policy_hash` signature field).
@@ -239,7 +230,8 @@ struct Signature {
 
 /**
  * @brief Read the signature of CUDA device `device` (policy_hash left 0; Cache fills it in).
- * Planning-time only: it queries the device.
+ * Planning-time only: it queries the device. Each CUDA call's own result is checked; a failed
+ * query is reported, never cleared from the runtime.
  */
 inline Status query_signature(int device, Signature* out) noexcept {
   if (out == nullptr) return Status::kErrorNullPointer;
@@ -257,10 +249,8 @@ inline Status query_signature(int device, Signature* out) noexcept {
       return Status::kErrorCudaRuntime;
     }
     // The memory clock attribute is informational on some platforms; a failure leaves 0.
-    if (cudaDeviceGetAttribute(&s.mem_clock_khz, cudaDevAttrMemoryClockRate, device) != cudaSuccess) {
+    if (cudaDeviceGetAttribute(&s.mem_clock_khz, cudaDevAttrMemoryClockRate, device) != cudaSuccess)
       s.mem_clock_khz = 0;
-      (void)cudaGetLastError();
-    }
     cudaDeviceProp prop{};
     if (cudaGetDeviceProperties(&prop, device) != cudaSuccess) return Status::kErrorCudaRuntime;
     std::size_t len = 0;
@@ -273,6 +263,17 @@ inline Status query_signature(int device, Signature* out) noexcept {
   } catch (...) {
     return Status::kErrorCudaRuntime;
   }
+}
+
+/**
+ * @brief kSuccess when `stream` is not capturing; kErrorCapturing when it is, or when its capture
+ * state cannot be queried (e.g. the legacy stream during another stream's global-mode capture).
+ * Tuning allocates and synchronizes, so every tuning path asks this first.
+ */
+inline Status check_not_capturing(cudaStream_t stream) noexcept {
+  cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &cs) != cudaSuccess) return Status::kErrorCapturing;
+  return cs == cudaStreamCaptureStatusNone ? Status::kSuccess : Status::kErrorCapturing;
 }
 
 // ---------------------------------------------------------------- warnings
@@ -398,15 +399,6 @@ inline bool parse_fixed(const std::string& s, double* out) noexcept {
   return true;
 }
 
-//! Format a finite non-negative microsecond value with 3 decimals (nanoseconds), locale-free.
-inline std::string format_fixed3(double v) {
-  if (!(v >= 0.0) || !std::isfinite(v)) v = 0.0;
-  const long long ns = std::llround(v * 1000.0);
-  std::string frac = std::to_string(ns % 1000);
-  while (frac.size() < 3) frac.insert(frac.begin(), '0');
-  return std::to_string(ns / 1000) + "." + frac;
-}
-
 inline std::vector<std::string> split(const std::string& s, char sep) {
   std::vector<std::string> out;
   std::size_t start = 0;
@@ -430,8 +422,8 @@ inline std::string key_string(const Key& k) {
 
 }  // namespace detail
 
-// ---------------------------------------------------------------- file parsing and writing
-//! What happened to a cache file on the last load() / save().
+// ---------------------------------------------------------------- file parsing
+//! What happened to a cache file on the last load() (or the re-read of the last save).
 enum class FileState : int {
   kNoPath = 0,          //!< no location: in-memory only
   kMissing,             //!< no file yet (not a problem)
@@ -673,29 +665,17 @@ inline ParsedFile parse_cache_text(const std::string& text, const Signature& exp
   return out;
 }
 
-//! The text of a cache file holding `entries` (rows in key order: deterministic files).
-inline std::string format_cache_text(const Signature& sig, const Map& entries) {
-  std::string s = std::string(kMagic) + "\n";
-  for (const auto& [k, v] : sig.enforced_fields()) s += "# " + k + "\t" + percent_encode(v) + "\n";
-  s += "# driver\t" + std::to_string(sig.driver_version) + "\n";
-  const auto& cols = columns();
-  for (std::size_t c = 0; c < cols.size(); ++c) s += (c ? "\t" : "") + cols[c];
-  s += "\n";
-  for (const auto& [ks, st] : entries) {
-    const Entry& e = st.entry;
-    s += ks + '\t' + percent_encode(e.policy) + '\t' + format_fixed3(e.median_us) + '\t' + format_fixed3(e.p20_us) +
-         '\t' + format_fixed3(e.p80_us) + '\t' + std::to_string(e.reps) + '\n';
-  }
-  return s;
-}
-
-// ---------------------------------------------------------------- POSIX file helpers
 enum class ReadResult { kOk, kMissing, kError };
 
+//! Read a whole file (at most a little over kMaxFileBytes: the caller rejects longer files).
 inline ReadResult read_whole_file(const std::string& path, std::string* out, std::string* err) {
 #if defined(_WIN32)
   FILE* f = std::fopen(path.c_str(), "rb");
-  if (f == nullptr) return errno == ENOENT ? ReadResult::kMissing : ReadResult::kError;
+  if (f == nullptr) {
+    if (errno == ENOENT) return ReadResult::kMissing;
+    *err = std::strerror(errno);
+    return ReadResult::kError;
+  }
   std::string s;
   char buf[65536];
   std::size_t n;
@@ -733,34 +713,6 @@ inline ReadResult read_whole_file(const std::string& path, std::string* out, std
 #endif
 }
 
-//! Directory part of a path ("" for a bare file name).
-inline std::string parent_dir(const std::string& path) {
-  const std::size_t slash = path.find_last_of('/');
-  if (slash == std::string::npos) return std::string();
-  return slash == 0 ? std::string("/") : path.substr(0, slash);
-}
-
-//! mkdir -p; true if the directory exists afterwards.
-inline bool make_dirs(const std::string& dir) {
-#if defined(_WIN32)
-  (void)dir;
-  return false;
-#else
-  if (dir.empty()) return true;
-  struct stat st {};
-  if (::stat(dir.c_str(), &st) == 0) return S_ISDIR(st.st_mode);
-  const std::string up = parent_dir(dir);
-  if (!up.empty() && up != dir && !make_dirs(up)) return false;
-  if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) return false;
-  return ::stat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
-#endif
-}
-
-inline std::string env_or_empty(const char* name) {
-  const char* v = std::getenv(name);
-  return v == nullptr ? std::string() : std::string(v);
-}
-
 //! Snapshot pointer with atomic load/store: the C++11 shared_ptr atomic free functions. (They are
 //! deprecated in C++20 in favour of std::atomic<std::shared_ptr>, which libstdc++ 12 implements with
 //! a pointer lock bit that ThreadSanitizer cannot see; the free functions use a mutex pool it can.)
@@ -785,64 +737,37 @@ class AtomicSharedPtr {
 
 }  // namespace detail
 
-// ---------------------------------------------------------------- location and mode
-/**
- * @brief Where the cache file lives. Precedence: `explicit_path` > `PROX_AUTOTUNE_CACHE` (a file)
- * > `$PROX_CACHE_DIR/prox-<hash>.tsv` > `$XDG_CACHE_HOME/prox/prox-<hash>.tsv`
- * > `$HOME/.cache/prox/prox-<hash>.tsv`; empty variables count as unset. With use_environment
- * false only `explicit_path` counts. Returns "" (in-memory only) when nothing applies.
- * @param signature_hash Signature::hash_hex() of the device and build.
- */
-inline std::string resolve_cache_path(const std::string& explicit_path, const std::string& signature_hash,
-                                      bool use_environment = true) {
-  if (!explicit_path.empty()) return explicit_path;
-  if (!use_environment) return std::string();
-  const std::string file = "prox-" + signature_hash + ".tsv";
-  const std::string f = detail::env_or_empty("PROX_AUTOTUNE_CACHE");
-  if (!f.empty()) return f;
-  const std::string dir = detail::env_or_empty("PROX_CACHE_DIR");
-  if (!dir.empty()) return dir + "/" + file;
-  const std::string xdg = detail::env_or_empty("XDG_CACHE_HOME");
-  if (!xdg.empty()) return xdg + "/prox/" + file;
-  const std::string home = detail::env_or_empty("HOME");
-  if (!home.empty()) return home + "/.cache/prox/" + file;
-  return std::string();
-}
-
-/**
- * @brief The mode from `PROX_AUTOTUNE`: "0" off, "1" read-only, "2" tune-on-miss; unset or empty:
- * read-only. Any other value: read-only, and *valid is set false (the Cache warns once).
- */
-inline Mode mode_from_env(bool* valid = nullptr) noexcept {
-  if (valid != nullptr) *valid = true;
-  const char* v = std::getenv("PROX_AUTOTUNE");
-  if (v == nullptr || v[0] == '\0') return Mode::kReadOnly;
-  if (std::strcmp(v, "0") == 0) return Mode::kOff;
-  if (std::strcmp(v, "1") == 0) return Mode::kReadOnly;
-  if (std::strcmp(v, "2") == 0) return Mode::kTuneOnMiss;
-  if (valid != nullptr) *valid = false;
-  return Mode::kReadOnly;
-}
-
-//! How a Cache finds its file and what it may do.
+// ---------------------------------------------------------------- the cache
+//! Where a Cache's file is and what choose() may do with it. The prox_tuning library's open_cache()
+//! fills these from the environment; here they are explicit.
 struct CacheOptions {
-  std::string path;                //!< explicit file path (highest precedence); "" = environment
-  std::optional<Mode> mode;        //!< explicit mode; unset = PROX_AUTOTUNE (default read-only)
-  bool use_environment = true;     //!< false: ignore PROX_AUTOTUNE* / PROX_CACHE_DIR / XDG / HOME
+  std::string path;             //!< the file; "" = in memory only
+  Mode mode = Mode::kReadOnly;  //!< what choose() does on a miss
 };
 
-// ---------------------------------------------------------------- the cache
+class Cache;
+
 /**
- * @brief The tuning cache of one device and build: key -> chosen policy, persisted as TSV.
+ * @brief Tunes the keys choose() missed (mode 2), called by choose() with the cache's tuning_mutex()
+ * held and never while `stream` captures. The prox_tuning library installs one
+ * (install_miss_handler(), and its open_cache() / default_cache()); without one a miss stays -1.
+ * A key the handler cannot tune is left missing.
+ */
+using MissHandler = std::function<Status(Cache& cache, const std::vector<Key>& missing, cudaStream_t stream)>;
+
+//! The prox_tuning library's access to a Cache's file state (its save() and environment handling).
+class CacheWriter;
+
+/**
+ * @brief The tuning cache of one device and build: key -> chosen policy, read from a TSV file.
+ * Writing the file (save()) and finding it from the environment are the prox_tuning library's.
  *
  * @code
  * prox::tuning::Signature sig;
  * prox::tuning::query_signature(device, &sig);
- * prox::tuning::Cache cache(sig, prox::tuning::policy_table());    // table: tuning/tune.cuh
- * cache.load();                                                    // missing file: fine
- * int idx = cache.index_of(key);                                   // -1 on a miss
- * cache.record(key, {"glu_t256_c64_u4", 12.3, 12.1, 12.6, 25});
- * cache.save();                                                    // explicit; merges with the file
+ * prox::tuning::Cache cache(sig, prox::tuning::policy_table(), {"/path/prox.tsv"});  // table: choose.cuh
+ * cache.load();                                            // a missing file is fine
+ * int idx = cache.index_of(key);                           // -1 on a miss
  * @endcode
  */
 class Cache {
@@ -851,17 +776,11 @@ class Cache {
    * @param device  the device part of the signature (query_signature); policy_hash is replaced by
    *                the hash of `table`
    * @param table   current candidate names per op
-   * @param options location and mode (environment by default)
+   * @param options the file and the mode
    */
   Cache(const Signature& device, PolicyTable table, const CacheOptions& options = {})
-      : table_(std::move(table)), sig_(device) {
+      : table_(std::move(table)), sig_(device), path_(options.path), mode_(options.mode) {
     sig_.policy_hash = policy_table_hash(table_);
-    bool valid = true;
-    mode_ = options.mode.has_value() ? *options.mode
-                                     : (options.use_environment ? mode_from_env(&valid) : Mode::kReadOnly);
-    path_ = resolve_cache_path(options.path, sig_.hash_hex(), options.use_environment);
-    if (!valid) warn("env:PROX_AUTOTUNE", "PROX_AUTOTUNE='" + detail::env_or_empty("PROX_AUTOTUNE") +
-                                              "' is not 0, 1 or 2; using read-only mode");
   }
   Cache(const Cache&) = delete;
   Cache& operator=(const Cache&) = delete;
@@ -893,104 +812,6 @@ class Cache {
     }
   }
 
-  /**
-   * @brief Persist: lock `<path>.lock`, re-read the file, merge (memory wins; the file's other
-   * valid rows are kept and adopted into memory), write a temporary file in the same directory,
-   * fsync, rename over the file. A file with another signature or format version is left alone
-   * (kErrorCacheIo, one warning); an unparsable one is renamed to `<path>.corrupt` first.
-   * No path: kErrorCacheIo (nothing to write to). Thread- and process-safe.
-   */
-  Status save() noexcept {
-#if defined(_WIN32)
-    return Status::kErrorCacheIo;
-#else
-    try {
-      if (path_.empty()) return Status::kErrorCacheIo;
-      std::lock_guard<std::mutex> save_lock(save_mutex_);
-      const std::string dir = detail::parent_dir(path_);
-      if (!detail::make_dirs(dir)) {
-        warn("io:" + path_, "cannot create directory '" + dir + "' for " + path_ + ": " + std::strerror(errno));
-        return Status::kErrorCacheIo;
-      }
-      const std::string lock_path = path_ + ".lock";
-      const int lock_fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-      if (lock_fd < 0) {
-        warn("io:" + path_, "cannot open lock file " + lock_path + ": " + std::strerror(errno));
-        return Status::kErrorCacheIo;
-      }
-      struct FdCloser {
-        int fd;
-        ~FdCloser() {
-          ::flock(fd, LOCK_UN);
-          ::close(fd);
-        }
-      } closer{lock_fd};
-      while (::flock(lock_fd, LOCK_EX) != 0) {
-        if (errno != EINTR) {
-          warn("io:" + path_, "cannot lock " + lock_path + ": " + std::strerror(errno));
-          return Status::kErrorCacheIo;
-        }
-      }
-      LoadReport rep;
-      detail::Map file_entries;
-      const Status read_st = read_and_parse(&rep, &file_entries);
-      if (read_st != Status::kSuccess) return read_st;  // unreadable: do not clobber what we cannot read
-      report_load_problems(rep);  // at most once per file and problem (same tags as load())
-      if (rep.state == FileState::kSignatureMismatch || rep.state == FileState::kVersionMismatch) {
-        set_last_load(rep);
-        return Status::kErrorCacheIo;
-      }
-      if (rep.state == FileState::kCorrupt) {
-        const std::string aside = path_ + ".corrupt";
-        if (::rename(path_.c_str(), aside.c_str()) != 0) {
-          warn("io:" + path_, "cannot move corrupt " + path_ + " aside: " + std::strerror(errno));
-          return Status::kErrorCacheIo;
-        }
-      }
-      // Merge: file rows first, then memory on top (memory wins).
-      const std::shared_ptr<const detail::Map> mem = snapshot_.load();
-      detail::Map merged = file_entries;
-      for (const auto& [k, v] : *mem) merged[k] = v;
-      const std::string text = detail::format_cache_text(sig_, merged);
-      const std::string tmp =
-          path_ + ".tmp." + std::to_string(static_cast<long long>(::getpid())) + "." + std::to_string(++tmp_counter_);
-      const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-      if (fd < 0) {
-        warn("io:" + path_, "cannot create " + tmp + ": " + std::strerror(errno));
-        return Status::kErrorCacheIo;
-      }
-      bool ok = true;
-      std::size_t done = 0;
-      while (ok && done < text.size()) {
-        const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) ok = false;
-        else done += static_cast<std::size_t>(n);
-      }
-      ok = ok && ::fsync(fd) == 0;
-      ok = (::close(fd) == 0) && ok;
-      ok = ok && ::rename(tmp.c_str(), path_.c_str()) == 0;
-      if (!ok) {
-        const int e = errno;
-        ::unlink(tmp.c_str());
-        warn("io:" + path_, "cannot write " + path_ + ": " + std::strerror(e));
-        return Status::kErrorCacheIo;
-      }
-      // Make the rename durable (best effort).
-      const int dfd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_CLOEXEC);
-      if (dfd >= 0) {
-        (void)::fsync(dfd);
-        ::close(dfd);
-      }
-      merge_into_memory(file_entries, &rep);
-      set_last_load(rep);
-      return Status::kSuccess;
-    } catch (...) {
-      return Status::kErrorCacheIo;
-    }
-#endif
-  }
-
   //! The entry of `key`, if any (lock-free; never blocks on tuning or I/O).
   std::optional<Entry> find(const Key& key) const noexcept {
     try {
@@ -1003,7 +824,8 @@ class Cache {
     }
   }
 
-  //! Index of the cached policy of `key` in the op's current list, or -1 on a miss (lock-free).
+  //! Index of the cached policy of `key` in the op's list of this cache's table, or -1 on a miss
+  //! (lock-free). The one name -> index mapping: choose() uses it with the compiled table.
   int index_of(const Key& key) const noexcept {
     const std::optional<Entry> e = find(key);
     if (!e) return -1;
@@ -1020,8 +842,9 @@ class Cache {
   }
 
   /**
-   * @brief Insert an entry (memory only; save() persists). If the key is already present the
-   * existing entry is kept (choices are fixed for the Cache's lifetime) and *inserted is false.
+   * @brief Insert an entry (memory only; the prox_tuning library's save() persists). If the key is
+   * already present the existing entry is kept (choices are fixed for the Cache's lifetime) and
+   * *inserted is false.
    * @return kErrorInvalidArgument for an unknown op/policy, a bad key or non-finite timings.
    */
   Status record(const Key& key, const Entry& entry, bool* inserted = nullptr) noexcept {
@@ -1069,14 +892,27 @@ class Cache {
     return last_warning_;
   }
 
-  //! Serializes GPU timing (the tuner holds it while it measures).
+  //! Serializes GPU timing (the tuner holds it while it measures; choose() while its handler runs).
   std::mutex& tuning_mutex() noexcept { return tuning_mutex_; }
+
+  //! Install the handler choose() calls for misses in mode 2 (empty: misses stay -1). Thread-safe.
+  void set_miss_handler(MissHandler handler) {
+    std::lock_guard<std::mutex> lock(handler_mutex_);
+    miss_handler_ = std::move(handler);
+  }
+  //! A copy of the installed miss handler (empty if none).
+  MissHandler miss_handler() const {
+    std::lock_guard<std::mutex> lock(handler_mutex_);
+    return miss_handler_;
+  }
 
   //! Count a miss that could not be tuned because the stream was capturing (mode 2).
   void count_capture_miss() noexcept { capture_misses_.fetch_add(1, std::memory_order_relaxed); }
   std::uint64_t capture_misses() const noexcept { return capture_misses_.load(std::memory_order_relaxed); }
 
  private:
+  friend class CacheWriter;
+
   //! Read + parse the file (no locks on memory). Fills *rep (state and counts) and *entries.
   Status read_and_parse(LoadReport* rep, detail::Map* entries) {
     *rep = LoadReport{};
@@ -1157,6 +993,7 @@ class Cache {
     last_load_ = rep;
   }
 
+  //! Emit `message` unless a warning with this `tag` was emitted before.
   void warn(const std::string& tag, const std::string& message) noexcept {
     try {
       {
@@ -1172,19 +1009,19 @@ class Cache {
 
   const PolicyTable table_;
   Signature sig_;
-  Mode mode_ = Mode::kReadOnly;
-  std::string path_;
+  const std::string path_;
+  const Mode mode_;
   detail::AtomicSharedPtr<detail::Map> snapshot_;
   std::mutex update_mutex_;
-  std::mutex save_mutex_;
   std::mutex tuning_mutex_;
+  mutable std::mutex handler_mutex_;
+  MissHandler miss_handler_;
   mutable std::mutex warn_mutex_;
   std::set<std::string> warned_;
   std::string last_warning_;
   LoadReport last_load_;
   std::atomic<int> warnings_{0};
   std::atomic<std::uint64_t> capture_misses_{0};
-  unsigned long long tmp_counter_ = 0;
 };
 
 }  // namespace tuning

@@ -18,9 +18,9 @@
 #include <vector>
 
 #include <prox/sparse_ffn.cuh>
-#include <prox/tuning/cache.hpp>
-#include <prox/tuning/tune.cuh>
+#include <prox/tuning/choose.cuh>
 #include <prox_support/cli.hpp>
+#include <prox_tuning/tune.hpp>
 
 namespace pt = prox::tuning;
 
@@ -296,7 +296,7 @@ int main(int argc, char** argv) {
     fmt::print(stderr, "prox-tune: cannot use device {}\n", args.device);
     return 1;
   }
-  pt::CacheOptions copts;
+  pt::OpenOptions copts;
   copts.path = args.out;
   copts.mode = pt::Mode::kReadOnly;  // the tool tunes explicitly, whatever PROX_AUTOTUNE says
   std::unique_ptr<pt::Cache> cache;
@@ -311,14 +311,18 @@ int main(int argc, char** argv) {
   {
     // An empty cache: what is measured now replaces the file's rows of the same keys when merged.
     int device = 0;
-    cudaGetDevice(&device);
     pt::Signature sig;
-    const prox::Status st = pt::query_signature(device, &sig);
+    const prox::Status st = cudaGetDevice(&device) == cudaSuccess ? pt::query_signature(device, &sig)
+                                                                   : prox::Status::kErrorNoDevice;
     if (st != prox::Status::kSuccess) {
       fmt::print(stderr, "prox-tune: {}\n", prox::to_string(st));
       return 1;
     }
-    cache = std::make_unique<pt::Cache>(sig, pt::policy_table(), copts);
+    cache = pt::make_cache(sig, pt::policy_table(), copts);
+    if (cache == nullptr) {
+      fmt::print(stderr, "prox-tune: out of memory\n");
+      return 1;
+    }
   }
   const pt::Signature& sig = cache->signature();
   fmt::print("prox-tune: {} (sm_{}{}, {} SMs, L2 {} MiB), CUDA runtime {}, prox {}, policy table {}\n", sig.gpu_name,
@@ -343,11 +347,11 @@ int main(int argc, char** argv) {
     if (args.f16) run.tune_dtype<__half>(s);
     if (args.bf16) run.tune_dtype<__nv_bfloat16>(s);
   }
-  cudaStreamDestroy(stream);
+  (void)cudaStreamDestroy(stream);
 
   fmt::print("prox-tune: {} keys tuned, {} entries in memory, {} problems\n", run.keys, cache->size(), run.failures);
   if (args.dry_run) return run.failures == 0 ? 0 : 1;
-  const prox::Status st = cache->save();
+  const prox::Status st = pt::save(*cache);
   if (st != prox::Status::kSuccess) {
     fmt::print(stderr, "prox-tune: could not write {}: {}{}\n", cache->path(), prox::to_string(st),
                cache->last_warning().empty() ? "" : " (" + cache->last_warning() + ")");

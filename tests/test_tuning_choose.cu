@@ -1,0 +1,171 @@
+// SPDX-License-Identifier: Apache-2.0
+//! @file test_tuning_choose.cu  Host tests of <prox/tuning/choose.cuh> (include/ only, no GPU needed):
+//! the keys of prox's ops, this build's policy table, and choose<Ffn>(), which fills exactly the
+//! PolicyChoice fields of the Stage-2 form the plan runs, by lookup, and hands misses to the cache's
+//! miss handler in mode 2 (never during capture).
+#include "catch.hpp"
+
+#include <cuda_runtime.h>
+
+#include <string>
+#include <vector>
+
+#include <prox/sparse_ffn.cuh>
+#include <prox/tuning/choose.cuh>
+
+namespace pt = prox::tuning;
+
+namespace {
+
+using Ffn = prox::SparseFfn<__half, prox::SiLU>;
+
+pt::Signature test_signature() {
+  pt::Signature s;
+  s.gpu_name = "Test GPU";
+  s.sm_count = 132;
+  s.cc_major = 9;
+  return s;
+}
+
+pt::CacheOptions in_memory(pt::Mode mode) {
+  pt::CacheOptions o;
+  o.mode = mode;
+  return o;
+}
+
+//! Record policy `index` of `Op`'s list for `key`.
+template <class Op>
+void record(pt::Cache& c, const pt::Key& key, int index) {
+  const auto names = pt::policy_names<typename Op::Policies>();
+  REQUIRE(c.record(key, {names.at(static_cast<std::size_t>(index)), 5.0, 4.9, 5.1, 20}) == prox::Status::kSuccess);
+}
+
+}  // namespace
+
+TEST_CASE("tuning choose: the keys of prox's ops", "[tuning]") {
+  const pt::Key p = pt::op_key<prox::ProxyGemvOp<__half, prox::SiLU, prox::Int4Weights>>(4096, 12288, 0.3);
+  CHECK(p.op == "proxy_gemv");
+  CHECK(p.dtype == "f16");
+  CHECK(p.weights == "int4v1");
+  CHECK(p.act == "silu");
+  CHECK(p.d_model == 4096);
+  CHECK(p.d_ff == 12288);
+  CHECK(p.density16 == 5);
+  CHECK(p.batch == 1);
+  const pt::Key d =
+      pt::op_key<prox::ProxyGemvOp<__nv_bfloat16, prox::GeluTanh, prox::DenseWeights<__nv_bfloat16>>>(64, 128, 1.0);
+  CHECK(d.op == "proxy_gemv_dense");
+  CHECK(d.weights == "bf16");
+  CHECK(d.act == "gelu_tanh");
+  CHECK(d.density16 == 16);
+  const pt::Key t = pt::op_key<prox::ThresholdOp<__half>>(5120, 999, 0.45);
+  CHECK(t.op == "threshold");
+  CHECK(t.weights == "-");
+  CHECK(t.act == "-");
+  CHECK(t.d_model == 5120);
+  CHECK(t.d_ff == 0);  // the threshold op has no d_ff
+  CHECK(t.density16 == 8);
+  CHECK(pt::op_key<prox::DownGemvOp<__half>>(64, 128, 0.0).act == "-");
+  CHECK(pt::op_key<prox::GluGemvOp<__half, prox::SiLU>>(64, 128, 0.3).op == "glu_gemv");
+  CHECK(pt::op_key<prox::GluDownGemvOp<__half, prox::SiLU>>(64, 128, 0.3).op == "glu_down_gemv");
+}
+
+TEST_CASE("tuning choose: the policy table holds every tuned candidate list", "[tuning]") {
+  const pt::PolicyTable t = pt::policy_table();
+  CHECK(t.size() == 6);
+  CHECK(t.at("threshold") == pt::policy_names<prox::ThresholdPolicies>());
+  CHECK(t.at("proxy_gemv") == pt::policy_names<prox::ProxyGemvPolicies>());
+  CHECK(t.at("proxy_gemv_dense") == pt::policy_names<prox::DenseProxyGemvPolicies>());
+  CHECK(t.at("glu_gemv") == pt::policy_names<prox::GluGemvPolicies>());
+  CHECK(t.at("down_gemv") == pt::policy_names<prox::DownGemvPolicies>());
+  CHECK(t.at("glu_down_gemv") == pt::policy_names<prox::GluDownGemvPolicies>());
+  // Ffn's lists are the table's: a name maps back to the index plan() dispatches on.
+  CHECK(Ffn::GluDownPolicies::kSize == static_cast<int>(t.at("glu_down_gemv").size()));
+}
+
+TEST_CASE("tuning choose: fills the fields of the Stage-2 form the plan runs", "[tuning]") {
+  pt::Cache c(test_signature(), pt::policy_table(), in_memory(pt::Mode::kReadOnly));
+  const Ffn::Config cfg{512, 2048, 0.75f, 0.0f};
+  record<Ffn::Stage1Op>(c, pt::op_key<Ffn::Stage1Op>(512, 2048, 0.5), 2);
+  record<Ffn::FusedStage2Op>(c, pt::op_key<Ffn::FusedStage2Op>(512, 2048, 0.3), 1);
+  record<Ffn::GluOp>(c, pt::op_key<Ffn::GluOp>(512, 2048, 0.3), 2);
+  record<Ffn::DownOp>(c, pt::op_key<Ffn::DownOp>(512, 2048, 0.3), 1);
+
+  Ffn::PlanOptions fused;  // the default plan fuses Stage 2
+  REQUIRE(fused.fuse_stage2);
+  fused.choice.glu = 7;                                                            // stale values are reset
+  REQUIRE(pt::choose<Ffn>(c, cfg, 0.45, 0.26, &fused) == prox::Status::kSuccess);  // buckets 8 and 5
+  CHECK(fused.choice.proxy == 2);
+  CHECK(fused.choice.glu_down == 1);
+  CHECK(fused.choice.glu == -1);
+  CHECK(fused.choice.down == -1);
+
+  Ffn::PlanOptions unfused;
+  unfused.fuse_stage2 = false;
+  REQUIRE(pt::choose<Ffn>(c, cfg, 0.5, 0.3, &unfused) == prox::Status::kSuccess);
+  CHECK(unfused.choice.proxy == 2);
+  CHECK(unfused.choice.glu == 2);
+  CHECK(unfused.choice.down == 1);
+  CHECK(unfused.choice.glu_down == -1);
+
+  Ffn::PlanOptions miss;
+  REQUIRE(pt::choose<Ffn>(c, cfg, 0.2, 0.9, &miss) == prox::Status::kSuccess);  // read-only: misses stay -1
+  CHECK(miss.choice.proxy == -1);
+  CHECK(miss.choice.glu_down == -1);
+  CHECK(pt::choose<Ffn>(c, cfg, 0.5, 0.3, nullptr) == prox::Status::kErrorNullPointer);
+
+  pt::Cache off(test_signature(), pt::policy_table(), in_memory(pt::Mode::kOff));
+  record<Ffn::Stage1Op>(off, pt::op_key<Ffn::Stage1Op>(512, 2048, 0.5), 2);
+  Ffn::PlanOptions o;
+  REQUIRE(pt::choose<Ffn>(off, cfg, 0.5, 0.3, &o) == prox::Status::kSuccess);
+  CHECK(o.choice.proxy == -1);  // off: the defaults, even with an entry
+}
+
+TEST_CASE("tuning choose: mode 2 hands the misses to the miss handler, never during capture", "[tuning]") {
+  pt::Cache c(test_signature(), pt::policy_table(), in_memory(pt::Mode::kTuneOnMiss));
+  const Ffn::Config cfg{512, 2048, 0.75f, 0.0f};
+  record<Ffn::Stage1Op>(c, pt::op_key<Ffn::Stage1Op>(512, 2048, 0.5), 3);  // a hit: not handed on
+  Ffn::PlanOptions opts;
+  REQUIRE(pt::choose<Ffn>(c, cfg, 0.5, 0.3, &opts) == prox::Status::kSuccess);  // no handler: a miss stays -1
+  CHECK(opts.choice.proxy == 3);
+  CHECK(opts.choice.glu_down == -1);
+  CHECK(c.capture_misses() == 0);
+
+  std::vector<pt::Key> handed;
+  c.set_miss_handler([&](pt::Cache& cache, const std::vector<pt::Key>& missing, cudaStream_t) {
+    handed.insert(handed.end(), missing.begin(), missing.end());
+    for (const pt::Key& k : missing) {
+      const auto names = cache.policies().at(k.op);
+      PROX_RETURN_IF_ERROR(cache.record(k, {names.back(), 1.0, 1.0, 1.0, 20}));
+    }
+    return prox::Status::kSuccess;
+  });
+  REQUIRE(pt::choose<Ffn>(c, cfg, 0.5, 0.3, &opts) == prox::Status::kSuccess);
+  if (pt::check_not_capturing(nullptr) == prox::Status::kSuccess) {  // a device: the handler tunes
+    REQUIRE(handed.size() == 1);
+    CHECK(handed[0] == pt::op_key<Ffn::FusedStage2Op>(512, 2048, 0.3));
+    CHECK(opts.choice.glu_down == Ffn::GluDownPolicies::kSize - 1);
+    CHECK(c.capture_misses() == 0);
+  } else {  // no device: the capture state cannot be read, so nothing is tuned; the miss is counted
+    CHECK(handed.empty());
+    CHECK(opts.choice.glu_down == -1);
+    CHECK(c.capture_misses() == 1);
+  }
+  CHECK(opts.choice.proxy == 3);
+}
+
+TEST_CASE("tuning choose: open_cache reads a file by its path without the tuning library", "[tuning]") {
+  std::unique_ptr<pt::Cache> cache;
+  pt::CacheOptions o;
+  o.path = "/nonexistent/prox-test.tsv";
+  CHECK(pt::open_cache(nullptr, o) == prox::Status::kErrorNullPointer);
+  const prox::Status st = pt::open_cache(&cache, o);
+  if (st == prox::Status::kSuccess) {  // a device: a missing file is fine
+    REQUIRE(cache != nullptr);
+    CHECK(cache->last_load().state == pt::FileState::kMissing);
+    CHECK(cache->policies() == pt::policy_table());
+  } else {
+    CHECK(st == prox::Status::kErrorNoDevice);
+    CHECK(cache == nullptr);
+  }
+}

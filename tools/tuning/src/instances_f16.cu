@@ -1,0 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+//! @file instances_f16.cu  The tuner of the f16 ops without an activation (threshold, down GEMV).
+#include "instances.cuh"
+
+PROX_TUNING_INSTANTIATE_TYPE(__half)
