@@ -54,5 +54,5 @@ for op in ('sparse_ffn', 'proxy_values', 'pack_int4', 'transpose', 'plan_ffn'):
     assert hasattr(torch.ops.prox, op), op
 print('prox python: import ok, torch', torch.__version__)
 "
+echo "prox python: ready in $((SECONDS - start)) s; pytest (its summary is the last line)"
 "$py" -m pytest -q -p no:cacheprovider python/tests
-echo "prox python: done in $((SECONDS - start)) s"
