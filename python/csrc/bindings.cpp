@@ -1,0 +1,488 @@
+// SPDX-License-Identifier: Apache-2.0
+//! @file bindings.cpp  prox's torch custom ops (namespace `prox`): schemas, CUDA kernels and the
+//! plan cache. The fake (meta) kernels live in Python (prox/_ops.py, torch.library.register_fake),
+//! so torch.compile can trace the ops; every CUDA kernel here validates its inputs before launching
+//! anything, allocates only its outputs (torch's caching allocator, graph-safe), never synchronizes
+//! and runs on the current stream, so the FFN op can be captured in a CUDA graph.
+//!
+//! The workspace is declared mutable (Tensor(a!)): the kernels write its scratch regions (mask, s,
+//! split-K partials) and stamp its header, though they leave its sync words as they found them.
+//! torch.compile then orders the layers that share one workspace and keeps it in place.
+#include <Python.h>
+
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include <array>
+#include <cstdint>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "ffn_api.h"
+
+namespace prox_ext {
+namespace {
+
+// ---------------------------------------------------------------- checks
+
+const char* status_name(prox::Status s) { return prox::to_string(s); }
+
+void check_status(prox::Status s, const char* what) {
+  TORCH_CHECK(s == prox::Status::kSuccess, "prox: ", what, " failed: ", status_name(s));
+}
+
+bool aligned(const at::Tensor& t, std::uintptr_t a) {
+  return reinterpret_cast<std::uintptr_t>(t.data_ptr()) % a == 0;
+}
+
+void check_tensor(const at::Tensor& t, const char* name, const at::Device& dev, at::ScalarType dtype,
+                  std::uintptr_t alignment) {
+  TORCH_CHECK_VALUE(t.defined(), "prox: ", name, " is undefined");
+  TORCH_CHECK_VALUE(!dev.is_cuda() || t.is_cuda(), "prox: ", name, " must be a CUDA tensor (it is on ", t.device(),
+                    ")");
+  TORCH_CHECK_VALUE(t.device() == dev, "prox: ", name, " is on ", t.device(), ", the layer's tensors on ", dev);
+  TORCH_CHECK_TYPE(t.scalar_type() == dtype, "prox: ", name, " must be ", dtype, " (it is ", t.scalar_type(), ")");
+  TORCH_CHECK_VALUE(t.is_contiguous(), "prox: ", name, " must be contiguous");
+  TORCH_CHECK_VALUE(aligned(t, alignment), "prox: ", name, " must be ", alignment, "-byte aligned (data_ptr ",
+                    t.data_ptr(), ")");
+}
+
+void check_shape(const at::Tensor& t, const char* name, at::IntArrayRef shape) {
+  TORCH_CHECK_VALUE(t.sizes() == shape, "prox: ", name, " must have shape ", shape, " (it has ", t.sizes(), ")");
+}
+
+DType dtype_of(const at::Tensor& w, const char* name) {
+  if (w.scalar_type() == at::kHalf) return DType::kHalf;
+  if (w.scalar_type() == at::kBFloat16) return DType::kBFloat16;
+  TORCH_CHECK_TYPE(false, "prox: ", name, " must be float16 or bfloat16 (it is ", w.scalar_type(), ")");
+  return DType::kHalf;
+}
+
+Act act_of(int64_t act) {
+  TORCH_CHECK_VALUE(act == 0 || act == 1, "prox: act must be 0 (SiLU) or 1 (GeLU tanh), got ", act);
+  return static_cast<Act>(act);
+}
+
+//! options = [flags, proxy, glu, down, glu_down]; flags: 1 pdl, 2 cluster, 4 fuse_stage2, 8 spread,
+//! 16 cooperative (prox/_ops.py builds it from PlanOptions).
+PlanFlags flags_of(at::IntArrayRef o) {
+  TORCH_CHECK_VALUE(o.size() == 5, "prox: options must have 5 entries [flags, proxy, glu, down, glu_down], got ",
+                    o.size());
+  TORCH_CHECK_VALUE(o[0] >= 0 && o[0] < 32, "prox: option flags out of range: ", o[0]);
+  PlanFlags f;
+  f.pdl = (o[0] & 1) != 0;
+  f.cluster = (o[0] & 2) != 0;
+  f.fuse_stage2 = (o[0] & 4) != 0;
+  f.spread = (o[0] & 8) != 0;
+  f.cooperative = (o[0] & 16) != 0;
+  for (int i = 1; i < 5; ++i) TORCH_CHECK_VALUE(o[i] >= -1 && o[i] < 64, "prox: policy index out of range: ", o[i]);
+  f.proxy = static_cast<int>(o[1]);
+  f.glu = static_cast<int>(o[2]);
+  f.down = static_cast<int>(o[3]);
+  f.glu_down = static_cast<int>(o[4]);
+  return f;
+}
+
+//! Validates a layer's tensors (shapes, dtypes, devices, contiguity, alignment) and describes it.
+FfnDesc describe(const at::Tensor& w_gate, const at::Tensor& w_up, const at::Tensor& w_down_t,
+                 const at::Tensor& proxy_gate, const at::Tensor& scale_gate, const at::Tensor& proxy_up,
+                 const at::Tensor& scale_up, const at::Tensor& thresholds, int64_t act, at::IntArrayRef options) {
+  TORCH_CHECK_VALUE(w_gate.defined() && w_gate.dim() == 2, "prox: w_gate must be a 2-D [d_ff, d_model] tensor");
+  const at::Device dev = w_gate.device();
+  TORCH_CHECK_VALUE(dev.is_cuda(), "prox: w_gate must be a CUDA tensor (it is on ", dev, ")");
+  const at::ScalarType t = w_gate.scalar_type();
+  FfnDesc d;
+  d.dtype = dtype_of(w_gate, "w_gate");
+  d.act = act_of(act);
+  const int64_t d_ff = w_gate.size(0);
+  const int64_t d_model = w_gate.size(1);
+  TORCH_CHECK_VALUE(d_model >= 8 && d_model % 8 == 0 && d_model <= (1 << 20),
+                    "prox: d_model must be a multiple of 8 in [8, 2^20], got ", d_model);
+  TORCH_CHECK_VALUE(d_ff >= 32 && d_ff % 32 == 0 && d_ff <= (1 << 20),
+                    "prox: d_ff must be a multiple of 32 in [32, 2^20], got ", d_ff);
+  check_tensor(w_gate, "w_gate", dev, t, 16);
+  check_tensor(w_up, "w_up", dev, t, 16);
+  check_shape(w_up, "w_up", {d_ff, d_model});
+  check_tensor(w_down_t, "w_down_t", dev, t, 16);
+  check_shape(w_down_t, "w_down_t (W_down transposed)", {d_ff, d_model});
+  check_tensor(proxy_gate, "proxy_gate", dev, at::kInt, 16);
+  check_shape(proxy_gate, "proxy_gate", {d_model, d_ff / 8});
+  check_tensor(proxy_up, "proxy_up", dev, at::kInt, 16);
+  check_shape(proxy_up, "proxy_up", {d_model, d_ff / 8});
+  check_tensor(scale_gate, "scale_gate", dev, at::kFloat, 4);
+  check_shape(scale_gate, "scale_gate", {d_ff});
+  check_tensor(scale_up, "scale_up", dev, at::kFloat, 4);
+  check_shape(scale_up, "scale_up", {d_ff});
+  check_tensor(thresholds, "thresholds", dev, at::kFloat, 4);
+  check_shape(thresholds, "thresholds", {2});
+  d.d_model = static_cast<int>(d_model);
+  d.d_ff = static_cast<int>(d_ff);
+  d.gate = w_gate.data_ptr();
+  d.up = w_up.data_ptr();
+  d.down_t = w_down_t.data_ptr();
+  d.proxy_gate = static_cast<const std::uint32_t*>(proxy_gate.data_ptr());
+  d.scale_gate = scale_gate.data_ptr<float>();
+  d.proxy_up = static_cast<const std::uint32_t*>(proxy_up.data_ptr());
+  d.scale_up = scale_up.data_ptr<float>();
+  d.thresholds = thresholds.data_ptr<float>();
+  d.flags = flags_of(options);
+  return d;
+}
+
+void check_x(const at::Tensor& x, const FfnDesc& d, const at::Tensor& w_gate, bool tokens_allowed) {
+  check_tensor(x, "x", w_gate.device(), w_gate.scalar_type(), 16);
+  const bool one =
+      (x.dim() == 1 && x.size(0) == d.d_model) || (x.dim() == 2 && x.size(0) == 1 && x.size(1) == d.d_model);
+  if (tokens_allowed) {
+    TORCH_CHECK_VALUE(one || (x.dim() == 2 && x.size(1) == d.d_model),
+                      "prox: x must be [d_model] or [tokens, d_model] with d_model = ", d.d_model, " (it is ",
+                      x.sizes(), ")");
+  } else {
+    TORCH_CHECK_VALUE(x.dim() != 2 || x.size(0) == 1 || x.size(1) != d.d_model,
+                      "prox: sparse_ffn runs one token (batch-1 decoding); x has ", x.size(0),
+                      " rows: pass [d_model] or [1, d_model] (run several tokens one at a time)");
+    TORCH_CHECK_VALUE(one, "prox: x must be [d_model] or [1, d_model] with d_model = ", d.d_model, " (it is ",
+                      x.sizes(), ")");
+  }
+}
+
+void check_workspace(const at::Tensor& ws, const FfnDesc& d, const at::Device& dev) {
+  check_tensor(ws, "workspace", dev, at::kByte, 16);
+  const std::size_t need = workspace_bytes(d.d_model, d.d_ff);
+  TORCH_CHECK_VALUE(static_cast<std::size_t>(ws.numel()) >= need, "prox: workspace has ", ws.numel(),
+                    " bytes; this layer needs ", need, " (prox.workspace_bytes(", d.d_model, ", ", d.d_ff, "))");
+}
+
+// ---------------------------------------------------------------- plan cache
+
+//! Everything plan() reads: device, type, shape, pointers and options. A plan found under a key is
+//! valid for it whatever happened to the tensors since (it stores only these pointers and values).
+using Key = std::array<std::uintptr_t, 20>;
+
+Key key_of(const FfnDesc& d, int device) {
+  const PlanFlags& f = d.flags;
+  const std::uintptr_t bits = (f.pdl ? 1u : 0u) | (f.cluster ? 2u : 0u) | (f.fuse_stage2 ? 4u : 0u) |
+                              (f.spread ? 8u : 0u) | (f.cooperative ? 16u : 0u);
+  auto u = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p); };
+  auto i = [](int v) { return static_cast<std::uintptr_t>(static_cast<std::intptr_t>(v)); };
+  return Key{i(device), i(static_cast<int>(d.dtype)), i(static_cast<int>(d.act)), i(d.d_model), i(d.d_ff),
+             u(d.gate), u(d.up), u(d.down_t), u(d.proxy_gate), u(d.scale_gate), u(d.proxy_up), u(d.scale_up),
+             u(d.thresholds), bits, i(f.proxy), i(f.glu), i(f.down), i(f.glu_down), 0, 0};
+}
+
+struct KeyHash {
+  std::size_t operator()(const Key& k) const noexcept {
+    std::uint64_t h = 1469598103934665603ull;
+    for (std::uintptr_t v : k) {
+      h ^= static_cast<std::uint64_t>(v);
+      h *= 1099511628211ull;
+      h ^= h >> 29;
+    }
+    return static_cast<std::size_t>(h);
+  }
+};
+
+//! A bounded LRU of plans (a model holds one per layer; re-planned layers evict the oldest).
+class PlanCache {
+ public:
+  static constexpr std::size_t kCapacity = 4096;
+
+  std::shared_ptr<const FfnPlan> get(const FfnDesc& d, int device, cudaStream_t stream) {
+    const Key k = key_of(d, device);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = map_.find(k);
+      if (it != map_.end()) {
+        order_.splice(order_.begin(), order_, it->second.second);
+        return it->second.first;
+      }
+    }
+    // plan() reads device attributes and sets kernel attributes: not while a graph is captured.
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    TORCH_CHECK(cudaStreamIsCapturing(stream, &cs) == cudaSuccess, "prox: cudaStreamIsCapturing failed");
+    TORCH_CHECK(cs == cudaStreamCaptureStatusNone,
+                "prox: this layer has no plan yet and the stream is being captured; plan it before capture "
+                "(prox.PlannedFfn plans at construction, or run it once eagerly)");
+    std::unique_ptr<FfnPlan> p;
+    check_status(make_plan(d, &p), "SparseFfn::plan");
+    std::shared_ptr<const FfnPlan> sp(std::move(p));
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = map_.find(k);
+    if (it != map_.end()) return it->second.first;  // another thread planned it meanwhile
+    order_.push_front(k);
+    map_.emplace(k, std::make_pair(sp, order_.begin()));
+    if (map_.size() > kCapacity) {
+      map_.erase(order_.back());
+      order_.pop_back();
+    }
+    return sp;
+  }
+
+  std::size_t size() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return map_.size();
+  }
+  void clear() {
+    std::lock_guard<std::mutex> lock(mu_);
+    map_.clear();
+    order_.clear();
+  }
+
+ private:
+  std::mutex mu_;
+  std::list<Key> order_;
+  std::unordered_map<Key, std::pair<std::shared_ptr<const FfnPlan>, std::list<Key>::iterator>, KeyHash> map_;
+};
+
+PlanCache& cache() {
+  static PlanCache* c = new PlanCache();  // never destroyed: no CUDA calls at exit
+  return *c;
+}
+
+// ---------------------------------------------------------------- ops
+
+std::tuple<at::Tensor, at::Tensor> pack_int4_impl(const at::Tensor& w) {
+  TORCH_CHECK_VALUE(w.dim() == 2, "prox: pack_int4 takes a 2-D [d_ff, d_model] weight (nn.Linear layout), got ",
+                    w.sizes());
+  const DType t = dtype_of(w, "w");
+  check_tensor(w, "w", w.device(), w.scalar_type(), 2);
+  const int64_t d_ff = w.size(0), d_model = w.size(1);
+  TORCH_CHECK_VALUE(d_ff >= 32 && d_ff % 32 == 0 && d_ff <= (1 << 20),
+                    "prox: pack_int4 needs d_ff (rows) a multiple of 32 in [32, 2^20], got ", d_ff);
+  TORCH_CHECK_VALUE(d_model >= 1 && d_model <= (1 << 20), "prox: pack_int4 needs d_model (columns) in [1, 2^20], got ",
+                    d_model);
+  at::Tensor packed = at::empty({d_model, d_ff / 8}, w.options().dtype(at::kInt));
+  at::Tensor scales = at::empty({d_ff}, w.options().dtype(at::kFloat));
+  auto* qp = static_cast<std::uint32_t*>(packed.data_ptr());
+  prox::Status st;
+  if (w.is_cuda()) {
+    const c10::cuda::CUDAGuard guard(w.device());
+    st = pack_int4(t, w.data_ptr(), static_cast<int>(d_model), static_cast<int>(d_ff), qp, scales.data_ptr<float>(),
+                   at::cuda::getCurrentCUDAStream(w.device().index()));
+  } else {
+    st = pack_int4_host(t, w.data_ptr(), static_cast<int>(d_model), static_cast<int>(d_ff), qp,
+                        scales.data_ptr<float>());
+  }
+  TORCH_CHECK_VALUE(st != prox::Status::kErrorNonFiniteWeight, "prox: pack_int4: the weight holds NaN or Inf");
+  check_status(st, "int4::pack_device");
+  return {packed, scales};
+}
+
+at::Tensor transpose_impl(const at::Tensor& w) {
+  TORCH_CHECK_VALUE(w.dim() == 2, "prox: transpose takes a 2-D tensor, got ", w.sizes());
+  const DType t = dtype_of(w, "w");
+  check_tensor(w, "w", w.device(), w.scalar_type(), 2);
+  TORCH_CHECK_VALUE(w.size(0) >= 1 && w.size(1) >= 1 && w.size(0) < (int64_t(1) << 31) &&
+                        w.size(1) < (int64_t(1) << 31),
+                    "prox: transpose: bad shape ", w.sizes());
+  at::Tensor out = at::empty({w.size(1), w.size(0)}, w.options());
+  const int rows = static_cast<int>(w.size(0)), cols = static_cast<int>(w.size(1));
+  if (w.is_cuda()) {
+    const c10::cuda::CUDAGuard guard(w.device());
+    check_status(transpose(t, w.data_ptr(), rows, cols, out.data_ptr(),
+                           at::cuda::getCurrentCUDAStream(w.device().index())),
+                 "transpose_device");
+  } else {
+    check_status(transpose_host(t, w.data_ptr(), rows, cols, out.data_ptr()), "transpose_host");
+  }
+  return out;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sparse_ffn_cuda(
+    const at::Tensor& x, const at::Tensor& w_gate, const at::Tensor& w_up, const at::Tensor& w_down_t,
+    const at::Tensor& proxy_gate, const at::Tensor& scale_gate, const at::Tensor& proxy_up,
+    const at::Tensor& scale_up, const at::Tensor& thresholds, const at::Tensor& workspace, int64_t act,
+    at::IntArrayRef options, bool return_mask, bool return_s_proxy, bool return_s,
+    const std::optional<at::Tensor>& counters) {
+  const FfnDesc d = describe(w_gate, w_up, w_down_t, proxy_gate, scale_gate, proxy_up, scale_up, thresholds, act,
+                             options);
+  const at::Device dev = w_gate.device();
+  check_x(x, d, w_gate, false);
+  check_workspace(workspace, d, dev);
+  if (counters.has_value()) {
+    check_tensor(*counters, "counters", dev, at::kLong, 8);
+    check_shape(*counters, "counters", {4});
+  }
+  const c10::cuda::CUDAGuard guard(dev);
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream(dev.index());
+  const std::shared_ptr<const FfnPlan> plan = cache().get(d, dev.index(), stream);
+  const at::TensorOptions f32 = w_gate.options().dtype(at::kFloat);
+  at::Tensor y = at::empty_like(x);
+  at::Tensor mask = at::empty({return_mask ? d.d_ff / 32 : 0}, w_gate.options().dtype(at::kInt));
+  at::Tensor s_proxy = at::empty({return_s_proxy ? d.d_ff : 0}, f32);
+  at::Tensor s = at::empty({return_s ? d.d_ff : 0}, f32);
+  FfnOutputs out;
+  out.counters = counters.has_value() ? counters->data_ptr() : nullptr;
+  out.mask = return_mask ? static_cast<std::uint32_t*>(mask.data_ptr()) : nullptr;
+  out.s_proxy = return_s_proxy ? s_proxy.data_ptr<float>() : nullptr;
+  out.s = return_s ? s.data_ptr<float>() : nullptr;
+  check_status(plan->run(x.data_ptr(), y.data_ptr(), workspace.data_ptr(), static_cast<std::size_t>(workspace.numel()),
+                         stream, out),
+               "SparseFfn::run");
+  return {y, mask, s_proxy, s};
+}
+
+at::Tensor proxy_values_cuda(const at::Tensor& x, const at::Tensor& w_gate, const at::Tensor& w_up,
+                             const at::Tensor& w_down_t, const at::Tensor& proxy_gate, const at::Tensor& scale_gate,
+                             const at::Tensor& proxy_up, const at::Tensor& scale_up, const at::Tensor& thresholds,
+                             const at::Tensor& workspace, int64_t act, at::IntArrayRef options) {
+  const FfnDesc d = describe(w_gate, w_up, w_down_t, proxy_gate, scale_gate, proxy_up, scale_up, thresholds, act,
+                             options);
+  const at::Device dev = w_gate.device();
+  check_x(x, d, w_gate, true);
+  check_workspace(workspace, d, dev);
+  const c10::cuda::CUDAGuard guard(dev);
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream(dev.index());
+  const std::shared_ptr<const FfnPlan> plan = cache().get(d, dev.index(), stream);
+  const int64_t tokens = x.dim() == 1 ? 1 : x.size(0);
+  std::vector<int64_t> shape = x.dim() == 1 ? std::vector<int64_t>{d.d_ff} : std::vector<int64_t>{tokens, d.d_ff};
+  at::Tensor s = at::empty(shape, w_gate.options().dtype(at::kFloat));
+  const std::size_t row = static_cast<std::size_t>(d.d_model) * x.element_size();
+  const char* xp = static_cast<const char*>(x.data_ptr());
+  for (int64_t t = 0; t < tokens; ++t) {
+    check_status(plan->run_proxy_values(xp + t * row, s.data_ptr<float>() + t * d.d_ff, workspace.data_ptr(),
+                                        static_cast<std::size_t>(workspace.numel()), stream),
+                 "SparseFfn::run_proxy_values");
+  }
+  return s;
+}
+
+std::vector<int64_t> plan_ffn_cuda(const at::Tensor& w_gate, const at::Tensor& w_up, const at::Tensor& w_down_t,
+                                   const at::Tensor& proxy_gate, const at::Tensor& scale_gate,
+                                   const at::Tensor& proxy_up, const at::Tensor& scale_up,
+                                   const at::Tensor& thresholds, int64_t act, at::IntArrayRef options) {
+  const FfnDesc d = describe(w_gate, w_up, w_down_t, proxy_gate, scale_gate, proxy_up, scale_up, thresholds, act,
+                             options);
+  const at::Device dev = w_gate.device();
+  const c10::cuda::CUDAGuard guard(dev);
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream(dev.index());
+  const std::shared_ptr<const FfnPlan> plan = cache().get(d, dev.index(), stream);
+  int p[4];
+  plan->policies(p);
+  return {p[0], p[1], p[2], p[3]};
+}
+
+void initialize_workspace_cuda(const at::Tensor& ws) {
+  check_tensor(ws, "workspace", ws.device(), at::kByte, 16);
+  const c10::cuda::CUDAGuard guard(ws.device());
+  check_status(initialize_workspace(ws.data_ptr(), static_cast<std::size_t>(ws.numel()),
+                                    at::cuda::getCurrentCUDAStream(ws.device().index())),
+               "initialize_workspace");
+}
+
+bool workspace_dirty_cuda(const at::Tensor& ws) {
+  check_tensor(ws, "workspace", ws.device(), at::kByte, 16);
+  TORCH_CHECK_VALUE(ws.numel() >= 16, "prox: workspace too small to hold a header");
+  const c10::cuda::CUDAGuard guard(ws.device());
+  bool dirty = false;
+  check_status(workspace_dirty(ws.data_ptr(), at::cuda::getCurrentCUDAStream(ws.device().index()), &dirty),
+               "read_workspace_status");
+  return dirty;
+}
+
+//! The CPU kernels of the CUDA-only ops: a clear error instead of the dispatcher's "no CPU kernel".
+[[noreturn]] void needs_cuda(const char* op) {
+  TORCH_CHECK_VALUE(false, "prox: ", op, " runs on CUDA tensors only (the layer's tensors are on the CPU)");
+  throw;  // unreachable
+}
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sparse_ffn_cpu(
+    const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+    const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t, at::IntArrayRef, bool, bool,
+    bool, const std::optional<at::Tensor>&) {
+  needs_cuda("sparse_ffn");
+}
+at::Tensor proxy_values_cpu(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                            const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                            const at::Tensor&, const at::Tensor&, int64_t, at::IntArrayRef) {
+  needs_cuda("proxy_values");
+}
+std::vector<int64_t> plan_ffn_cpu(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                  const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t,
+                                  at::IntArrayRef) {
+  needs_cuda("plan_ffn");
+}
+void initialize_workspace_cpu(const at::Tensor&) { needs_cuda("initialize_workspace"); }
+bool workspace_dirty_cpu(const at::Tensor&) { needs_cuda("workspace_dirty"); }
+
+int64_t workspace_bytes_op(int64_t d_model, int64_t d_ff) {
+  TORCH_CHECK_VALUE(d_model >= 8 && d_model % 8 == 0 && d_model <= (1 << 20),
+                    "prox: d_model must be a multiple of 8 in [8, 2^20], got ", d_model);
+  TORCH_CHECK_VALUE(d_ff >= 32 && d_ff % 32 == 0 && d_ff <= (1 << 20),
+                    "prox: d_ff must be a multiple of 32 in [32, 2^20], got ", d_ff);
+  return static_cast<int64_t>(workspace_bytes(static_cast<int>(d_model), static_cast<int>(d_ff)));
+}
+
+std::tuple<double, double> allocate_sparsity_op(double e) {
+  double s1 = 0.0, s2 = 0.0;
+  const prox::Status st = allocate_sparsity(e, &s1, &s2);
+  TORCH_CHECK_VALUE(st == prox::Status::kSuccess, "prox: allocate_sparsity(", e, "): ", status_name(st));
+  return {s1, s2};
+}
+
+std::string int4_layout_op() { return int4_layout_tag(); }
+
+int64_t plan_cache_size_op() { return static_cast<int64_t>(cache().size()); }
+void clear_plan_cache_op() { cache().clear(); }
+
+}  // namespace
+}  // namespace prox_ext
+
+TORCH_LIBRARY(prox, m) {
+  // The fake kernels (register_fake) are in this module; torch imports it when it needs them.
+  m.set_python_module("prox._ops");
+  m.def("pack_int4(Tensor w) -> (Tensor packed, Tensor scales)");
+  m.def("transpose(Tensor w) -> Tensor");
+  m.def(
+      "sparse_ffn(Tensor x, Tensor w_gate, Tensor w_up, Tensor w_down_t, Tensor proxy_gate, Tensor scale_gate, "
+      "Tensor proxy_up, Tensor scale_up, Tensor thresholds, Tensor(a!) workspace, int act, int[] options, "
+      "bool return_mask=False, bool return_s_proxy=False, bool return_s=False, Tensor(b!)? counters=None) "
+      "-> (Tensor y, Tensor mask, Tensor s_proxy, Tensor s)");
+  m.def(
+      "proxy_values(Tensor x, Tensor w_gate, Tensor w_up, Tensor w_down_t, Tensor proxy_gate, Tensor scale_gate, "
+      "Tensor proxy_up, Tensor scale_up, Tensor thresholds, Tensor(a!) workspace, int act, int[] options) -> Tensor");
+  m.def(
+      "plan_ffn(Tensor w_gate, Tensor w_up, Tensor w_down_t, Tensor proxy_gate, Tensor scale_gate, "
+      "Tensor proxy_up, Tensor scale_up, Tensor thresholds, int act, int[] options) -> int[]");
+  m.def("initialize_workspace(Tensor(a!) workspace) -> ()");
+  m.def("workspace_dirty(Tensor workspace) -> bool");
+  m.def("workspace_bytes(int d_model, int d_ff) -> int", &prox_ext::workspace_bytes_op);
+  m.def("allocate_sparsity(float e) -> (float, float)", &prox_ext::allocate_sparsity_op);
+  m.def("int4_layout() -> str", &prox_ext::int4_layout_op);
+  m.def("plan_cache_size() -> int", &prox_ext::plan_cache_size_op);
+  m.def("clear_plan_cache() -> ()", &prox_ext::clear_plan_cache_op);
+}
+
+TORCH_LIBRARY_IMPL(prox, CUDA, m) {
+  m.impl("pack_int4", &prox_ext::pack_int4_impl);
+  m.impl("transpose", &prox_ext::transpose_impl);
+  m.impl("sparse_ffn", &prox_ext::sparse_ffn_cuda);
+  m.impl("proxy_values", &prox_ext::proxy_values_cuda);
+  m.impl("plan_ffn", &prox_ext::plan_ffn_cuda);
+  m.impl("initialize_workspace", &prox_ext::initialize_workspace_cuda);
+  m.impl("workspace_dirty", &prox_ext::workspace_dirty_cuda);
+}
+
+// CPU: the host packer and transpose (bit-identical to the device ones), and clear errors for the rest.
+TORCH_LIBRARY_IMPL(prox, CPU, m) {
+  m.impl("pack_int4", &prox_ext::pack_int4_impl);
+  m.impl("transpose", &prox_ext::transpose_impl);
+  m.impl("sparse_ffn", &prox_ext::sparse_ffn_cpu);
+  m.impl("proxy_values", &prox_ext::proxy_values_cpu);
+  m.impl("plan_ffn", &prox_ext::plan_ffn_cpu);
+  m.impl("initialize_workspace", &prox_ext::initialize_workspace_cpu);
+  m.impl("workspace_dirty", &prox_ext::workspace_dirty_cpu);
+}
+
+// A Python module with no functions: `import prox._C` loads this library, whose static initializers
+// register the ops above (torch's recommended pattern for op-only extensions).
+PyMODINIT_FUNC PyInit__C(void) {  // default visibility (the rest of the module is hidden)
+  static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", "prox's torch custom ops (torch.ops.prox)",
+                                          -1, nullptr};
+  return PyModule_Create(&module_def);
+}

@@ -1,0 +1,97 @@
+// SPDX-License-Identifier: Apache-2.0
+//! @file ffn_api.h  The extension's torch-free interface to prox: what bindings.cpp (g++, torch
+//! headers) calls and the .cu files (nvcc, prox headers) define. Keeping torch out of the .cu files
+//! and the kernels out of bindings.cpp lets each be compiled by the compiler it needs, in parallel:
+//! one .cu file per layer type (prox's explicit-instantiation pattern), one file for the offline
+//! helpers.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include <prox/core/status.hpp>
+
+namespace prox_ext {
+
+enum class DType : int { kHalf = 0, kBFloat16 = 1 };
+enum class Act : int { kSiLU = 0, kGeluTanh = 1 };
+
+//! SparseFfn::PlanOptions, flattened (bit flags + the four policy indices, -1 = default).
+struct PlanFlags {
+  bool pdl = true;
+  bool cluster = false;
+  bool fuse_stage2 = true;
+  bool spread = true;
+  bool cooperative = true;
+  int proxy = -1, glu = -1, down = -1, glu_down = -1;
+};
+
+//! One layer as SparseFfn<T, Act, Int4Weights>::plan() sees it: device pointers, shape, options.
+//! Thresholds are always read from the device (Config::thresholds), so one plan serves every
+//! sparsity target.
+struct FfnDesc {
+  DType dtype = DType::kHalf;
+  Act act = Act::kSiLU;
+  int d_model = 0;
+  int d_ff = 0;
+  const void* gate = nullptr;
+  const void* up = nullptr;
+  const void* down_t = nullptr;
+  const std::uint32_t* proxy_gate = nullptr;
+  const float* scale_gate = nullptr;
+  const std::uint32_t* proxy_up = nullptr;
+  const float* scale_up = nullptr;
+  const float* thresholds = nullptr;  //!< device float[2] {tau_x, tau_s}
+  PlanFlags flags{};
+};
+
+//! SparseFfn::Outputs (device pointers, null = not wanted).
+struct FfnOutputs {
+  void* counters = nullptr;  //!< prox::SparsityCounters (4 x uint64)
+  std::uint32_t* mask = nullptr;
+  float* s_proxy = nullptr;
+  float* s = nullptr;
+};
+
+//! A planned layer of any of the four types.
+class FfnPlan {
+ public:
+  virtual ~FfnPlan() = default;
+  virtual prox::Status run(const void* x, void* y, void* workspace, std::size_t bytes, cudaStream_t stream,
+                           const FfnOutputs& out) const noexcept = 0;
+  virtual prox::Status run_proxy_values(const void* x, float* s_proxy, void* workspace, std::size_t bytes,
+                                        cudaStream_t stream) const noexcept = 0;
+  //! The policies plan() fixed: proxy, glu, down, glu_down (-1 where that Stage 2 is not planned).
+  virtual void policies(int out[4]) const noexcept = 0;
+};
+
+//! Plan a layer (reads the current device's attributes; not capturable).
+prox::Status make_plan(const FfnDesc& d, std::unique_ptr<FfnPlan>* out);
+
+// One factory per instantiated layer type (ffn_<dtype>_<act>.cu).
+prox::Status make_plan_f16_silu(const FfnDesc& d, std::unique_ptr<FfnPlan>* out);
+prox::Status make_plan_f16_gelu(const FfnDesc& d, std::unique_ptr<FfnPlan>* out);
+prox::Status make_plan_bf16_silu(const FfnDesc& d, std::unique_ptr<FfnPlan>* out);
+prox::Status make_plan_bf16_gelu(const FfnDesc& d, std::unique_ptr<FfnPlan>* out);
+
+// Offline helpers and workspace (offline.cu).
+std::size_t workspace_bytes(int d_model, int d_ff) noexcept;
+prox::Status pack_int4(DType t, const void* w, int d_model, int d_ff, std::uint32_t* packed, float* scales,
+                       cudaStream_t stream);
+prox::Status transpose(DType t, const void* in, int rows, int cols, void* out, cudaStream_t stream) noexcept;
+//! The host versions (int4::pack_host, transpose_host): CPU tensors, bit-identical to the device ones.
+prox::Status pack_int4_host(DType t, const void* w, int d_model, int d_ff, std::uint32_t* packed, float* scales);
+prox::Status transpose_host(DType t, const void* in, int rows, int cols, void* out);
+prox::Status initialize_workspace(void* ws, std::size_t bytes, cudaStream_t stream) noexcept;
+//! *dirty = whether a kernel found the workspace not ready since its initialization (synchronizes).
+prox::Status workspace_dirty(const void* ws, cudaStream_t stream, bool* dirty) noexcept;
+//! prox::allocate_sparsity with the paper's rule.
+prox::Status allocate_sparsity(double e, double* s1, double* s2) noexcept;
+//! The INT4 layout tag and version (int4_format.hpp).
+const char* int4_layout_tag() noexcept;
+int int4_layout_version() noexcept;
+
+}  // namespace prox_ext

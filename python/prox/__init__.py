@@ -1,0 +1,35 @@
+# SPDX-License-Identifier: Apache-2.0
+"""prox for PyTorch: the Prox sparse FFN (training-free activation sparsity for batch-1 decoding) as torch
+custom ops (``torch.ops.prox``), a planned layer object, a drop-in sparse MLP and sequential calibration.
+
+    import prox
+    cfg = prox.sparsify(model, 0.5, calib_ids)          # calibrate layer by layer, swap the MLPs
+    prox.save_thresholds("thresholds.json", cfg)        # once; later: prox.sparsify(model, 0.5, thresholds=...)
+    out = model.generate(ids, max_new_tokens=64)        # decode steps run Prox, prefill runs dense
+
+The pure-Python parts (allocation rule, calibration rule, torch reference, thresholds file) work without
+the compiled extension; the ops need it (prox.ops_available()).
+"""
+from ._ops import (ACTS, FfnOutputs, PlanOptions, allocate_sparsity_native, available as ops_available,
+                   clear_plan_cache, initialize_workspace, int4_layout, new_workspace, pack_int4, plan_cache_size,
+                   transpose, workspace_bytes, workspace_dirty)
+from .allocation import (ALPHA, StageSparsity, allocate_sparsity, effective_sparsity, max_effective_sparsity,
+                         split_candidates)
+from .calibration import Calibrator, LayerThresholds, ThresholdResult, calibrate_layer, quantile_threshold
+from .nn import SparseMLP, find_mlps, memory_report, set_mode, swap_mlps
+from .planned import PlannedFfn, new_counters, sparsity_report as counters_report
+from .sparsify import apply_thresholds, sparsify, sparsity_report
+from .thresholds import LayerRecord, ThresholdConfig, find_config, load_thresholds, save_thresholds
+from . import reference
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ACTS", "ALPHA", "Calibrator", "FfnOutputs", "LayerRecord", "LayerThresholds", "PlanOptions", "PlannedFfn",
+    "SparseMLP", "StageSparsity", "ThresholdConfig", "ThresholdResult", "allocate_sparsity",
+    "allocate_sparsity_native", "apply_thresholds", "calibrate_layer", "clear_plan_cache", "counters_report",
+    "effective_sparsity", "find_config", "find_mlps", "initialize_workspace", "int4_layout", "load_thresholds",
+    "max_effective_sparsity", "memory_report", "new_counters", "new_workspace", "ops_available", "pack_int4",
+    "plan_cache_size", "quantile_threshold", "reference", "save_thresholds", "set_mode", "sparsify",
+    "sparsity_report", "split_candidates", "swap_mlps", "transpose", "workspace_bytes", "workspace_dirty",
+]

@@ -1,0 +1,181 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Threshold calibration in torch, with the rule of prox::calib (include/prox/calibrate.cuh,
+docs/calibration.md), on any device:
+
+- a reservoir of at most ``capacity`` (200,000) finite samples of |v|: the samples with the smallest
+  priorities sample_priority(seed, position), position counting every sample since the reset (NaN/Inf
+  included, never kept). The priorities are the C++ calibrator's (splitmix64 of the position), so for the
+  same stream of samples the reservoir, and the threshold, are the same as prox::calib's;
+- tau = a[floor(s n)] over the sorted reservoir magnitudes a (+inf when that index is n); a value is kept
+  iff |v| >= tau. When ties at a[m] make the realized sparsity miss s by more than max(1/n, 0.01), the
+  nearer of a[m] and the next distinct magnitude is taken (the lower sparsity when equally far).
+
+calibrate_layer() is the paper's per-layer order: tau_x from the layer's inputs at s1, then tau_s from
+Stage 1's s~ computed under that tau_x, at s2.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+DEFAULT_CAPACITY = 200_000
+DEFAULT_SEED = 0x70726F7863616C69  # "proxcali", prox::calib::kDefaultSeed
+_CHUNK = 1 << 22
+
+_M64 = (1 << 64) - 1
+
+
+def _to_i64(v: int) -> int:
+    v &= _M64
+    return v - (1 << 64) if v >= (1 << 63) else v
+
+
+def mix64_int(z: int) -> int:
+    """splitmix64's finalizer on a Python int (prox::detail::mix64)."""
+    z &= _M64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
+    return z ^ (z >> 31)
+
+
+def _srl(z: torch.Tensor, k: int) -> torch.Tensor:
+    """Logical right shift of int64 bit patterns."""
+    return (z >> k) & ((1 << (64 - k)) - 1)
+
+
+def mix64(z: torch.Tensor) -> torch.Tensor:
+    """mix64 on int64 tensors holding uint64 bit patterns (two's-complement wrap-around products)."""
+    z = (z ^ _srl(z, 30)) * _to_i64(0xBF58476D1CE4E5B9)
+    z = (z ^ _srl(z, 27)) * _to_i64(0x94D049BB133111EB)
+    return z ^ _srl(z, 31)
+
+
+def sample_priority(seed: int, index: torch.Tensor) -> torch.Tensor:
+    """prox::calib::sample_priority as int64 bit patterns: mix64(index ^ mix64(seed)), ~0 mapped to ~0 - 1."""
+    p = mix64(index ^ _to_i64(mix64_int(seed)))
+    return torch.where(p == -1, torch.full_like(p, -2), p)
+
+
+def _ordered(p: torch.Tensor) -> torch.Tensor:
+    """int64 keys whose signed order is the unsigned order of the bit patterns."""
+    return p ^ _to_i64(1 << 63)
+
+
+@dataclass
+class ThresholdResult:
+    tau: float  #: kept iff |v| >= tau
+    target: float
+    realized: float  #: fraction of reservoir samples with |v| < tau
+    reservoir: int
+    seen: int
+    finite: int
+    nan: int
+    inf: int
+    reachable: bool  #: realized within max(1/n, 0.01) of target
+
+
+class Calibrator:
+    """Streams samples and returns the threshold of a target sparsity (prox::calib::ThresholdCalibrator's
+    rule). ``device`` is where the reservoir lives (the samples' device by default)."""
+
+    def __init__(self, capacity: int = DEFAULT_CAPACITY, seed: int = DEFAULT_SEED):
+        if capacity < 1:
+            raise ValueError("prox: capacity must be >= 1")
+        self.capacity = int(capacity)
+        self.seed = int(seed)
+        self.reset()
+
+    def reset(self) -> None:
+        self._keys = None  # ordered priorities of the reservoir, int64
+        self._vals = None  # |v| float32
+        self.seen = self.finite = self.nan = self.inf = 0
+
+    def add(self, samples: torch.Tensor) -> None:
+        """Add samples (any shape, flattened in row-major order, any float dtype)."""
+        flat = samples.detach().reshape(-1)
+        n = flat.numel()
+        for start in range(0, n, _CHUNK):
+            v = flat[start:start + _CHUNK].float()
+            m = v.numel()
+            finite = torch.isfinite(v)
+            nf = int(finite.sum())
+            nn_ = int(torch.isnan(v).sum())
+            self.finite += nf
+            self.nan += nn_
+            self.inf += m - nf - nn_
+            idx = torch.arange(self.seen, self.seen + m, dtype=torch.int64, device=v.device)
+            self.seen += m
+            keys = _ordered(sample_priority(self.seed, idx))[finite]
+            vals = v[finite].abs()
+            if self._keys is not None:
+                keys = torch.cat([self._keys.to(keys.device), keys])
+                vals = torch.cat([self._vals.to(vals.device), vals])
+            if keys.numel() > self.capacity:
+                keys, order = torch.topk(keys, self.capacity, largest=False, sorted=False)
+                vals = vals[order]
+            self._keys, self._vals = keys, vals
+
+    def magnitudes(self) -> torch.Tensor:
+        """The reservoir's |v|, sorted ascending."""
+        if self._vals is None:
+            return torch.empty(0)
+        return torch.sort(self._vals).values
+
+    def finalize(self, target: float) -> ThresholdResult:
+        if not (0.0 <= target <= 1.0):
+            raise ValueError(f"prox: target sparsity must be in [0, 1], got {target}")
+        if self.finite == 0:
+            raise ValueError("prox: no finite calibration sample")
+        a = self.magnitudes()
+        tau, realized, reachable = quantile_threshold(a, target)
+        return ThresholdResult(tau, target, realized, a.numel(), self.seen, self.finite, self.nan, self.inf, reachable)
+
+
+def quantile_threshold(a: torch.Tensor, target: float) -> tuple[float, float, bool]:
+    """(tau, realized, reachable) for sorted magnitudes a and target sparsity (the rule above)."""
+    n = a.numel()
+    m = min(max(int(math.floor(target * float(n))), 0), n)
+    if m == n:
+        return math.inf, 1.0, True if n else False
+    t = a[m]
+    lo = int(torch.searchsorted(a, t, right=False))
+    hi = int(torch.searchsorted(a, t, right=True))
+    tau, realized = float(t), lo / n
+    tol = max(1.0 / n, 0.01)
+    if abs(realized - target) > tol:
+        alt = hi / n
+        if abs(alt - target) < abs(realized - target):
+            tau, realized = (float(a[hi]) if hi < n else math.inf), alt
+    return tau, realized, abs(realized - target) <= tol
+
+
+@dataclass
+class LayerThresholds:
+    tau_x: float
+    tau_s: float
+    s1: float  #: target Stage-1 sparsity
+    s2: float  #: target Stage-2 sparsity
+    realized_s1: float  #: on the calibration samples
+    realized_s2: float
+    tokens: int
+    reachable: bool
+
+
+def calibrate_layer(x: torch.Tensor, s1: float, s2: float,
+                    proxy_values: Callable[[torch.Tensor, float], torch.Tensor], *, capacity: int = DEFAULT_CAPACITY,
+                    seed: int = DEFAULT_SEED, token_chunk: int = 1024) -> LayerThresholds:
+    """The paper's per-layer calibration (prox::calib::calibrate_layer): tau_x = quantile of |x| at s1 over
+    every input sample; then s~ = proxy_values(x_chunk, tau_x) (Stage 1 in values mode: the CUDA op or
+    prox.reference.proxy_values) and tau_s = quantile of |s~| at s2."""
+    x2 = x.reshape(-1, x.shape[-1])
+    cal = Calibrator(capacity, seed)
+    cal.add(x2)
+    rx = cal.finalize(s1)
+    cal.reset()
+    for t0 in range(0, x2.shape[0], token_chunk):
+        cal.add(proxy_values(x2[t0:t0 + token_chunk], rx.tau))
+    rs = cal.finalize(s2)
+    return LayerThresholds(rx.tau, rs.tau, s1, s2, rx.realized, rs.realized, x2.shape[0], rx.reachable and rs.reachable)

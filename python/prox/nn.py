@@ -1,0 +1,342 @@
+# SPDX-License-Identifier: Apache-2.0
+"""prox.nn.SparseMLP, a drop-in replacement for gated MLPs with gate_proj / up_proj / down_proj (Llama,
+Qwen2/Qwen3, Mistral: SwiGLU; Gemma: GeGLU with tanh-GELU), and the helpers that find, swap and
+describe them in a model.
+
+A decode step (one token) runs Prox: the CUDA op on fp16/bf16 CUDA tensors, or the torch reference of
+the method elsewhere. Several tokens (prefill) run the dense MLP through torch on the same weights
+(``prefill="dense"``, what a server does), or Prox on every token (``prefill="sparse"``: how the paper
+scores perplexity, and how calibration runs the layers it has finalized).
+
+Memory: the INT4 proxies of W_gate and W_up (d_model d_ff / 2 bytes each, + d_ff float32 scales) and
+W_down^T ([d_ff, d_model], the layout the sparse down GEMV reads). W_down itself is dropped unless
+``keep_down=True``: the dense path computes h @ W_down^T from the transposed copy (cuBLAS reads it as a
+transposed operand, no copy), so the only extra memory is the proxies (memory_report()).
+"""
+from __future__ import annotations
+
+from typing import Iterator, Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from . import _ops, reference
+from ._ops import PlanOptions
+
+#: Buffers that stay float32 whatever dtype the module is converted to (model.half(), .to(bf16)).
+_FLOAT32_BUFFERS = ("scale_gate", "scale_up", "thresholds")
+
+
+def detect_act(act_fn) -> str:
+    """'silu' or 'gelu_tanh' for an MLP's activation module/function, by evaluating it (names differ
+    across transformers versions: SiLU, SiLUActivation, GELUTanh, PytorchGELUTanh, ...)."""
+    g = torch.linspace(-6.0, 6.0, 97, dtype=torch.float32)
+    with torch.no_grad():
+        try:
+            v = act_fn(g).float()
+        except Exception as exc:  # noqa: BLE001
+            raise ValueError(f"prox: cannot evaluate the MLP's activation {act_fn!r}: {exc}") from exc
+    if torch.allclose(v, F.silu(g), atol=1e-5, rtol=1e-4):
+        return "silu"
+    if torch.allclose(v, F.gelu(g, approximate="tanh"), atol=1e-5, rtol=1e-4):
+        return "gelu_tanh"
+    if torch.allclose(v, F.gelu(g), atol=1e-5, rtol=1e-4):
+        raise ValueError("prox: the MLP uses exact (erf) GELU; prox implements SiLU and tanh-GELU only")
+    raise ValueError(f"prox: unsupported MLP activation {act_fn!r} (prox implements SiLU and tanh-GELU)")
+
+
+def is_gated_mlp(m: nn.Module) -> bool:
+    return all(isinstance(getattr(m, n, None), nn.Linear) and getattr(m, n).bias is None
+               for n in ("gate_proj", "up_proj", "down_proj")) and hasattr(m, "act_fn")
+
+
+def find_mlps(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """(qualified name, module) of every gated MLP or SparseMLP in the model, in registration (depth) order."""
+    return [(n, m) for n, m in model.named_modules() if isinstance(m, SparseMLP) or is_gated_mlp(m)]
+
+
+def _set_submodule(model: nn.Module, name: str, new: nn.Module) -> None:
+    parent, _, leaf = name.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, leaf, new)
+
+
+_SHARED_WORKSPACES: dict = {}
+
+
+def shared_workspace(d_model: int, d_ff: int, device: torch.device) -> torch.Tensor:
+    """One initialized workspace per (device, d_model, d_ff): prox lets every layer of a shape running on one
+    stream share it."""
+    key = (str(device), d_model, d_ff)
+    ws = _SHARED_WORKSPACES.get(key)
+    if ws is None:
+        ws = _SHARED_WORKSPACES[key] = _ops.new_workspace(d_model, d_ff, device)
+    return ws
+
+
+class SparseMLP(nn.Module):
+    """Prox for one gated MLP.
+
+    Args:
+        gate_proj, up_proj: the nn.Linear modules (kept, and shared with the dense path).
+        down_proj: the down projection's nn.Linear; its weight is transposed into ``down_t`` and dropped
+            unless keep_down=True.
+        act: "silu" or "gelu_tanh".
+        backend: "op" (CUDA op), "torch" (reference implementation, any device) or "auto" (the op for
+            fp16/bf16 CUDA tensors when the extension is loaded, else torch).
+        prefill: "dense" or "sparse" (what several tokens at once run).
+        tau_x, tau_s: thresholds; they live in the device tensor ``thresholds`` (set_thresholds()).
+        options: the op's PlanOptions.
+        track_sparsity: accumulate runtime sparsity counters (sparsity_report()).
+    """
+
+    def __init__(self, gate_proj: nn.Linear, up_proj: nn.Linear, down_proj: nn.Linear, act: str = "silu", *,
+                 backend: str = "auto", prefill: str = "dense", keep_down: bool = False, tau_x: float = 0.0,
+                 tau_s: float = 0.0, options: PlanOptions = PlanOptions(), workspace: Optional[torch.Tensor] = None,
+                 track_sparsity: bool = False):
+        super().__init__()
+        if backend not in ("auto", "op", "torch"):
+            raise ValueError(f"prox: backend must be 'auto', 'op' or 'torch', got {backend!r}")
+        if prefill not in ("dense", "sparse"):
+            raise ValueError(f"prox: prefill must be 'dense' or 'sparse', got {prefill!r}")
+        _ops.act_code(act)
+        w = gate_proj.weight
+        self.d_ff, self.d_model = (int(v) for v in w.shape)
+        if self.d_model % 8 or self.d_ff % 32:
+            raise ValueError(f"prox: d_model must be a multiple of 8 and d_ff of 32, got ({self.d_model}, {self.d_ff})")
+        if tuple(up_proj.weight.shape) != (self.d_ff, self.d_model) or \
+                tuple(down_proj.weight.shape) != (self.d_model, self.d_ff):
+            raise ValueError("prox: gate_proj, up_proj, down_proj shapes do not form a gated MLP")
+        self.act = act
+        self.backend = backend
+        self.prefill = prefill
+        self.options = options
+        self._options = options.encode()
+        self.act_code = _ops.act_code(act)
+        self.gate_proj = gate_proj
+        self.up_proj = up_proj
+        with torch.no_grad():
+            wd = down_proj.weight.detach()
+            use_op = wd.is_cuda and _ops.available() and wd.dtype in (torch.float16, torch.bfloat16)
+            down_t = _ops.transpose(wd.contiguous()) if use_op else wd.t().contiguous()
+            pack = _ops.pack_int4 if (_ops.available() and w.dtype in (torch.float16, torch.bfloat16)) \
+                else reference.pack_int4
+            pg, sg = pack(gate_proj.weight.detach().contiguous())
+            pu, su = pack(up_proj.weight.detach().contiguous())
+        self.keep_down = keep_down
+        self.down_proj = down_proj if keep_down else None
+        self.register_buffer("down_t", down_t, persistent=False)
+        self.register_buffer("proxy_gate", pg, persistent=False)
+        self.register_buffer("scale_gate", sg, persistent=False)
+        self.register_buffer("proxy_up", pu, persistent=False)
+        self.register_buffer("scale_up", su, persistent=False)
+        self.register_buffer("thresholds", torch.tensor([float(tau_x), float(tau_s)], dtype=torch.float32,
+                                                        device=w.device), persistent=False)
+        self.register_buffer("counters", torch.zeros(4, dtype=torch.int64, device=w.device) if track_sparsity
+                             else None, persistent=False)
+        if workspace is None and use_op:
+            workspace = shared_workspace(self.d_model, self.d_ff, w.device)
+        self.register_buffer("workspace", workspace, persistent=False)
+        self._q_cache = None  # unpacked proxies for the torch backend
+
+    @classmethod
+    def from_mlp(cls, mlp: nn.Module, act: Optional[str] = None, **kw) -> "SparseMLP":
+        """A SparseMLP around a model's gated MLP (its Linear modules are taken over, not copied)."""
+        if not is_gated_mlp(mlp):
+            raise TypeError(f"prox: {type(mlp).__name__} is not a gated MLP with gate_proj/up_proj/down_proj "
+                            "(bias-free nn.Linear) and act_fn")
+        return cls(mlp.gate_proj, mlp.up_proj, mlp.down_proj, act or detect_act(mlp.act_fn), **kw)
+
+    def extra_repr(self) -> str:
+        return (f"d_model={self.d_model}, d_ff={self.d_ff}, act={self.act}, backend={self.backend}, "
+                f"prefill={self.prefill}, keep_down={self.keep_down}")
+
+    # ------------------------------------------------------------ state
+
+    def _apply(self, fn, recurse=True):
+        # model.half() / .to(torch.bfloat16) must not round the float32 scales and thresholds.
+        keep = {k: self._buffers.pop(k) for k in _FLOAT32_BUFFERS}
+        super()._apply(fn, recurse)
+        for k, t in keep.items():
+            moved = fn(t)
+            self._buffers[k] = moved if moved.dtype == t.dtype else t.to(device=moved.device)
+        if self.workspace is not None and self.workspace.is_cuda and _ops.available():
+            _ops.initialize_workspace(self.workspace)
+        self._q_cache = None
+        return self
+
+    def set_thresholds(self, tau_x: float, tau_s: float) -> None:
+        """New thresholds, written into the device tensor every run reads (no re-plan, no re-capture)."""
+        if not (tau_x >= 0.0 and tau_s >= 0.0):
+            raise ValueError(f"prox: thresholds must be >= 0, got ({tau_x}, {tau_s})")
+        self.thresholds[0].fill_(float(tau_x))
+        self.thresholds[1].fill_(float(tau_s))
+
+    def get_thresholds(self) -> tuple[float, float]:
+        t = self.thresholds.tolist()
+        return float(t[0]), float(t[1])
+
+    def plan(self) -> Optional[list[int]]:
+        """Plan the op for the current tensors (outside graph capture; the first op call also plans)."""
+        if not self._use_op(self.gate_proj.weight):
+            return None
+        return list(torch.ops.prox.plan_ffn(*self._tensors(), self.act_code, self._options))
+
+    def reset_counters(self) -> None:
+        if self.counters is not None:
+            self.counters.zero_()
+
+    def sparsity_report(self) -> dict:
+        from .planned import sparsity_report
+        if self.counters is None:
+            raise RuntimeError("prox: build the SparseMLP with track_sparsity=True to count")
+        return sparsity_report(self.counters, self.d_model, self.d_ff)
+
+    def memory_bytes(self) -> dict:
+        """Bytes of what this layer adds to the dense MLP (proxies, scales, W_down^T), and of what it keeps."""
+        nb = lambda t: t.numel() * t.element_size()  # noqa: E731
+        extra = {"proxies": nb(self.proxy_gate) + nb(self.proxy_up), "scales": nb(self.scale_gate) + nb(self.scale_up),
+                 "w_down_t": nb(self.down_t) if self.keep_down else 0}
+        dense = nb(self.gate_proj.weight) + nb(self.up_proj.weight) + nb(self.down_t)
+        return {**extra, "extra_total": sum(extra.values()), "dense_mlp": dense}
+
+    # ------------------------------------------------------------ forward
+
+    def _tensors(self):
+        return (self.gate_proj.weight.detach(), self.up_proj.weight.detach(), self.down_t, self.proxy_gate,
+                self.scale_gate, self.proxy_up, self.scale_up, self.thresholds)
+
+    def _use_op(self, x: torch.Tensor) -> bool:
+        if self.backend == "torch":
+            return False
+        ok = x.is_cuda and _ops.available() and x.dtype in (torch.float16, torch.bfloat16)
+        if self.backend == "op" and not ok:
+            raise RuntimeError(f"prox: backend 'op' needs fp16/bf16 CUDA tensors and the extension "
+                               f"(x is {x.dtype} on {x.device}, extension loaded: {_ops.available()})")
+        return ok
+
+    def dense(self, x: torch.Tensor) -> torch.Tensor:
+        """The dense MLP on the same weights (prefill)."""
+        h = reference.activation(self.act)(self.gate_proj(x)) * self.up_proj(x)
+        if self.keep_down:
+            return self.down_proj(h)
+        return torch.matmul(h, self.down_t)
+
+    def _q(self):
+        if self._q_cache is None or self._q_cache[0].device != self.proxy_gate.device:
+            self._q_cache = (reference.unpack_int4(self.proxy_gate), reference.unpack_int4(self.proxy_up))
+        return self._q_cache
+
+    def sparse_reference(self, x2: torch.Tensor) -> torch.Tensor:
+        """Prox on every row of x2 [tokens, d_model] through the torch reference (fp32 math)."""
+        qg, qu = self._q()
+        tau_x, tau_s = self.thresholds[0], self.thresholds[1]
+        y, _, mask, _ = reference.prox_ffn(x2, self.gate_proj.weight, self.up_proj.weight, self.down_t, qg,
+                                           self.scale_gate, qu, self.scale_up, tau_x, tau_s, self.act,
+                                           return_all=True)
+        if self.counters is not None:
+            kept = (x2.float().abs() >= tau_x).sum()
+            c = torch.stack([torch.tensor(x2.shape[0], device=kept.device), kept, mask.sum(),
+                             torch.zeros((), dtype=torch.int64, device=kept.device)]).to(self.counters)
+            self.counters.add_(c)
+        return y
+
+    def sparse_op(self, x2: torch.Tensor) -> torch.Tensor:
+        """Prox on every row of x2 [tokens, d_model] through the CUDA op (one token per launch pair)."""
+        tensors = self._tensors()
+        rows = [torch.ops.prox.sparse_ffn(x2[t], *tensors, self.workspace, self.act_code, self._options,
+                                          False, False, False, self.counters)[0] for t in range(x2.shape[0])]
+        return rows[0].unsqueeze(0) if len(rows) == 1 else torch.stack(rows)
+
+    def proxy_values(self, x2: torch.Tensor, tau_x: float) -> torch.Tensor:
+        """Stage 1's s~ (float32 [tokens, d_ff]) under tau_x: the op's values mode, or the torch reference."""
+        if self._use_op(x2):
+            saved = self.thresholds.clone()
+            self.thresholds[0].fill_(float(tau_x))
+            s = torch.ops.prox.proxy_values(x2.contiguous(), *self._tensors(), self.workspace, self.act_code,
+                                            self._options)
+            self.thresholds.copy_(saved)
+            return s
+        qg, qu = self._q()
+        return reference.proxy_values(x2, qg, self.scale_gate, qu, self.scale_up, tau_x, self.act)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x2 = x.reshape(-1, self.d_model)
+        if x2.shape[0] > 1 and self.prefill == "dense":
+            return self.dense(x)
+        if not x2.is_contiguous():
+            x2 = x2.contiguous()
+        y = self.sparse_op(x2) if self._use_op(x2) else self.sparse_reference(x2)
+        return y.reshape(shape)
+
+
+def memory_report(model: nn.Module) -> dict:
+    """Extra memory of the model's SparseMLPs: bytes of proxies, scales and W_down^T copies, the workspaces
+    (each counted once), and the dense MLP weights for scale."""
+    tot = {"proxies": 0, "scales": 0, "w_down_t": 0, "dense_mlp": 0, "layers": 0}
+    ws = {}
+    for _, m in find_mlps(model):
+        if isinstance(m, SparseMLP):
+            r = m.memory_bytes()
+            for k in ("proxies", "scales", "w_down_t", "dense_mlp"):
+                tot[k] += r[k]
+            tot["layers"] += 1
+            if m.workspace is not None:
+                ws[m.workspace.data_ptr()] = m.workspace.numel()
+    tot["workspaces"] = sum(ws.values())
+    tot["extra_total"] = tot["proxies"] + tot["scales"] + tot["w_down_t"] + tot["workspaces"]
+    tot["extra_fraction_of_mlp"] = tot["extra_total"] / tot["dense_mlp"] if tot["dense_mlp"] else 0.0
+    return tot
+
+
+def sparse_mlps(model: nn.Module) -> Iterator[tuple[str, SparseMLP]]:
+    for n, m in model.named_modules():
+        if isinstance(m, SparseMLP):
+            yield n, m
+
+
+def set_mode(model: nn.Module, *, prefill: Optional[str] = None, backend: Optional[str] = None) -> None:
+    """Set every SparseMLP's prefill mode and/or backend."""
+    for _, m in sparse_mlps(model):
+        if prefill is not None:
+            if prefill not in ("dense", "sparse"):
+                raise ValueError(f"prox: prefill must be 'dense' or 'sparse', got {prefill!r}")
+            m.prefill = prefill
+        if backend is not None:
+            if backend not in ("auto", "op", "torch"):
+                raise ValueError(f"prox: backend must be 'auto', 'op' or 'torch', got {backend!r}")
+            m.backend = backend
+
+
+def swap_mlps(model: nn.Module, **kw) -> list[str]:
+    """Replace every gated MLP by a SparseMLP (thresholds 0: every input and channel kept). Returns the names."""
+    names = []
+    for name, m in find_mlps(model):
+        if not isinstance(m, SparseMLP):
+            _set_submodule(model, name, SparseMLP.from_mlp(m, **kw))
+            names.append(name)
+    return names
+
+
+def restore_mlps(model: nn.Module, mlp_factory=None) -> None:
+    """Put dense MLPs back (needs keep_down=True so W_down is still there): each SparseMLP becomes a module
+    with gate_proj, up_proj, down_proj and act_fn (mlp_factory(sparse) -> module, or a generic one)."""
+    for name, m in list(sparse_mlps(model)):
+        if not m.keep_down:
+            raise RuntimeError(f"prox: {name} dropped W_down (keep_down=False): cannot restore the dense MLP")
+        _set_submodule(model, name, mlp_factory(m) if mlp_factory else DenseMLP(m.gate_proj, m.up_proj, m.down_proj,
+                                                                                  m.act))
+
+
+class DenseMLP(nn.Module):
+    """A plain gated MLP (what restore_mlps() puts back when no factory is given)."""
+
+    def __init__(self, gate_proj, up_proj, down_proj, act: str = "silu"):
+        super().__init__()
+        self.gate_proj, self.up_proj, self.down_proj = gate_proj, up_proj, down_proj
+        self.act = act
+        self.act_fn = reference.activation(act)
+
+    def forward(self, x):
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))

@@ -1,0 +1,154 @@
+# SPDX-License-Identifier: Apache-2.0
+"""PlannedFfn: one sparse FFN layer, planned once and run many times (FlashInfer's wrapper pattern).
+
+It holds references to the exact weights, the derived forms prox reads (INT4 proxies, W_down^T), the
+thresholds as a device tensor (so a server can change a layer's sparsity between requests, or between
+replays of a captured graph, without re-planning or re-capturing), the workspace, and the plan
+(cached by the extension under the layer's pointers, shape, dtype, activation and options, so a call
+does no planning). run() launches two kernels on the current stream and can be captured in a CUDA
+graph or traced by torch.compile.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from . import _ops
+from ._ops import FfnOutputs, PlanOptions
+
+
+def _check_weight(name: str, t: torch.Tensor, shape: tuple[int, int], dtype: torch.dtype, device) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"prox: {name} must be a tensor")
+    if t.dtype != dtype:
+        raise TypeError(f"prox: {name} must be {dtype} like w_gate (it is {t.dtype})")
+    if tuple(t.shape) != shape:
+        raise ValueError(f"prox: {name} must have shape {shape} (it has {tuple(t.shape)})")
+    if t.device != device:
+        raise ValueError(f"prox: {name} is on {t.device}, w_gate on {device}")
+
+
+class PlannedFfn:
+    """A planned Prox FFN layer.
+
+    Args:
+        w_gate, w_up: [d_ff, d_model] fp16/bf16 CUDA tensors (nn.Linear weights; referenced, not copied).
+        w_down: [d_model, d_ff] nn.Linear weight of the down projection; or give ``w_down_t``
+            ([d_ff, d_model], W_down^T) instead, which is then referenced as is.
+        act: "silu" (SwiGLU) or "gelu_tanh" (GeGLU).
+        tau_x, tau_s: initial thresholds (changeable later with set_thresholds()).
+        thresholds: optional device float32 [2] tensor to read the thresholds from (shared with the caller).
+        workspace: optional workspace (uint8, >= prox.workspace_bytes(d_model, d_ff)), shared by layers of
+            the same shape running on one stream; a new one is made and initialized otherwise.
+        proxies: optional ((packed_gate, scale_gate), (packed_up, scale_up)) already packed (pack_int4).
+        options: PlanOptions.
+    """
+
+    def __init__(self, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: Optional[torch.Tensor] = None, *,
+                 w_down_t: Optional[torch.Tensor] = None, act: str = "silu", tau_x: float = 0.0, tau_s: float = 0.0,
+                 thresholds: Optional[torch.Tensor] = None, workspace: Optional[torch.Tensor] = None,
+                 proxies=None, options: PlanOptions = PlanOptions()):
+        _ops._require()
+        if w_gate.dim() != 2:
+            raise ValueError(f"prox: w_gate must be [d_ff, d_model], got {tuple(w_gate.shape)}")
+        if w_gate.dtype not in (torch.float16, torch.bfloat16):
+            raise TypeError(f"prox: weights must be float16 or bfloat16, got {w_gate.dtype}")
+        if w_gate.device.type != "cuda":
+            raise ValueError(f"prox: PlannedFfn needs CUDA weights (w_gate is on {w_gate.device})")
+        self.d_ff, self.d_model = (int(v) for v in w_gate.shape)
+        self.dtype, self.device = w_gate.dtype, w_gate.device
+        self.act = act
+        self.act_code = _ops.act_code(act)
+        self.options = options
+        self._options = options.encode()
+        _check_weight("w_up", w_up, (self.d_ff, self.d_model), self.dtype, self.device)
+        with torch.no_grad():
+            if w_down_t is None:
+                if w_down is None:
+                    raise ValueError("prox: give w_down ([d_model, d_ff]) or w_down_t ([d_ff, d_model])")
+                _check_weight("w_down", w_down, (self.d_model, self.d_ff), self.dtype, self.device)
+                w_down_t = _ops.transpose(w_down.detach().contiguous())
+            _check_weight("w_down_t", w_down_t, (self.d_ff, self.d_model), self.dtype, self.device)
+            self.w_gate = w_gate.detach()
+            self.w_up = w_up.detach()
+            self.w_down_t = w_down_t.detach()
+            if proxies is None:
+                (self.proxy_gate, self.scale_gate) = _ops.pack_int4(self.w_gate.contiguous())
+                (self.proxy_up, self.scale_up) = _ops.pack_int4(self.w_up.contiguous())
+            else:
+                (self.proxy_gate, self.scale_gate), (self.proxy_up, self.scale_up) = proxies
+        if thresholds is None:
+            thresholds = torch.tensor([float(tau_x), float(tau_s)], dtype=torch.float32, device=self.device)
+        self.thresholds = thresholds
+        if workspace is None:
+            workspace = _ops.new_workspace(self.d_model, self.d_ff, self.device)
+        self.workspace = workspace
+        self.policies = self.plan()
+
+    # ------------------------------------------------------------ planning and thresholds
+
+    def _tensors(self):
+        return (self.w_gate, self.w_up, self.w_down_t, self.proxy_gate, self.scale_gate, self.proxy_up,
+                self.scale_up, self.thresholds)
+
+    def plan(self) -> list[int]:
+        """Plan (or find the cached plan of) this layer; returns the policies chosen [proxy, glu, down,
+        glu_down]. Outside graph capture only; the constructor calls it."""
+        return list(torch.ops.prox.plan_ffn(*self._tensors(), self.act_code, self._options))
+
+    def set_thresholds(self, tau_x: float, tau_s: float) -> None:
+        """Write new thresholds into the device tensor every run reads (two fills on the current stream:
+        no host sync, no re-plan, valid for graphs already captured)."""
+        if not (tau_x >= 0.0 and tau_s >= 0.0):  # NaN fails too
+            raise ValueError(f"prox: thresholds must be >= 0, got ({tau_x}, {tau_s})")
+        self.thresholds[0].fill_(float(tau_x))
+        self.thresholds[1].fill_(float(tau_s))
+
+    @property
+    def extra_bytes(self) -> int:
+        """Bytes this layer holds beyond w_gate, w_up and W_down (proxies, scales, W_down^T, workspace
+        if it owns one)."""
+        t = [self.proxy_gate, self.scale_gate, self.proxy_up, self.scale_up, self.w_down_t]
+        return sum(x.numel() * x.element_size() for x in t)
+
+    # ------------------------------------------------------------ running
+
+    def __call__(self, x: torch.Tensor, **kw):
+        return self.run(x, **kw)
+
+    def run(self, x: torch.Tensor, *, return_mask: bool = False, return_s_proxy: bool = False,
+            return_s: bool = False, counters: Optional[torch.Tensor] = None):
+        """y = FFN(x) for one token: x is [d_model] or [1, d_model] (batch-1 decoding). With any return_*
+        flag, returns FfnOutputs(y, mask, s_proxy, s) (None for what was not asked for). ``counters``
+        (prox.new_counters()) accumulates runtime sparsity statistics."""
+        y, mask, s_proxy, s = torch.ops.prox.sparse_ffn(x, *self._tensors(), self.workspace, self.act_code,
+                                                         self._options, return_mask, return_s_proxy, return_s,
+                                                         counters)
+        if not (return_mask or return_s_proxy or return_s):
+            return y
+        return FfnOutputs(y, mask if return_mask else None, s_proxy if return_s_proxy else None,
+                          s if return_s else None)
+
+    def proxy_values(self, x: torch.Tensor) -> torch.Tensor:
+        """Stage 1 in values mode under the current tau_x: s~ float32 [tokens, d_ff] for x [tokens, d_model]
+        (one launch per token; for calibration)."""
+        return torch.ops.prox.proxy_values(x, *self._tensors(), self.workspace, self.act_code, self._options)
+
+
+def new_counters(device: torch.device | str = "cuda") -> torch.Tensor:
+    """Device counters for run(counters=...): int64 [4] = {calls, kept inputs, selected channels, 0}."""
+    return torch.zeros(4, dtype=torch.int64, device=device)
+
+
+def sparsity_report(counters: torch.Tensor, d_model: int, d_ff: int, alpha: float = 1.0 / 3.0) -> dict:
+    """s1, s2 and the effective sparsity e^ measured by counters (prox::make_report). Reads the device."""
+    from .allocation import effective_sparsity
+
+    c = [int(v) for v in counters.tolist()]
+    calls = c[0]
+    if calls == 0:
+        return {"calls": 0, "s1": 0.0, "s2": 0.0, "effective": 0.0}
+    s1 = 1.0 - c[1] / (calls * d_model)
+    s2 = 1.0 - c[2] / (calls * d_ff)
+    return {"calls": calls, "s1": s1, "s2": s2, "effective": effective_sparsity(s1, s2, alpha)}

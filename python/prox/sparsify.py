@@ -1,0 +1,252 @@
+# SPDX-License-Identifier: Apache-2.0
+"""prox.sparsify: calibrate a model's gated MLPs layer by layer in the paper's sequential order and swap
+them for SparseMLPs in place.
+
+Order (paper, appendix "Sequential threshold calibration"): for l = 1..L, run the calibration tokens
+through layers < l with their finalized sparse rules (Prox on every token), collect layer l's MLP inputs
+x_l with layer l dense, choose tau_x at s1 on |x_l|, compute s~ by Stage 1 under that tau_x and choose
+tau_s at s2 on |s~|. The decoder layers are run one at a time on cached hidden states (each layer's call
+arguments, such as masks and position embeddings, are captured from one dense forward), so calibration
+costs about three passes of the model, not L.
+
+split="paper" takes (s1, s2) from the allocation rule for every layer. split="search" (beyond the paper)
+chooses each layer's (s1, s2) on the line of equal effective sparsity e by the relative error of the
+FFN's output on the calibration tokens, then calibrates the chosen pair like the paper's rule.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable, Optional, Sequence
+
+import torch
+import torch.nn as nn
+
+from . import reference
+from ._ops import PlanOptions
+from .allocation import ALPHA, StageSparsity, allocate_sparsity, split_candidates
+from .calibration import DEFAULT_CAPACITY, DEFAULT_SEED, Calibrator, calibrate_layer, quantile_threshold
+from .nn import SparseMLP, _set_submodule, find_mlps, set_mode, sparse_mlps
+from .thresholds import LayerRecord, ThresholdConfig, find_config, load_thresholds
+
+
+class _Stop(Exception):
+    pass
+
+
+def _as_sequences(inputs, device) -> list:
+    """Calibration inputs as a list of model-input dicts (one sequence each)."""
+    if isinstance(inputs, torch.Tensor):
+        inputs = [inputs[i:i + 1] for i in range(inputs.shape[0])] if inputs.dim() == 2 else [inputs[None]]
+    out = []
+    for s in inputs:
+        if isinstance(s, dict):
+            out.append({k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in s.items()})
+        else:
+            s = torch.as_tensor(s)
+            out.append({"input_ids": (s if s.dim() == 2 else s[None]).to(device)})
+    return out
+
+
+def _hidden_of(args, kwargs):
+    return args[0] if args else kwargs["hidden_states"]
+
+
+def _with_hidden(args, kwargs, h):
+    if args:
+        return (h,) + tuple(args[1:]), kwargs
+    kw = dict(kwargs)
+    kw["hidden_states"] = h
+    return args, kw
+
+
+def _output_hidden(out):
+    return out[0] if isinstance(out, (tuple, list)) else out
+
+
+def _relative_error(y: torch.Tensor, ref: torch.Tensor) -> float:
+    d = (y.double() - ref.double()).pow(2).sum()
+    return float(d / ref.double().pow(2).sum().clamp_min(1e-300))
+
+
+def _layer_error(sp: SparseMLP, x: torch.Tensor, tau_x: float, tau_s: float, y_dense: torch.Tensor) -> float:
+    qg, qu = sp._q()
+    y = reference.prox_ffn(x, sp.gate_proj.weight, sp.up_proj.weight, sp.down_t, qg, sp.scale_gate, qu, sp.scale_up,
+                           tau_x, tau_s, sp.act)
+    return _relative_error(y, y_dense)
+
+
+def _search_split(sp: SparseMLP, x: torch.Tensor, e: float, cands: Sequence[StageSparsity], capacity: int,
+                  seed: int, search_tokens: int):
+    """(best candidate, [(s1, s2, error)]) by the FFN output error on up to search_tokens tokens."""
+    xs = x[:search_tokens]
+    y_dense = reference.dense_ffn(xs, sp.gate_proj.weight, sp.up_proj.weight, sp.down_t, sp.act)
+    cal = Calibrator(capacity, seed)
+    cal.add(xs)
+    ax = cal.magnitudes()
+    qg, qu = sp._q()
+    rows = []
+    for c in cands:
+        tau_x = quantile_threshold(ax, c.s1)[0]
+        s = reference.proxy_values(xs, qg, sp.scale_gate, qu, sp.scale_up, tau_x, sp.act)
+        cs = Calibrator(capacity, seed)
+        cs.add(s)
+        tau_s = cs.finalize(c.s2).tau
+        rows.append((c.s1, c.s2, _layer_error(sp, xs, tau_x, tau_s, y_dense)))
+    best = min(range(len(rows)), key=lambda i: rows[i][2])
+    return cands[best], rows
+
+
+@torch.no_grad()
+def sparsify(model: nn.Module, e: float, calibration_inputs=None, *, thresholds=None, split: str = "paper",
+             s1_grid=None, backend: str = "auto", prefill: str = "dense", keep_down: bool = False,
+             capacity: int = DEFAULT_CAPACITY, seed: int = DEFAULT_SEED, search_tokens: int = 4096,
+             options: PlanOptions = PlanOptions(), track_sparsity: bool = False,
+             progress: Optional[Callable[[str], None]] = None) -> ThresholdConfig:
+    """Calibrate (or load) thresholds for target effective sparsity e and swap the model's MLPs for SparseMLPs.
+
+    Args:
+        model: a causal LM whose decoder layers each hold one gated MLP (Llama, Qwen2/3, Mistral, Gemma).
+        e: target effective sparsity (0.4, 0.5, 0.6, 0.7 in the paper).
+        calibration_inputs: token ids [N, T] (or a list of [T] / [1, T] tensors, or of model-input dicts).
+        thresholds: instead of calibrating, a thresholds file path, a list of ThresholdConfig or one
+            ThresholdConfig (its config for (e, split) is applied).
+        split: "paper" (allocation rule) or "search" (per-layer split by FFN output error).
+        backend, prefill, keep_down, options, track_sparsity: SparseMLP's (prefill is set after calibration;
+            during calibration finalized layers run Prox on every token).
+    Returns the ThresholdConfig (save it with prox.save_thresholds).
+    """
+    if split not in ("paper", "search"):
+        raise ValueError(f"prox: split must be 'paper' or 'search', got {split!r}")
+    say = progress or (lambda s: None)
+    kw = dict(backend=backend, keep_down=keep_down, options=options, track_sparsity=track_sparsity)
+    mlps = find_mlps(model)
+    if not mlps:
+        raise ValueError("prox: no gated MLP (gate_proj/up_proj/down_proj) found in the model")
+
+    if thresholds is not None:
+        cfg = thresholds
+        if not isinstance(cfg, ThresholdConfig):
+            cfg = find_config(load_thresholds(cfg) if not isinstance(cfg, list) else cfg, e, split)
+        for name, m in mlps:
+            if not isinstance(m, SparseMLP):
+                _set_submodule(model, name, SparseMLP.from_mlp(m, prefill=prefill, **kw))
+        apply_thresholds(model, cfg)
+        set_mode(model, prefill=prefill)
+        return cfg
+
+    if calibration_inputs is None:
+        raise ValueError("prox: give calibration_inputs (token ids) or thresholds")
+    device = next(model.parameters()).device
+    seqs = _as_sequences(calibration_inputs, device)
+    layers = [model.get_submodule(n.rpartition(".")[0]) for n, _ in mlps]
+    if len({id(layer) for layer in layers}) != len(layers) or any(layer is model for layer in layers):
+        raise ValueError("prox: sparsify needs one gated MLP per decoder layer")
+
+    # 1. One dense forward per sequence captures every layer's call arguments (masks, position embeddings
+    #    may differ per layer type) and layer 0's input hidden states.
+    calls = [[None] * len(seqs) for _ in layers]  # per layer and sequence: (args, kwargs), hidden states out
+    hidden = [None] * len(seqs)
+    hooks = []
+    current = {"i": 0}
+
+    def make_hook(li):
+        def hook(mod, args, kwargs):
+            i = current["i"]
+            if li == 0:
+                hidden[i] = _hidden_of(args, kwargs)
+            calls[li][i] = _with_hidden(tuple(args), dict(kwargs), None)  # no dense hidden states kept
+        return hook
+
+    for li, layer in enumerate(layers):
+        hooks.append(layer.register_forward_pre_hook(make_hook(li), with_kwargs=True))
+    was_training = model.training
+    model.eval()
+    t0 = time.time()
+    try:
+        for i, s in enumerate(seqs):
+            current["i"] = i
+            model(**s, use_cache=False)
+    finally:
+        for h in hooks:
+            h.remove()
+    tokens = sum(int(h.shape[0] * h.shape[1]) if h.dim() == 3 else int(h.shape[0]) for h in hidden)
+    say(f"prox.sparsify: e={e:.2f} split={split}: {len(layers)} layers, {len(seqs)} sequences, {tokens} tokens "
+        f"(captured in {time.time() - t0:.1f} s)")
+
+    cfg = ThresholdConfig(e=float(e), split=split, alpha=ALPHA,
+                          calibration={"tokens": tokens, "sequences": len(seqs), "capacity": capacity, "seed": seed})
+    paper = allocate_sparsity(e)
+    cands = split_candidates(e, s1_grid=s1_grid) if split == "search" else None
+    search_rows = {}
+    for li, ((name, mlp), layer) in enumerate(zip(mlps, layers)):
+        t1 = time.time()
+        xs = []
+        hk = mlp.register_forward_pre_hook(lambda mod, args: xs.append(args[0].reshape(-1, args[0].shape[-1])))
+        try:
+            for i in range(len(seqs)):
+                args, kwargs = _with_hidden(*calls[li][i], hidden[i])
+                layer(*args, **kwargs)
+        finally:
+            hk.remove()
+        x = torch.cat(xs)
+        sp = mlp if isinstance(mlp, SparseMLP) else SparseMLP.from_mlp(mlp, prefill="sparse", **kw)
+        sp.prefill = "sparse"
+        if split == "search":
+            choice, rows = _search_split(sp, x, e, cands, capacity, seed, search_tokens)
+            search_rows[name] = rows
+        else:
+            choice = paper
+        lt = calibrate_layer(x, choice.s1, choice.s2, sp.proxy_values, capacity=capacity, seed=seed)
+        sp.set_thresholds(lt.tau_x, lt.tau_s)
+        xs_err = x[:search_tokens]
+        y_dense = reference.dense_ffn(xs_err, sp.gate_proj.weight, sp.up_proj.weight, sp.down_t, sp.act)
+        err = _layer_error(sp, xs_err, lt.tau_x, lt.tau_s, y_dense)
+        cfg.layers.append(LayerRecord(name, sp.d_model, sp.d_ff, sp.act, choice.s1, choice.s2, lt.tau_x, lt.tau_s,
+                                      lt.realized_s1, lt.realized_s2, err))
+        if sp is not mlp:
+            _set_submodule(model, name, sp)
+        for i in range(len(seqs)):  # this layer's outputs, with its sparse rule: the next layer's inputs
+            args, kwargs = _with_hidden(*calls[li][i], hidden[i])
+            hidden[i] = _output_hidden(layer(*args, **kwargs))
+        say(f"  {name}: s1={choice.s1:.3f} s2={choice.s2:.3f} tau_x={lt.tau_x:.4g} tau_s={lt.tau_s:.4g} "
+            f"(realized {lt.realized_s1:.3f}/{lt.realized_s2:.3f}) ffn rel. error {err:.4f} [{time.time() - t1:.1f} s]")
+    if search_rows:
+        cfg.calibration["search"] = {n: [list(r) for r in rows] for n, rows in search_rows.items()}
+    for _, m in sparse_mlps(model):  # counters report use after calibration only
+        m.reset_counters()
+    set_mode(model, prefill=prefill)
+    model.train(was_training)
+    return cfg
+
+
+def apply_thresholds(model: nn.Module, config: ThresholdConfig) -> None:
+    """Set every SparseMLP's thresholds from a config (device fills: no re-plan, valid inside captured graphs)."""
+    recs = config.by_name()
+    for name, m in sparse_mlps(model):
+        r = recs.get(name)
+        if r is None:
+            raise KeyError(f"prox: the thresholds have no layer {name!r}")
+        if (r.d_model, r.d_ff) != (m.d_model, m.d_ff):
+            raise ValueError(f"prox: {name}: thresholds for shape ({r.d_model}, {r.d_ff}), layer is "
+                             f"({m.d_model}, {m.d_ff})")
+        m.set_thresholds(r.tau_x, r.tau_s)
+
+
+def sparsity_report(model: nn.Module) -> dict:
+    """Runtime sparsity over every SparseMLP built with track_sparsity=True (summed counters)."""
+    from .allocation import effective_sparsity
+    calls = kept = sel = 0
+    dm = dff = 0
+    for _, m in sparse_mlps(model):
+        if m.counters is None:
+            continue
+        c = m.counters.tolist()
+        calls += c[0]
+        kept += c[1]
+        sel += c[2]
+        dm += c[0] * m.d_model
+        dff += c[0] * m.d_ff
+    if calls == 0:
+        return {"calls": 0, "s1": 0.0, "s2": 0.0, "effective": 0.0}
+    s1, s2 = 1.0 - kept / dm, 1.0 - sel / dff
+    return {"calls": calls, "s1": s1, "s2": s2, "effective": effective_sparsity(s1, s2)}

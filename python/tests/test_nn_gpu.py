@@ -1,0 +1,107 @@
+# SPDX-License-Identifier: Apache-2.0
+"""SparseMLP and sparsify on the GPU with small transformers models: the decode path (the op) against the
+torch reference, decode vs prefill, sequential calibration with realized sparsity near the targets, the
+thresholds file round trip, generate(), GeGLU (Gemma) and Qwen3 MLPs."""
+import pytest
+import torch
+
+import prox
+from conftest import requires_cuda
+
+pytestmark = requires_cuda
+transformers = pytest.importorskip("transformers")
+
+
+def tiny(kind="llama", dtype=torch.float16, layers=2, seed=0):
+    common = dict(vocab_size=512, hidden_size=256, intermediate_size=768, num_hidden_layers=layers,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+    if kind == "llama":
+        cfg = transformers.LlamaConfig(**common)
+        cls = transformers.LlamaForCausalLM
+    elif kind == "qwen3":
+        cfg = transformers.Qwen3Config(head_dim=64, **common)
+        cls = transformers.Qwen3ForCausalLM
+    elif kind == "gemma":
+        cfg = transformers.GemmaConfig(head_dim=64, hidden_act="gelu_pytorch_tanh", **common)
+        cls = transformers.GemmaForCausalLM
+    else:
+        raise ValueError(kind)
+    torch.manual_seed(seed)
+    return cls(cfg).to(device="cuda", dtype=dtype).eval()
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen3", "gemma"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_decode_op_vs_reference_and_prefill(kind, dtype):
+    m = tiny(kind, dtype)
+    mlp = m.model.layers[0].mlp
+    x = torch.randn(1, 6, 256, device="cuda", dtype=dtype)
+    with torch.no_grad():
+        dense = mlp(x)
+        sp = prox.SparseMLP.from_mlp(mlp, keep_down=True)
+        assert sp.act == ("gelu_tanh" if kind == "gemma" else "silu")
+        assert torch.allclose(sp(x), dense, atol=1e-2, rtol=1e-2)  # prefill: dense through torch
+        sp.set_thresholds(0.5, 0.01)
+        one = sp(x[:, :1])  # decode: the CUDA op
+        sp.backend = "torch"
+        ref = sp(x[:, :1])
+        sp.backend = "auto"
+        rel = (one.float() - ref.float()).norm() / ref.float().norm()
+        assert rel < 2e-2, rel  # fp32 reference: only channels within rounding of tau_s may differ
+        sp.prefill = "sparse"  # every token through the op: bit for bit the decode path, token by token
+        rows = sp(x)
+        for t in range(6):
+            assert torch.equal(rows[:, t:t + 1], sp(x[:, t:t + 1]))
+
+
+def test_sparsify_on_gpu_realized_sparsity_and_roundtrip(tmp_path):
+    m = tiny("qwen3", torch.bfloat16, layers=3)
+    ids = torch.randint(0, 512, (4, 64), device="cuda")
+    cfg = prox.sparsify(m, 0.6, ids, track_sparsity=True, prefill="sparse")
+    assert all(isinstance(mm, prox.SparseMLP) for _, mm in prox.find_mlps(m))
+    with torch.no_grad():
+        logits = m(ids).logits
+    rep = prox.sparsity_report(m)
+    st = prox.allocate_sparsity(0.6)
+    # the calibration tokens, run token by token through the op: the realized sparsity is the target
+    assert rep["s1"] == pytest.approx(st.s1, abs=0.02) and rep["s2"] == pytest.approx(st.s2, abs=0.03)
+    path = tmp_path / "th.json"
+    prox.save_thresholds(path, cfg)
+    m2 = tiny("qwen3", torch.bfloat16, layers=3)
+    prox.sparsify(m2, 0.6, thresholds=path, prefill="sparse")
+    with torch.no_grad():
+        assert torch.equal(m2(ids).logits, logits)
+    rep = prox.memory_report(m2)
+    assert rep["proxies"] == 3 * 2 * 256 * 768 // 2 and rep["w_down_t"] == 0
+
+
+def test_generate_runs_decode_steps_through_the_op():
+    m = tiny("llama", torch.float16, layers=2)
+    ids = torch.randint(0, 512, (1, 16), device="cuda")
+    prox.sparsify(m, 0.5, torch.randint(0, 512, (2, 64), device="cuda"), track_sparsity=True)
+    for _, mm in prox.find_mlps(m):
+        mm.reset_counters()
+    out = m.generate(ids, max_new_tokens=8, do_sample=False)
+    assert out.shape == (1, 24)
+    # prefill (16 tokens) is dense; each of the 7 decode steps after the first token runs the op once per layer
+    calls = [int(mm.counters[0]) for _, mm in prox.find_mlps(m)]
+    assert calls == [7, 7]
+
+
+def test_change_sparsity_per_request_without_recapture(tmp_path):
+    m = tiny("llama", torch.float16, layers=2)
+    calib = torch.randint(0, 512, (2, 64), device="cuda")
+    c5 = prox.sparsify(m, 0.5, calib)
+    m2 = tiny("llama", torch.float16, layers=2)
+    c7 = prox.sparsify(m2, 0.7, calib)
+    x = torch.randn(1, 1, 256, device="cuda", dtype=torch.float16)
+    mlp = m.model.layers[0].mlp
+    with torch.no_grad():
+        mlp(x)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            y = mlp(x)
+        for cfg in (c7, c5, c7):
+            prox.apply_thresholds(m, cfg)
+            g.replay()
+            assert torch.equal(y, mlp(x))

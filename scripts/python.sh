@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# Build the Python package (python/: prox's torch custom ops) against torch 2.11.0, the GPU machine's
+# torch (the PyPI wheel is +cu130, matching nvcc 13.0), in a virtual environment under the build
+# directory, then import it and run its tests. GPU tests report "skipped" without a GPU.
+#
+# torch is installed without its CUDA wheels (the CUDA toolkit here provides cudart, cuBLAS, cuDNN and
+# NCCL), plus the three small CUDA libraries importing torch needs that the toolkit does not ship.
+#   bash scripts/python.sh                      # venv in build/python-venv
+#   PROX_PRESET=ci bash scripts/python.sh       # venv in build-ci/python-venv
+# Without PyPI (outside CI) the dependency step reports and skips; CI=true makes it an error.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+preset="${PROX_PRESET:-default}"
+case "$preset" in default) dir=build ;; *) dir="build-$preset" ;; esac
+venv="${PROX_PY_VENV:-$dir/python-venv}"
+start=$SECONDS
+
+[[ -x "$venv/bin/python" ]] || python3 -m venv "$venv"
+py="$(cd "$venv" && pwd)/bin/python"
+pip=("$py" -m pip install -q --disable-pip-version-check)
+# torch and the CUDA libraries it loads that the toolkit lacks, without their dependencies (the toolkit's
+# libraries serve); then torch's pure-Python needs, the build backend, pytest, and transformers (the GPU
+# machine's version; it does not depend on torch) for the calibration tests on small models.
+nodeps=(torch==2.11.0 nvidia-cufile nvidia-cusparselt-cu13==0.8.0 nvidia-nvshmem-cu13==3.4.5)
+deps=("typing-extensions>=4.10" filelock sympy networkx jinja2 fsspec "setuptools>=77,<82" numpy pytest
+      transformers==5.17.0)
+# (pip then lists torch's CUDA wheels as missing requirements: expected, filtered out)
+install() { "${pip[@]}" --no-deps "${nodeps[@]}" && "${pip[@]}" "${deps[@]}"; }
+noise="^(ERROR: pip's dependency resolver|pip's dependency resolver|torch 2\.11\.0 requires)"
+if ! install 2>&1 | { grep -v -E "$noise" || true; }; then
+  if [[ "${CI:-}" == "true" ]]; then
+    echo "prox python: installing torch 2.11.0 failed" >&2
+    exit 1
+  fi
+  echo "prox python: could not install torch 2.11.0 and its build needs (no PyPI?): Python package not built"
+  exit 0
+fi
+echo "prox python: dependencies ready ($((SECONDS - start)) s)"
+
+t=$SECONDS
+# sm_80 + sm_90a, as the CMake build; the four layer types (fp16/bf16 x SiLU/GeLU) in four translation units
+TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-8.0;9.0a}" MAX_JOBS="${PROX_JOBS:-$(nproc)}" \
+  "${pip[@]}" --no-build-isolation --no-deps ./python
+echo "prox python: extension built and installed ($((SECONDS - t)) s)"
+
+# The import loads the extension (registers torch.ops.prox.*) and checks the ops a CPU can run.
+"$py" -c "
+import prox, torch
+assert prox.ops_available(), 'prox._C did not load'
+assert prox.workspace_bytes(4096, 12288) > 0
+assert prox.int4_layout() == 'prox-int4-kmajor-i8-v1'
+for op in ('sparse_ffn', 'proxy_values', 'pack_int4', 'transpose', 'plan_ffn'):
+    assert hasattr(torch.ops.prox, op), op
+print('prox python: import ok, torch', torch.__version__)
+"
+echo "prox python: ready in $((SECONDS - start)) s; pytest (its summary is the last line)"
+"$py" -m pytest -q -p no:cacheprovider python/tests
