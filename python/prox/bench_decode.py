@@ -216,10 +216,26 @@ class ZeroMLP(nn.Module):
         return torch.zeros_like(x)
 
 
-def hf_step(model, cache, compiled=None):
+def sync_cache_position(cache, pos) -> None:
+    """transformers >= 5 static caches write at their own per-layer counter (cumulative_length), not at
+    cache_position: set it to pos so that a step replayed from a reset position writes where it reads."""
+    for layer in getattr(cache, "layers", ()):
+        n = getattr(layer, "cumulative_length", None)
+        if isinstance(n, torch.Tensor):
+            if n.device != pos.device:  # before the layer's lazy initialization (warm-up only)
+                layer.cumulative_length = n = n.to(pos.device)
+            n.copy_(pos.reshape(n.shape))
+
+
+def hf_step(model, cache, compiled=None, mlps=None):
+    """One transformers decode step from position pos (in place: tok <- argmax, pos += 1); mlps, when given,
+    are installed in the model first (the runners share one model)."""
     fwd = compiled or model
 
     def step(tok, pos):
+        if mlps is not None:
+            set_mlps(model, mlps)
+        sync_cache_position(cache, pos)
         out = fwd(input_ids=tok, cache_position=pos, past_key_values=cache, use_cache=True)
         logits = out.logits[:, -1]
         tok.copy_(torch.argmax(logits, dim=-1).view_as(tok))
@@ -452,8 +468,7 @@ def run_cell(args, kind, model, cfg, dense_mlps, sparse, zero, thresholds, table
         compiled = torch.compile(model, dynamic=False) if kind == "hfc" else None
         t = time.time()
         for name, mlps in (("dense", dense_mlps), ("none", zero), ("prox", sparse)):
-            set_mlps(model, mlps)
-            runners[name] = Runner(hf_step(model, cache, compiled), tok, pos, ctx, use_graph)
+            runners[name] = Runner(hf_step(model, cache, compiled, mlps), tok, pos, ctx, use_graph)
             if name == "dense":
                 compile_s = time.time() - t
         set_mlps(model, dense_mlps)

@@ -346,3 +346,23 @@ def test_gemma_style_gelu_mlp_cpu():
     m = _tiny_llama(1, act="gelu_tanh")
     sp = prox.SparseMLP.from_mlp(m.model.layers[0].mlp)
     assert sp.act == "gelu_tanh"
+
+
+def test_bench_decode_cpu_smoke(tmp_path):
+    """bench_decode end to end on CPU (tiny Qwen3 shape, no graphs): every cell runs, including repeated timings
+    from a reset position (a transformers static cache keeps its own write position), and the lean step
+    matches transformers."""
+    pytest.importorskip("transformers")
+    from prox import bench_decode
+    out = tmp_path / "decode.json"
+    rc = bench_decode.main(["--check", "--device", "cpu", "--models", "tiny", "--dtypes", "bf16", "--contexts", "16",
+                            "--new-tokens", "4", "--repeats", "3", "--no-compile", "--e", "0.5,0.7",
+                            "--out", str(out)])
+    assert rc == 0
+    res = json.loads(out.read_text())
+    assert res["lean_check_rel_error"] < 3e-2
+    assert sorted(res["cells"]) == ["tiny/bf16/16/hf", "tiny/bf16/16/lean"]
+    for cell in res["cells"].values():
+        assert "error" not in cell, cell.get("error")
+        assert set(cell["prox"]) == {"0.5", "0.7"}
+        assert all(v["ms"] > 0 and 0.0 <= v["realized"]["s2"] <= 1.0 for v in cell["prox"].values())
