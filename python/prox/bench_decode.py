@@ -373,6 +373,9 @@ def calibrate_random(model, sparse, e_values, tokens: int, device, vocab: int):
 
 
 def git_commit() -> str:
+    """The source's commit: $PROX_COMMIT where set (a copy without .git, e.g. an installed package), else git's."""
+    if os.environ.get("PROX_COMMIT"):
+        return os.environ["PROX_COMMIT"]
     try:
         here = os.path.dirname(os.path.abspath(__file__))
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True,
