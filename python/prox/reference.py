@@ -37,7 +37,9 @@ def int4_scales(w: torch.Tensor) -> torch.Tensor:
     wf = w.float()
     if not torch.isfinite(wf).all():
         raise ValueError("prox: pack_int4: the weight holds NaN or Inf")
-    return wf.abs().amax(dim=1) / float(QMAX)
+    amax = wf.abs().amax(dim=1)
+    # a tensor divisor: torch's CUDA division by a Python scalar multiplies by its reciprocal instead
+    return amax / torch.full_like(amax, float(QMAX))
 
 
 def int4_quantize(w: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
