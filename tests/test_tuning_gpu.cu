@@ -26,45 +26,15 @@
 
 #include "common.hpp"
 #include "ffn_instances.hpp"
+#include "tuning_fixture.hpp"
 
 namespace fs = std::filesystem;
 namespace pt = prox::tuning;
 using prox_test::DeviceBuffer;
+using prox_test::TempDir;
+using prox_test::WarningCapture;
 
 namespace {
-
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "prox-tuning-gpu-XXXXXX").string();
-    std::vector<char> buf(tmpl.begin(), tmpl.end());
-    buf.push_back('\0');
-    if (mkdtemp(buf.data()) == nullptr) throw prox_test::CheckError("mkdtemp failed");
-    path_ = buf.data();
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  std::string file(const std::string& name) const { return (fs::path(path_) / name).string(); }
-
- private:
-  std::string path_;
-};
-
-//! Collects the cache's warnings for the scope (they also fail the tests that expect none).
-class WarningCapture {
- public:
-  WarningCapture() {
-    old_ = pt::set_warning_handler([this](const std::string& m) { messages_.push_back(m); });
-  }
-  ~WarningCapture() { pt::set_warning_handler(std::move(old_)); }
-  const std::vector<std::string>& messages() const { return messages_; }
-
- private:
-  std::vector<std::string> messages_;
-  pt::WarningHandler old_;
-};
 
 //! Fast but still the full protocol (>= 20 timed reps, default 2 x L2 rotation).
 pt::TuneOptions quick() {

@@ -24,31 +24,14 @@
 #include <prox_tuning/tune.hpp>
 #include <prox_tuning/verify.hpp>
 
+#include "tuning_fixture.hpp"
+
 namespace fs = std::filesystem;
 namespace pt = prox::tuning;
 namespace pv = prox::tuning::verify;
+using namespace prox_test;  // NOLINT(google-build-using-namespace): the shared tuning fixture
 
 namespace {
-
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "prox-tuning-lib-XXXXXX").string();
-    std::vector<char> buf(tmpl.begin(), tmpl.end());
-    buf.push_back('\0');
-    if (mkdtemp(buf.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-    path_ = buf.data();
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  std::string file(const std::string& name) const { return (fs::path(path_) / name).string(); }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
 
 //! Saves and restores the environment variables the library reads; clears them on entry.
 class EnvGuard {
@@ -79,77 +62,6 @@ class EnvGuard {
   };
   std::vector<Saved> saved_;
 };
-
-class WarningCapture {
- public:
-  WarningCapture() {
-    old_ = pt::set_warning_handler([this](const std::string& m) {
-      std::lock_guard<std::mutex> lock(mutex_);
-      messages_.push_back(m);
-    });
-  }
-  ~WarningCapture() { pt::set_warning_handler(std::move(old_)); }
-  std::vector<std::string> messages() const {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return messages_;
-  }
-
- private:
-  mutable std::mutex mutex_;
-  std::vector<std::string> messages_;
-  pt::WarningHandler old_;
-};
-
-pt::Signature test_signature() {
-  pt::Signature s;
-  s.gpu_name = "Test GPU 80GB";
-  s.sm_count = 132;
-  s.cc_major = 9;
-  s.cc_minor = 0;
-  s.l2_bytes = 52428800;
-  s.mem_bus_bits = 5120;
-  s.mem_clock_khz = 2619000;
-  s.driver_version = 13000;
-  return s;
-}
-
-pt::PolicyTable test_table() {
-  return {{"glu_gemv", {"glu_a", "glu_b", "glu_c"}}, {"down_gemv", {"down_a", "down_b"}}, {"threshold", {"thr1024"}}};
-}
-
-pt::CacheOptions file_options(const std::string& path) {
-  pt::CacheOptions o;
-  o.path = path;
-  return o;
-}
-
-pt::Key glu_key(int d_model, int d_ff, int bucket) {
-  pt::Key k;
-  k.op = "glu_gemv";
-  k.dtype = "f16";
-  k.weights = "f16";
-  k.act = "silu";
-  k.d_model = d_model;
-  k.d_ff = d_ff;
-  k.density16 = bucket;
-  return k;
-}
-
-pt::Entry entry(const std::string& policy, double median) {
-  return pt::Entry{policy, median, median * 0.98, median * 1.03, 25};
-}
-
-std::string read_text(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-void write_text(const std::string& path, const std::string& text) {
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  f << text;
-}
 
 //! A valid file with two entries, written by save().
 std::string valid_file_text(const TempDir& dir) {
