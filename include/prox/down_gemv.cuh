@@ -139,7 +139,8 @@ struct DownRows {
 };
 
 //! The down GEMV on a workspace that is not ready (the whole grid agrees): its counters are zeroed for
-//! the next launch, not used; y = NaN; the header flagged. Not inlined (see proxy_not_ready).
+//! the next launch, not used; y = NaN; the header flagged. Not inlined: kept out of the kernel's register
+//! allocation (as fused_not_ready); Stage 1 inlines its own (proxy_not_ready says why).
 template <int kTile, class T>
 __device__ __noinline__ void down_not_ready(OpWorkspace ws, int d_model, int d0, int ncols, int chunk, T* y) {
   if (threadIdx.x == 0) flag_dirty(ws.guard);

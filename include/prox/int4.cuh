@@ -205,9 +205,7 @@ Status pack_device(const T* w, int d_model, int d_ff, uint32_t* packed, float* s
   if (!is_aligned(w, sizeof(T)) || !is_aligned(packed, 4) || !is_aligned(scales, 4))
     return Status::kErrorMisalignedPointer;
   constexpr int kThreads = 256;
-  LaunchConfig lc;
-  lc.grid = dim3(static_cast<unsigned>(ceil_div(d_ff, kThreads / kWarpSize)));
-  lc.block = dim3(kThreads);
+  LaunchConfig lc = plain_launch(dim3(static_cast<unsigned>(ceil_div(d_ff, kThreads / kWarpSize))), dim3(kThreads));
   PROX_RETURN_IF_ERROR(prox::detail::launch_kernel(detail::int4_scale_kernel<T>, lc, stream, w, d_model, d_ff, scales));
   std::vector<float> tmp;
   if (host_scales == nullptr) {

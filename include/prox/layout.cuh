@@ -61,9 +61,8 @@ Status transpose_device(const T* in, int rows, int cols, T* out, cudaStream_t st
   if (in == nullptr || out == nullptr) return Status::kErrorNullPointer;
   if (rows < 1 || cols < 1) return Status::kErrorInvalidShape;
   if (!is_aligned(in, sizeof(T)) || !is_aligned(out, sizeof(T))) return Status::kErrorMisalignedPointer;
-  LaunchConfig lc;
-  lc.grid = dim3(static_cast<unsigned>(ceil_div(cols, 32)), static_cast<unsigned>(ceil_div(rows, 32)));
-  lc.block = dim3(32, 8);
+  const dim3 grid(static_cast<unsigned>(ceil_div(cols, 32)), static_cast<unsigned>(ceil_div(rows, 32)));
+  const LaunchConfig lc = plain_launch(grid, dim3(32, 8));
   if (lc.grid.y > 65535u) return Status::kErrorInvalidShape;
   return detail::launch_kernel(detail::transpose_kernel<T>, lc, stream, in, rows, cols, out);
 }

@@ -19,6 +19,7 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <cstdint>
 
 #include "core/config.hpp"
 #include "core/device.hpp"
@@ -54,8 +55,6 @@ class Operator {
 
   //! Validate without planning or launching.
   static Status can_implement(const Args& a) noexcept { return Op::can_implement(a); }
-  //! What the op needs of a workspace (the same for every policy and device).
-  static WorkspaceNeeds workspace_needs(const Args& a) noexcept { return Op::workspace_needs(a); }
   //! Bytes of a workspace for this op alone: a header (detail::kHeaderBytes), the sync words, the scratch (0 for an
   //! op that needs none: threshold, glu_gemv).
   static std::size_t workspace_bytes(const Args& a) noexcept {
@@ -69,6 +68,23 @@ class Operator {
   }
 
   /**
+   * @brief The view of an op-only workspace that SparseFfn gives its Stage-2 kernels (down, GLU, fused):
+   * the header not checked (in the FFN, Stage 1 has checked it) and, with `stamp`, stamped ready
+   * ({magic, kTagAny}, as initialize_workspace() wrote it). A Stage-2 op launched on it costs what it
+   * costs in the FFN (benches, the tuner); null for an op that needs no workspace.
+   */
+  static OpWorkspace stage2_view(void* workspace, const Args& a, bool stamp) noexcept {
+    OpWorkspace v;
+    if (workspace_bytes(a) > 0) v = workspace_view(workspace, a);
+    v.guard = WorkspaceGuard{};
+    if (stamp) {
+      v.guard.stamp = static_cast<std::uint32_t*>(workspace);
+      v.guard.tag = detail::kTagAny;
+    }
+    return v;
+  }
+
+  /**
    * @brief Plan: validate `a` and `o`, read the current device once, fix the policy (`policy` >= 0: that index
    * of Policies; -1: default_policy() for this device and shape) and its launch configuration.
    * Not capturable (it may query the driver); call it before capture. On failure the operator is
@@ -76,23 +92,18 @@ class Operator {
    */
   Status initialize(const Args& a, const Options& o = {}, int policy = -1) noexcept {
     ready_ = false;
-    PROX_RETURN_IF_ERROR(Op::can_implement(a));
-    PROX_RETURN_IF_ERROR(Op::check_options(o));
-    if (policy >= Policies::kSize || policy < -1) return Status::kErrorInvalidArgument;
+    PROX_RETURN_IF_ERROR(validate(a, o, policy));  // before the device is asked anything
     DeviceInfo d;
     PROX_RETURN_IF_ERROR(query_device(&d));
-    const int index = policy >= 0 ? policy : default_policy(Op{}, d, a);
-    LaunchConfig lc;
-    PROX_RETURN_IF_ERROR(dispatch_policy<Policies>(index, [&](auto p) {
-      return Op::template configure<decltype(p)>(a, o, d, &lc);
-    }));
-    lc.pdl = o.pdl && d.supports_pdl();
-    args_ = a;
-    options_ = o;
-    launch_ = lc;
-    policy_ = index;
-    ready_ = true;
-    return Status::kSuccess;
+    return configure(a, o, policy, d);
+  }
+
+  //! initialize() on a device the caller has read (query_device()): one read serves every op of a plan
+  //! (SparseFfn).
+  Status initialize(const Args& a, const Options& o, int policy, const DeviceInfo& d) noexcept {
+    ready_ = false;
+    PROX_RETURN_IF_ERROR(validate(a, o, policy));
+    return configure(a, o, policy, d);
   }
 
   /**
@@ -113,15 +124,10 @@ class Operator {
     if (!ready_) return Status::kErrorNotPlanned;
     PROX_RETURN_IF_ERROR(Op::can_implement(a));
     if (!Op::same_shape(args_, a)) return Status::kErrorInvalidArgument;
-    const WorkspaceNeeds n = Op::workspace_needs(a);
-    const std::size_t need = detail::standalone_workspace_bytes(n);  // 0: the op needs none
-    if (need > 0) {
-      if (workspace == nullptr) return Status::kErrorNullPointer;
-      if (workspace_size < need) return Status::kErrorWorkspaceTooSmall;
-      if (!is_aligned(workspace, 16)) return Status::kErrorMisalignedPointer;
-    }
-    const OpWorkspace view = need > 0 ? detail::standalone_view(workspace, n) : OpWorkspace{};
-    return launch(a, view, stream);
+    const std::size_t need = detail::standalone_workspace_bytes(needs_);  // 0: the op needs none
+    if (need == 0) return launch(a, OpWorkspace{}, stream);
+    PROX_RETURN_IF_ERROR(detail::check_workspace(workspace, workspace_size, need));
+    return launch(a, detail::standalone_view(workspace, needs_), stream);
   }
 
   /**
@@ -134,16 +140,36 @@ class Operator {
     });
   }
 
-  bool initialized() const noexcept { return ready_; }
   //! The policy index initialize() fixed.
   int policy() const noexcept { return policy_; }
   const LaunchConfig& launch_config() const noexcept { return launch_; }
-  const Options& options() const noexcept { return options_; }
+  //! The arguments initialize() validated (SparseFfn fills in the per-token pointers of a copy).
   const Args& args() const noexcept { return args_; }
 
  private:
+  static Status validate(const Args& a, const Options& o, int policy) noexcept {
+    PROX_RETURN_IF_ERROR(Op::can_implement(a));
+    PROX_RETURN_IF_ERROR(Op::check_options(o));
+    return policy >= Policies::kSize || policy < -1 ? Status::kErrorInvalidArgument : Status::kSuccess;
+  }
+
+  Status configure(const Args& a, const Options& o, int policy, const DeviceInfo& d) noexcept {
+    const int index = policy >= 0 ? policy : default_policy(Op{}, d, a);
+    LaunchConfig lc;
+    PROX_RETURN_IF_ERROR(dispatch_policy<Policies>(index, [&](auto p) {
+      return Op::template configure<decltype(p)>(a, o, d, &lc);
+    }));
+    lc.pdl = o.pdl && d.supports_pdl();
+    args_ = a;
+    needs_ = Op::workspace_needs(a);
+    launch_ = lc;
+    policy_ = index;
+    ready_ = true;
+    return Status::kSuccess;
+  }
+
   Args args_{};
-  Options options_{};
+  WorkspaceNeeds needs_{};
   LaunchConfig launch_{};
   int policy_ = -1;
   bool ready_ = false;

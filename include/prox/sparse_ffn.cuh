@@ -128,8 +128,8 @@ class SparseFfn {
 
   /**
    * @brief Bytes of workspace a layer of this shape needs: the same for fp16 and bf16, SiLU and GeLU,
-   * every policy, fused Stage 2 or not, on any device. Layout in core/workspace.cuh (header, sync
-   * words, mask, s, scratch).
+   * every policy, fused Stage 2 or not, on any device. Layout: SparseFfn::Layout (header and sync
+   * words as core/workspace.cuh describes them, then the mask, s and the shared scratch).
    */
   static std::size_t workspace_bytes(int d_model, int d_ff) noexcept { return Layout(d_model, d_ff).total; }
   static std::size_t workspace_bytes(const Config& c) noexcept { return workspace_bytes(c.d_model, c.d_ff); }
@@ -176,7 +176,9 @@ class SparseFfn {
   const PlanOptions& plan_options() const noexcept { return opts_; }
   PolicyChoice choice() const noexcept { return opts_.choice; }
   bool fused_stage2() const noexcept { return opts_.fuse_stage2; }
-  //! The planned stages (their policies and launch configurations: benches, tests).
+  //! The planned stages (their policies and launch configurations: benches, tests). Their args() hold
+  //! stand-ins for the per-token pointers (x, mask, s, y point into W_gate): launch them only with
+  //! arguments of your own (Operator::run(args, ...)), never with run(workspace, ...).
   const Operator<Stage1Op>& stage1() const noexcept { return stage1_; }
   const Operator<FusedStage2Op>& fused_stage2_op() const noexcept { return fused_; }
   const Operator<GluOp>& glu_op() const noexcept { return glu_; }
@@ -215,40 +217,12 @@ class SparseFfn {
       std::size_t sc = n1.scratch > n2.scratch ? n1.scratch : n2.scratch;
       sc = n3.scratch > sc ? n3.scratch : sc;
       total = scratch + round_up(sc, kA);
-      (void)n3.sync;  // == n2.sync minus the barrier: the unfused down counters sit after the barrier
+      // n3.sync is n2.sync less the barrier: the unfused down counters sit after the fused barrier.
     }
   };
 
-  static Status check_plan(const Config& cfg, const Weights& w) noexcept {
-    if (w.gate == nullptr || w.up == nullptr || w.down_t == nullptr || ProxyFmt::data(w.proxy_gate) == nullptr ||
-        ProxyFmt::data(w.proxy_up) == nullptr)
-      return Status::kErrorNullPointer;
-    if (ProxyFmt::kNeedsScales && (w.proxy_gate.scales == nullptr || w.proxy_up.scales == nullptr))
-      return Status::kErrorNullPointer;
-    PROX_RETURN_IF_ERROR(check_ffn_shape(cfg.d_model, cfg.d_ff));
-    if (!valid_threshold(cfg.tau_x) || !valid_threshold(cfg.tau_s)) return Status::kErrorInvalidThreshold;
-    if (!is_aligned(w.gate, 16) || !is_aligned(w.up, 16) || !is_aligned(w.down_t, 16) ||
-        !is_aligned(ProxyFmt::data(w.proxy_gate), 16) || !is_aligned(ProxyFmt::data(w.proxy_up), 16) ||
-        !is_aligned(w.proxy_gate.scales, 4) || !is_aligned(w.proxy_up.scales, 4) || !is_aligned(cfg.thresholds, 4))
-      return Status::kErrorMisalignedPointer;
-    return Status::kSuccess;
-  }
-
   Status plan_impl(const Config& cfg, const Weights& w, const PlanOptions& opts) noexcept;
 
-  //! Stage 1's arguments for one token; x, mask and outputs filled in by the caller.
-  typename Stage1Op::Args stage1_args(const T* x) const noexcept {
-    typename Stage1Op::Args a;
-    a.x = x;
-    a.d_model = cfg_.d_model;
-    a.d_ff = cfg_.d_ff;
-    a.tau_x = cfg_.tau_x;
-    a.tau_s = cfg_.tau_s;
-    a.thresholds = cfg_.thresholds;
-    a.gate = w_.proxy_gate;
-    a.up = w_.proxy_up;
-    return a;
-  }
   //! Stage 1's view of the workspace: its counters and the shared scratch; a header found not ready
   //! makes it reset Stage 2's sync words too.
   OpWorkspace stage1_view(char* ws) const noexcept {
@@ -263,10 +237,9 @@ class SparseFfn {
   }
   Status check_run(const T* x, const void* out, const void* workspace, std::size_t workspace_size) const noexcept {
     if (!planned_) return Status::kErrorNotPlanned;
-    if (x == nullptr || out == nullptr || workspace == nullptr) return Status::kErrorNullPointer;
-    if (!is_aligned(x, 16) || !is_aligned(workspace, 16)) return Status::kErrorMisalignedPointer;
-    if (workspace_size < layout_.total) return Status::kErrorWorkspaceTooSmall;
-    return Status::kSuccess;
+    if (x == nullptr || out == nullptr) return Status::kErrorNullPointer;
+    PROX_RETURN_IF_ERROR(detail::check_workspace(workspace, workspace_size, layout_.total));
+    return is_aligned(x, 16) ? Status::kSuccess : Status::kErrorMisalignedPointer;
   }
 
   Config cfg_{};
@@ -294,32 +267,26 @@ Status SparseFfn<T, Act, ProxyFmt>::plan(const Config& cfg, const Weights& w, co
 
 template <class T, class Act, class ProxyFmt>
 Status SparseFfn<T, Act, ProxyFmt>::plan_impl(const Config& cfg, const Weights& w, const PlanOptions& opts) noexcept {
-  planned_ = false;
-  PROX_RETURN_IF_ERROR(check_plan(cfg, w));
   const PolicyChoice& c = opts.choice;
   if (c.proxy >= ProxyPolicies::kSize || c.glu >= GluPolicies::kSize || c.down >= DownPolicies::kSize ||
       c.glu_down >= GluDownPolicies::kSize)
     return Status::kErrorInvalidArgument;
-  cfg_ = cfg;
-  w_ = w;
-  opts_ = opts;
-  layout_ = Layout(cfg.d_model, cfg.d_ff);
-  tag_ = detail::layout_tag(cfg.d_model, cfg.d_ff);
   // Every op is planned with a stand-in for the per-token pointers (x, mask, s, y), which run() fills
   // in; can_implement() sees the real weights and shape. Only the Stage 2 that will run is planned.
-  const T* placeholder_x = w.gate;  // 16-byte aligned, non-null; never dereferenced by planning
+  const T* placeholder_x = w.gate;  // 16-byte aligned, non-null (else x's check reports it); never dereferenced
   auto* placeholder_mask = reinterpret_cast<std::uint32_t*>(const_cast<T*>(w.gate));
   auto* placeholder_s = reinterpret_cast<float*>(const_cast<T*>(w.gate));
   T* placeholder_y = const_cast<T*>(w.gate);
-  typename Stage1Op::Args a1 = stage1_args(placeholder_x);
+  typename Stage1Op::Args a1;
+  a1.x = placeholder_x;
+  a1.d_model = cfg.d_model;
+  a1.d_ff = cfg.d_ff;
+  a1.tau_x = cfg.tau_x;
+  a1.tau_s = cfg.tau_s;
+  a1.thresholds = cfg.thresholds;
+  a1.gate = w.proxy_gate;
+  a1.up = w.proxy_up;
   a1.channel_mask = placeholder_mask;
-  typename Stage1Op::Options o1;
-  o1.pdl = opts.pdl;  // waits (griddepcontrol.wait) before reading x or writing anything
-  o1.cluster = opts.cluster;
-  o1.spread = opts.spread;
-  PROX_RETURN_IF_ERROR(stage1_.initialize(a1, o1, c.proxy));
-  opts_.choice = PolicyChoice{};
-  opts_.choice.proxy = stage1_.policy();
   typename GluOp::Args g;
   g.x = placeholder_x;
   g.d_model = cfg.d_model;
@@ -328,33 +295,56 @@ Status SparseFfn<T, Act, ProxyFmt>::plan_impl(const Config& cfg, const Weights& 
   g.w_up = w.up;
   g.channel_mask = placeholder_mask;
   g.s = placeholder_s;
+  typename FusedStage2Op::Args f;
+  static_cast<typename GluOp::Args&>(f) = g;
+  f.w_down_t = w.down_t;
+  f.y = placeholder_y;
+  typename DownOp::Args d;
+  d.s = placeholder_s;
+  d.channel_mask = placeholder_mask;
+  d.w_down_t = w.down_t;
+  d.d_model = cfg.d_model;
+  d.d_ff = cfg.d_ff;
+  d.y = placeholder_y;
+  // The ops' own rules, every one before the device is asked anything.
+  PROX_RETURN_IF_ERROR(Stage1Op::can_implement(a1));
   if (opts.fuse_stage2) {
-    typename FusedStage2Op::Args f;
-    static_cast<typename GluOp::Args&>(f) = g;
-    f.w_down_t = w.down_t;
-    f.y = placeholder_y;
+    PROX_RETURN_IF_ERROR(FusedStage2Op::can_implement(f));
+  } else {
+    PROX_RETURN_IF_ERROR(GluOp::can_implement(g));
+    PROX_RETURN_IF_ERROR(DownOp::can_implement(d));
+  }
+  DeviceInfo dev;
+  PROX_RETURN_IF_ERROR(query_device(&dev));  // once, for every stage
+
+  typename Stage1Op::Options o1;
+  o1.pdl = opts.pdl;  // waits (griddepcontrol.wait) before reading x or writing anything
+  o1.cluster = opts.cluster;
+  o1.spread = opts.spread;
+  PROX_RETURN_IF_ERROR(stage1_.initialize(a1, o1, c.proxy, dev));
+  opts_ = opts;
+  opts_.choice = PolicyChoice{};
+  opts_.choice.proxy = stage1_.policy();
+  if (opts.fuse_stage2) {
     typename FusedStage2Op::Options o2;
     o2.pdl = opts.pdl;
     o2.cooperative = opts.cooperative;
-    PROX_RETURN_IF_ERROR(fused_.initialize(f, o2, c.glu_down));
+    PROX_RETURN_IF_ERROR(fused_.initialize(f, o2, c.glu_down, dev));
     opts_.choice.glu_down = fused_.policy();
   } else {
     typename GluOp::Options og;
     og.pdl = opts.pdl;
-    PROX_RETURN_IF_ERROR(glu_.initialize(g, og, c.glu));
-    typename DownOp::Args d;
-    d.s = placeholder_s;
-    d.channel_mask = placeholder_mask;
-    d.w_down_t = w.down_t;
-    d.d_model = cfg.d_model;
-    d.d_ff = cfg.d_ff;
-    d.y = placeholder_y;
+    PROX_RETURN_IF_ERROR(glu_.initialize(g, og, c.glu, dev));
     typename DownOp::Options od;
     od.pdl = opts.pdl;
-    PROX_RETURN_IF_ERROR(down_.initialize(d, od, c.down));
+    PROX_RETURN_IF_ERROR(down_.initialize(d, od, c.down, dev));
     opts_.choice.glu = glu_.policy();
     opts_.choice.down = down_.policy();
   }
+  cfg_ = cfg;
+  w_ = w;
+  layout_ = Layout(cfg.d_model, cfg.d_ff);
+  tag_ = detail::layout_tag(cfg.d_model, cfg.d_ff);
   planned_ = true;
   return Status::kSuccess;
 }
@@ -370,8 +360,9 @@ Status SparseFfn<T, Act, ProxyFmt>::run(const T* x, T* y, void* workspace, std::
   std::uint32_t* mask =
       out.channel_mask != nullptr ? out.channel_mask : reinterpret_cast<std::uint32_t*>(ws + layout_.mask);
   float* s = out.s != nullptr ? out.s : reinterpret_cast<float*>(ws + layout_.s);
-
-  typename Stage1Op::Args a1 = stage1_args(x);
+  // The planned arguments, with this token's pointers in place of plan()'s stand-ins.
+  typename Stage1Op::Args a1 = stage1_.args();
+  a1.x = x;
   a1.channel_mask = mask;
   a1.s_proxy = out.s_proxy;
   a1.counters = out.counters;
@@ -382,18 +373,11 @@ Status SparseFfn<T, Act, ProxyFmt>::run(const T* x, T* y, void* workspace, std::
   stamp.stamp = reinterpret_cast<std::uint32_t*>(ws);
   stamp.tag = tag_;
   auto* stage2_sync = reinterpret_cast<std::uint32_t*>(ws + layout_.stage2_sync);
-  GluGemvArgs<T> g;
-  g.x = x;
-  g.d_model = cfg_.d_model;
-  g.d_ff = cfg_.d_ff;
-  g.w_gate = w_.gate;
-  g.w_up = w_.up;
-  g.channel_mask = mask;
-  g.s = s;
   if (opts_.fuse_stage2) {
-    GluDownGemvArgs<T> f;
-    static_cast<GluGemvArgs<T>&>(f) = g;
-    f.w_down_t = w_.down_t;
+    typename FusedStage2Op::Args f = fused_.args();
+    f.x = x;
+    f.channel_mask = mask;
+    f.s = s;
     f.y = y;
     OpWorkspace v;
     v.sync = stage2_sync;
@@ -401,15 +385,16 @@ Status SparseFfn<T, Act, ProxyFmt>::run(const T* x, T* y, void* workspace, std::
     v.guard = stamp;
     return fused_.launch(f, v, stream);
   }
+  typename GluOp::Args g = glu_.args();
+  g.x = x;
+  g.channel_mask = mask;
+  g.s = s;
   OpWorkspace vg;
   vg.guard = stamp;
   PROX_RETURN_IF_ERROR(glu_.launch(g, vg, stream));
-  DownGemvArgs<T> d;
+  typename DownOp::Args d = down_.args();
   d.s = s;
   d.channel_mask = mask;
-  d.w_down_t = w_.down_t;
-  d.d_model = cfg_.d_model;
-  d.d_ff = cfg_.d_ff;
   d.y = y;
   OpWorkspace vd;
   vd.sync = stage2_sync + detail::kBarrierWords;  // the down counters the fused Stage 2 also uses
@@ -424,7 +409,8 @@ Status SparseFfn<T, Act, ProxyFmt>::run_proxy_values(const T* x, float* s_proxy,
   PROX_RETURN_IF_ERROR(check_run(x, s_proxy, workspace, workspace_size));
   if (!is_aligned(s_proxy, 4)) return Status::kErrorMisalignedPointer;
   char* ws = static_cast<char*>(workspace);
-  typename Stage1Op::Args a1 = stage1_args(x);
+  typename Stage1Op::Args a1 = stage1_.args();
+  a1.x = x;
   a1.channel_mask = reinterpret_cast<std::uint32_t*>(ws + layout_.mask);
   a1.s_proxy = s_proxy;
   return stage1_.launch(a1, stage1_view(ws), stream);

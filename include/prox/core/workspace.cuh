@@ -144,6 +144,13 @@ inline OpWorkspace standalone_view(void* ws, const WorkspaceNeeds& n) noexcept {
   return v;
 }
 
+//! The caller's workspace for a launch that needs `need` bytes: non-null, large enough, 16-byte aligned.
+inline Status check_workspace(const void* ws, std::size_t have, std::size_t need) noexcept {
+  if (ws == nullptr) return Status::kErrorNullPointer;
+  if (have < need) return Status::kErrorWorkspaceTooSmall;
+  return is_aligned(ws, 16) ? Status::kSuccess : Status::kErrorMisalignedPointer;
+}
+
 #if defined(__CUDACC__)
 //! The header words a kernel checks, loaded by workspace_header() and judged by workspace_ready().
 struct HeaderWords {
@@ -210,9 +217,7 @@ PROX_DEVICE PROX_FORCEINLINE void stamp_header(const WorkspaceGuard& g, unsigned
  * Stage 2 or not. Needs at least the header (detail::kHeaderBytes).
  */
 inline Status initialize_workspace(void* workspace, std::size_t bytes, cudaStream_t stream) noexcept {
-  if (workspace == nullptr) return Status::kErrorNullPointer;
-  if (bytes < detail::kHeaderBytes) return Status::kErrorWorkspaceTooSmall;
-  if (!is_aligned(workspace, 16)) return Status::kErrorMisalignedPointer;
+  PROX_RETURN_IF_ERROR(detail::check_workspace(workspace, bytes, detail::kHeaderBytes));
   // Everything zero, then every header copy {magic, kTagAny} (bytes 0x5a up to the status word).
   if (cudaMemsetAsync(workspace, 0, bytes, stream) != cudaSuccess ||
       cudaMemsetAsync(workspace, 0x5a, detail::kHeaderStatusOffset, stream) != cudaSuccess)

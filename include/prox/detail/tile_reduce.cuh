@@ -11,7 +11,6 @@
 #include "../core/config.hpp"
 #include "../core/math.hpp"
 #include "../core/warp.cuh"
-#include "../core/workspace.cuh"
 
 PROX_NAMESPACE_BEGIN
 namespace detail {
