@@ -137,9 +137,10 @@ def workspace_dirty(workspace: torch.Tensor) -> bool:
 
 
 def pack_int4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """INT4 proxy of an nn.Linear weight [d_ff, d_model] (fp16/bf16, CUDA): (packed [d_model, d_ff/8] int32
-    holding uint32 words, scales [d_ff] float32), layout v1 (docs/int4-format.md). Offline: it synchronizes
-    the stream (to reject NaN/Inf weights)."""
+    """INT4 proxy of an nn.Linear weight [d_ff, d_model] (fp16/bf16): (packed [d_model, d_ff/8] int32
+    holding uint32 words, scales [d_ff] float32), layout v1 (docs/int4-format.md). A CUDA weight is packed on
+    the device (int4::pack_device), a CPU one by the host packer (int4::pack_host); the two are bit-identical.
+    Offline: on CUDA it synchronizes the stream (to reject NaN/Inf weights)."""
     _require()
     return torch.ops.prox.pack_int4(w)
 
@@ -148,6 +149,15 @@ def transpose(w: torch.Tensor) -> torch.Tensor:
     """[rows, cols] -> contiguous [cols, rows] on the device (W_down^T from nn.Linear's W_down)."""
     _require()
     return torch.ops.prox.transpose(w)
+
+
+def write_thresholds(thresholds: torch.Tensor, tau_x: float, tau_s: float) -> None:
+    """Write (tau_x, tau_s) into a layer's device float32 [2] thresholds tensor: two fills on the current
+    stream (no host sync, no re-plan, seen by graphs already captured)."""
+    if not (tau_x >= 0.0 and tau_s >= 0.0):  # NaN fails too
+        raise ValueError(f"prox: thresholds must be >= 0, got ({tau_x}, {tau_s})")
+    thresholds[0].fill_(float(tau_x))
+    thresholds[1].fill_(float(tau_s))
 
 
 class FfnOutputs(NamedTuple):

@@ -40,8 +40,8 @@ def allocate_sparsity(e: float, alpha: float = ALPHA, s_ref: float = S_REF, s1_m
     """
     if not (alpha > 0.0 and s1_min >= 0.0 and s1_max >= s1_min and s1_max < 1.0 and 0.0 <= s_ref <= 1.0):
         raise ValueError("prox: malformed allocation rule")
-    if not (isinstance(e, (int, float)) and not math.isnan(e) and 0.0 <= e <= max_effective_sparsity(alpha, s1_max)):
-        top = max_effective_sparsity(alpha, s1_max)
+    top = max_effective_sparsity(alpha, s1_max)
+    if not (isinstance(e, (int, float)) and not math.isnan(e) and 0.0 <= e <= top):
         raise ValueError(f"prox: target effective sparsity must be in [0, {top:.4f}], got {e}")
     k = 2.0 * alpha / 3.0
     s1 = 1.0 - (s_ref - e) / k

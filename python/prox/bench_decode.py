@@ -216,26 +216,28 @@ class ZeroMLP(nn.Module):
         return torch.zeros_like(x)
 
 
-def sync_cache_position(cache, pos) -> None:
+def reset_cache_position(cache, position: int) -> None:
     """transformers >= 5 static caches write at their own per-layer counter (cumulative_length), not at
-    cache_position: set it to pos so that a step replayed from a reset position writes where it reads."""
+    cache_position. Each update advances it by one, in step with the decode step's pos += 1, so the two drift
+    apart only when a runner rewinds pos: rewind the counters with it, so that a step replayed from the reset
+    position writes where it reads. (Before a layer's lazy initialization the counter is a CPU tensor, which
+    that initialization moves to the device with its value.) Older caches, which write at cache_position,
+    have no such counter."""
     for layer in getattr(cache, "layers", ()):
         n = getattr(layer, "cumulative_length", None)
         if isinstance(n, torch.Tensor):
-            if n.device != pos.device:  # before the layer's lazy initialization (warm-up only)
-                layer.cumulative_length = n = n.to(pos.device)
-            n.copy_(pos.reshape(n.shape))
+            n.fill_(position)
 
 
 def hf_step(model, cache, compiled=None, mlps=None):
     """One transformers decode step from position pos (in place: tok <- argmax, pos += 1); mlps, when given,
-    are installed in the model first (the runners share one model)."""
+    are installed in the model first (the runners share one model). A runner that rewinds pos must rewind the
+    cache's counters too (reset_cache_position)."""
     fwd = compiled or model
 
     def step(tok, pos):
         if mlps is not None:
             set_mlps(model, mlps)
-        sync_cache_position(cache, pos)
         out = fwd(input_ids=tok, cache_position=pos, past_key_values=cache, use_cache=True)
         logits = out.logits[:, -1]
         tok.copy_(torch.argmax(logits, dim=-1).view_as(tok))
@@ -253,10 +255,12 @@ def set_mlps(model, mlps):
 
 
 class Runner:
-    """Captures a step in a CUDA graph (or runs it eagerly on the CPU) and times new tokens."""
+    """Captures a step in a CUDA graph (or runs it eagerly on the CPU) and times new tokens. on_reset(ctx),
+    when given, runs whenever the position is reset to ctx (outside the graph)."""
 
-    def __init__(self, fn, tok, pos, ctx: int, use_graph: bool):
+    def __init__(self, fn, tok, pos, ctx: int, use_graph: bool, on_reset=None):
         self.fn, self.tok, self.pos, self.ctx, self.use_graph = fn, tok, pos, ctx, use_graph
+        self.on_reset = on_reset
         self.graph = None
         with torch.no_grad():
             for _ in range(2):  # warm-up: plans, lazy caches, compiled kernels
@@ -278,13 +282,8 @@ class Runner:
     def reset(self):
         self.tok.fill_(1)
         self.pos.fill_(self.ctx)
-
-    def run(self, n: int):
-        if self.graph is not None:
-            self.graph.replay()
-        else:
-            with torch.no_grad():
-                self.fn(self.tok, self.pos)
+        if self.on_reset is not None:
+            self.on_reset(self.ctx)
 
     def time(self, new_tokens: int, repeats: int = 1) -> float:
         """Seconds per token (median over repeats of new_tokens steps from position ctx)."""
@@ -302,8 +301,9 @@ class Runner:
                 best.append(a.elapsed_time(b) / 1e3 / new_tokens)
             else:
                 t = time.perf_counter()
-                for _ in range(new_tokens):
-                    self.run(1)
+                with torch.no_grad():
+                    for _ in range(new_tokens):
+                        self.fn(self.tok, self.pos)
                 best.append((time.perf_counter() - t) / new_tokens)
         best.sort()
         return best[len(best) // 2]
@@ -471,7 +471,8 @@ def run_cell(args, kind, model, cfg, dense_mlps, sparse, zero, thresholds, table
         compiled = torch.compile(model, dynamic=False) if kind == "hfc" else None
         t = time.time()
         for name, mlps in (("dense", dense_mlps), ("none", zero), ("prox", sparse)):
-            runners[name] = Runner(hf_step(model, cache, compiled, mlps), tok, pos, ctx, use_graph)
+            runners[name] = Runner(hf_step(model, cache, compiled, mlps), tok, pos, ctx, use_graph,
+                                   on_reset=lambda n: reset_cache_position(cache, n))
             if name == "dense":
                 compile_s = time.time() - t
         set_mlps(model, dense_mlps)

@@ -79,7 +79,7 @@ class ThresholdResult:
 
 class Calibrator:
     """Streams samples and returns the threshold of a target sparsity (prox::calib::ThresholdCalibrator's
-    rule). ``device`` is where the reservoir lives (the samples' device by default)."""
+    rule). The reservoir lives on the samples' device."""
 
     def __init__(self, capacity: int = DEFAULT_CAPACITY, seed: int = DEFAULT_SEED):
         if capacity < 1:
@@ -174,8 +174,16 @@ def calibrate_layer(x: torch.Tensor, s1: float, s2: float,
     cal = Calibrator(capacity, seed)
     cal.add(x2)
     rx = cal.finalize(s1)
-    cal.reset()
-    for t0 in range(0, x2.shape[0], token_chunk):
-        cal.add(proxy_values(x2[t0:t0 + token_chunk], rx.tau))
-    rs = cal.finalize(s2)
+    rs = proxy_threshold(x2, rx.tau, s2, proxy_values, capacity=capacity, seed=seed, token_chunk=token_chunk)
     return LayerThresholds(rx.tau, rs.tau, s1, s2, rx.realized, rs.realized, x2.shape[0], rx.reachable and rs.reachable)
+
+
+def proxy_threshold(x2: torch.Tensor, tau_x: float, s2: float,
+                    proxy_values: Callable[[torch.Tensor, float], torch.Tensor], *, capacity: int = DEFAULT_CAPACITY,
+                    seed: int = DEFAULT_SEED, token_chunk: int = 1024) -> ThresholdResult:
+    """calibrate_layer's second step: tau_s = quantile at s2 of |s~| over Stage 1's values under tau_x for the
+    tokens x2 [tokens, d_model], computed token_chunk tokens at a time."""
+    cal = Calibrator(capacity, seed)
+    for t0 in range(0, x2.shape[0], token_chunk):
+        cal.add(proxy_values(x2[t0:t0 + token_chunk], tau_x))
+    return cal.finalize(s2)

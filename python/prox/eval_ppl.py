@@ -137,8 +137,9 @@ def main(argv=None) -> int:
 
     dense_ppl, n_scored = perplexity(model, ev_w, args.device)
     log(f"dense: perplexity {dense_ppl:.3f} over {n_scored} predicted tokens")
-    # One copy of the dense weights: each configuration swaps the MLPs for SparseMLPs (keep_down=True, so the
-    # dense MLPs can be put back) and restores them afterwards.
+    # One copy of the dense weights: each configuration swaps the MLPs for SparseMLPs, which share the original
+    # modules' Linear layers (keep_down=True: W_down stays referenced, as the originals hold it anyway), and
+    # puts the original modules back afterwards.
     originals = {n: m for n, m in mlps}
     known = prox.load_thresholds(args.thresholds) if args.thresholds and os.path.exists(args.thresholds) else []
     rows = []
@@ -167,8 +168,7 @@ def main(argv=None) -> int:
             log(f"e={e:.2f} {split}: perplexity {ppl:.3f} ({100 * (ppl / dense_ppl - 1):+.1f} %), realized "
                 f"s1 {rep['s1']:.3f} s2 {rep['s2']:.3f} e^ {rep['effective']:.3f}; {len(splits_used)} distinct "
                 f"(s1, s2); mean FFN error {err:.4f} ({how}, {time.time() - t:.0f} s)")
-            for name, m in originals.items():  # back to dense for the next configuration
-                prox.nn._set_submodule(model, name, m)
+            prox.nn.restore_mlps(model, originals=originals)  # back to dense for the next configuration
 
     lines = [f"Perplexity of {desc} on prox/data/{os.path.basename(args.eval_text)} "
              f"({n_scored} predicted tokens, windows of {args.seq_len}; {str(dtype).replace('torch.', '')}, "

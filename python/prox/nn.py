@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 from . import _ops, reference
 from ._ops import PlanOptions
+from .planned import sparsity_report as counters_report
 
 #: Buffers that stay float32 whatever dtype the module is converted to (model.half(), .to(bf16)).
 _FLOAT32_BUFFERS = ("scale_gate", "scale_up", "thresholds")
@@ -156,21 +157,26 @@ class SparseMLP(nn.Module):
     def _apply(self, fn, recurse=True):
         # model.half() / .to(torch.bfloat16) must not round the float32 scales and thresholds.
         keep = {k: self._buffers.pop(k) for k in _FLOAT32_BUFFERS}
+        # The workspace is derived state, not a tensor to convert: fn(workspace) would give every layer its
+        # own copy of a shared workspace (uninitialized on a new device), and a module built on the CPU has
+        # none. After the move the layer keeps a workspace already on its device (a dtype change), else takes
+        # the shared one of its shape there (initialized once), or none off CUDA.
+        ws = self._buffers.pop("workspace")
         super()._apply(fn, recurse)
         for k, t in keep.items():
             moved = fn(t)
             self._buffers[k] = moved if moved.dtype == t.dtype else t.to(device=moved.device)
-        if self.workspace is not None and self.workspace.is_cuda and _ops.available():
-            _ops.initialize_workspace(self.workspace)
+        device = self.down_t.device
+        if ws is None or ws.device != device:
+            ws = shared_workspace(self.d_model, self.d_ff, device) \
+                if device.type == "cuda" and _ops.available() else None
+        self._buffers["workspace"] = ws
         self._q_cache = None
         return self
 
     def set_thresholds(self, tau_x: float, tau_s: float) -> None:
         """New thresholds, written into the device tensor every run reads (no re-plan, no re-capture)."""
-        if not (tau_x >= 0.0 and tau_s >= 0.0):
-            raise ValueError(f"prox: thresholds must be >= 0, got ({tau_x}, {tau_s})")
-        self.thresholds[0].fill_(float(tau_x))
-        self.thresholds[1].fill_(float(tau_s))
+        _ops.write_thresholds(self.thresholds, tau_x, tau_s)
 
     def get_thresholds(self) -> tuple[float, float]:
         t = self.thresholds.tolist()
@@ -187,10 +193,9 @@ class SparseMLP(nn.Module):
             self.counters.zero_()
 
     def sparsity_report(self) -> dict:
-        from .planned import sparsity_report
         if self.counters is None:
             raise RuntimeError("prox: build the SparseMLP with track_sparsity=True to count")
-        return sparsity_report(self.counters, self.d_model, self.d_ff)
+        return counters_report(self.counters, self.d_model, self.d_ff)
 
     def memory_bytes(self) -> dict:
         """Bytes of what this layer adds to the dense MLP (proxies, scales, W_down^T), and of what it keeps."""
@@ -234,11 +239,11 @@ class SparseMLP(nn.Module):
         y, _, mask, _ = reference.prox_ffn(x2, self.gate_proj.weight, self.up_proj.weight, self.down_t, qg,
                                            self.scale_gate, qu, self.scale_up, tau_x, tau_s, self.act,
                                            return_all=True)
-        if self.counters is not None:
-            kept = (x2.float().abs() >= tau_x).sum()
-            c = torch.stack([torch.tensor(x2.shape[0], device=kept.device), kept, mask.sum(),
-                             torch.zeros((), dtype=torch.int64, device=kept.device)]).to(self.counters)
-            self.counters.add_(c)
+        c = self.counters
+        if c is not None:  # {calls, kept inputs, selected channels, 0}, as the op counts
+            c[0] += x2.shape[0]
+            c[1] += reference.input_mask(x2, tau_x).sum()
+            c[2] += mask.sum()
         return y
 
     def sparse_op(self, x2: torch.Tensor) -> torch.Tensor:
@@ -319,14 +324,19 @@ def swap_mlps(model: nn.Module, **kw) -> list[str]:
     return names
 
 
-def restore_mlps(model: nn.Module, mlp_factory=None) -> None:
-    """Put dense MLPs back (needs keep_down=True so W_down is still there): each SparseMLP becomes a module
-    with gate_proj, up_proj, down_proj and act_fn (mlp_factory(sparse) -> module, or a generic one)."""
+def restore_mlps(model: nn.Module, mlp_factory=None, *, originals: Optional[dict] = None) -> None:
+    """Put dense MLPs back. A SparseMLP whose name is in ``originals`` ({name: module}, e.g. find_mlps()'s
+    modules kept from before the swap) gets that module back as it was; any other needs keep_down=True (so
+    W_down is still there) and becomes a module with gate_proj, up_proj, down_proj and act_fn
+    (mlp_factory(sparse) -> module, or a generic one)."""
     for name, m in list(sparse_mlps(model)):
-        if not m.keep_down:
+        if originals is not None and name in originals:
+            new = originals[name]
+        elif not m.keep_down:
             raise RuntimeError(f"prox: {name} dropped W_down (keep_down=False): cannot restore the dense MLP")
-        _set_submodule(model, name, mlp_factory(m) if mlp_factory else DenseMLP(m.gate_proj, m.up_proj, m.down_proj,
-                                                                                  m.act))
+        else:
+            new = mlp_factory(m) if mlp_factory else DenseMLP(m.gate_proj, m.up_proj, m.down_proj, m.act)
+        _set_submodule(model, name, new)
 
 
 class DenseMLP(nn.Module):

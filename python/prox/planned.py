@@ -16,6 +16,7 @@ import torch
 
 from . import _ops
 from ._ops import FfnOutputs, PlanOptions
+from .allocation import ALPHA, effective_sparsity
 
 
 def _check_weight(name: str, t: torch.Tensor, shape: tuple[int, int], dtype: torch.dtype, device) -> None:
@@ -100,17 +101,7 @@ class PlannedFfn:
     def set_thresholds(self, tau_x: float, tau_s: float) -> None:
         """Write new thresholds into the device tensor every run reads (two fills on the current stream:
         no host sync, no re-plan, valid for graphs already captured)."""
-        if not (tau_x >= 0.0 and tau_s >= 0.0):  # NaN fails too
-            raise ValueError(f"prox: thresholds must be >= 0, got ({tau_x}, {tau_s})")
-        self.thresholds[0].fill_(float(tau_x))
-        self.thresholds[1].fill_(float(tau_s))
-
-    @property
-    def extra_bytes(self) -> int:
-        """Bytes this layer holds beyond w_gate, w_up and W_down (proxies, scales, W_down^T, workspace
-        if it owns one)."""
-        t = [self.proxy_gate, self.scale_gate, self.proxy_up, self.scale_up, self.w_down_t]
-        return sum(x.numel() * x.element_size() for x in t)
+        _ops.write_thresholds(self.thresholds, tau_x, tau_s)
 
     # ------------------------------------------------------------ running
 
@@ -141,14 +132,23 @@ def new_counters(device: torch.device | str = "cuda") -> torch.Tensor:
     return torch.zeros(4, dtype=torch.int64, device=device)
 
 
-def sparsity_report(counters: torch.Tensor, d_model: int, d_ff: int, alpha: float = 1.0 / 3.0) -> dict:
+def sparsity_report(counters: torch.Tensor, d_model: int, d_ff: int, alpha: float = ALPHA) -> dict:
     """s1, s2 and the effective sparsity e^ measured by counters (prox::make_report). Reads the device."""
-    from .allocation import effective_sparsity
+    return summed_report([(counters.tolist(), d_model, d_ff)], alpha)
 
-    c = [int(v) for v in counters.tolist()]
-    calls = c[0]
+
+def summed_report(rows, alpha: float = ALPHA) -> dict:
+    """The report of counters summed over layers: rows of (counters as 4 ints, d_model, d_ff). s1 and s2
+    are the fractions of every input and channel the layers' calls dropped."""
+    calls = kept = selected = inputs = channels = 0
+    for c, d_model, d_ff in rows:
+        calls += int(c[0])
+        kept += int(c[1])
+        selected += int(c[2])
+        inputs += int(c[0]) * d_model
+        channels += int(c[0]) * d_ff
     if calls == 0:
         return {"calls": 0, "s1": 0.0, "s2": 0.0, "effective": 0.0}
-    s1 = 1.0 - c[1] / (calls * d_model)
-    s2 = 1.0 - c[2] / (calls * d_ff)
+    s1 = 1.0 - kept / inputs
+    s2 = 1.0 - selected / channels
     return {"calls": calls, "s1": s1, "s2": s2, "effective": effective_sparsity(s1, s2, alpha)}

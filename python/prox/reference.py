@@ -66,11 +66,9 @@ def pack_int4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return words.to(torch.int32).contiguous(), scales
 
 
-def unpack_int4(packed: torch.Tensor, d_ff: int | None = None) -> torch.Tensor:
+def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
     """Signed q in [-8, 7] as int8 [d_ff, d_model] (nn.Linear layout) from packed [d_model, d_ff/8]."""
     d_model, words = packed.shape
-    if d_ff is not None and d_ff != words * CHANNELS_PER_WORD:
-        raise ValueError("prox: unpack_int4: d_ff does not match the packed width")
     w = packed.to(torch.int64) & 0xFFFFFFFF
     shifts = torch.tensor([4 * p for p in NIBBLE_OF_CHANNEL], dtype=torch.int64, device=packed.device)
     q = ((w[:, :, None] >> shifts) & 0xF) - BIAS  # [d_model, words, 8]: channel 8w + c

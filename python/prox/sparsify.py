@@ -24,8 +24,10 @@ import torch.nn as nn
 from . import reference
 from ._ops import PlanOptions
 from .allocation import ALPHA, StageSparsity, allocate_sparsity, split_candidates
-from .calibration import DEFAULT_CAPACITY, DEFAULT_SEED, Calibrator, calibrate_layer, quantile_threshold
+from .calibration import (DEFAULT_CAPACITY, DEFAULT_SEED, Calibrator, calibrate_layer, proxy_threshold,
+                          quantile_threshold)
 from .nn import SparseMLP, _set_submodule, find_mlps, set_mode, sparse_mlps
+from .planned import summed_report
 from .thresholds import LayerRecord, ThresholdConfig, find_config, load_thresholds
 
 
@@ -75,22 +77,23 @@ def _layer_error(sp: SparseMLP, x: torch.Tensor, tau_x: float, tau_s: float, y_d
     return _relative_error(y, y_dense)
 
 
-def _search_split(sp: SparseMLP, x: torch.Tensor, e: float, cands: Sequence[StageSparsity], capacity: int,
-                  seed: int, search_tokens: int):
-    """(best candidate, [(s1, s2, error)]) by the FFN output error on up to search_tokens tokens."""
-    xs = x[:search_tokens]
-    y_dense = reference.dense_ffn(xs, sp.gate_proj.weight, sp.up_proj.weight, sp.down_t, sp.act)
+def _search_split(sp: SparseMLP, xs: torch.Tensor, y_dense: torch.Tensor, cands: Sequence[StageSparsity],
+                  capacity: int, seed: int):
+    """(best candidate, [(s1, s2, error)]) by the FFN output error on the tokens xs (y_dense: their dense
+    output). Each candidate is calibrated on xs by calibrate_layer's rule; |xs| is sampled and sorted once for
+    all of them."""
     cal = Calibrator(capacity, seed)
     cal.add(xs)
     ax = cal.magnitudes()
     qg, qu = sp._q()
+
+    def proxy_values(x2, tau_x):
+        return reference.proxy_values(x2, qg, sp.scale_gate, qu, sp.scale_up, tau_x, sp.act)
     rows = []
     for c in cands:
         tau_x = quantile_threshold(ax, c.s1)[0]
-        s = reference.proxy_values(xs, qg, sp.scale_gate, qu, sp.scale_up, tau_x, sp.act)
-        cs = Calibrator(capacity, seed)
-        cs.add(s)
-        tau_s = cs.finalize(c.s2).tau
+        tau_s = proxy_threshold(xs, tau_x, c.s2, proxy_values, capacity=capacity, seed=seed,
+                                token_chunk=max(1, xs.shape[0])).tau
         rows.append((c.s1, c.s2, _layer_error(sp, xs, tau_x, tau_s, y_dense)))
     best = min(range(len(rows)), key=lambda i: rows[i][2])
     return cands[best], rows
@@ -191,15 +194,15 @@ def sparsify(model: nn.Module, e: float, calibration_inputs=None, *, thresholds=
         x = torch.cat(xs)
         sp = mlp if isinstance(mlp, SparseMLP) else SparseMLP.from_mlp(mlp, prefill="sparse", **kw)
         sp.prefill = "sparse"
+        xs_err = x[:search_tokens]  # the tokens the split search and the reported output error are scored on
+        y_dense = reference.dense_ffn(xs_err, sp.gate_proj.weight, sp.up_proj.weight, sp.down_t, sp.act)
         if split == "search":
-            choice, rows = _search_split(sp, x, e, cands, capacity, seed, search_tokens)
+            choice, rows = _search_split(sp, xs_err, y_dense, cands, capacity, seed)
             search_rows[name] = rows
         else:
             choice = paper
         lt = calibrate_layer(x, choice.s1, choice.s2, sp.proxy_values, capacity=capacity, seed=seed)
         sp.set_thresholds(lt.tau_x, lt.tau_s)
-        xs_err = x[:search_tokens]
-        y_dense = reference.dense_ffn(xs_err, sp.gate_proj.weight, sp.up_proj.weight, sp.down_t, sp.act)
         err = _layer_error(sp, xs_err, lt.tau_x, lt.tau_s, y_dense)
         cfg.layers.append(LayerRecord(name, sp.d_model, sp.d_ff, sp.act, choice.s1, choice.s2, lt.tau_x, lt.tau_s,
                                       lt.realized_s1, lt.realized_s2, err))
@@ -233,20 +236,11 @@ def apply_thresholds(model: nn.Module, config: ThresholdConfig) -> None:
 
 
 def sparsity_report(model: nn.Module) -> dict:
-    """Runtime sparsity over every SparseMLP built with track_sparsity=True (summed counters)."""
-    from .allocation import effective_sparsity
-    calls = kept = sel = 0
-    dm = dff = 0
-    for _, m in sparse_mlps(model):
-        if m.counters is None:
-            continue
-        c = m.counters.tolist()
-        calls += c[0]
-        kept += c[1]
-        sel += c[2]
-        dm += c[0] * m.d_model
-        dff += c[0] * m.d_ff
-    if calls == 0:
-        return {"calls": 0, "s1": 0.0, "s2": 0.0, "effective": 0.0}
-    s1, s2 = 1.0 - kept / dm, 1.0 - sel / dff
-    return {"calls": calls, "s1": s1, "s2": s2, "effective": effective_sparsity(s1, s2)}
+    """Runtime sparsity over every SparseMLP built with track_sparsity=True (summed counters; one read of
+    the device for all layers)."""
+    layers = [m for _, m in sparse_mlps(model) if m.counters is not None]
+    if not layers:
+        return summed_report([])
+    dev = layers[0].counters.device
+    counts = torch.stack([m.counters.to(dev) for m in layers]).tolist()
+    return summed_report((c, m.d_model, m.d_ff) for c, m in zip(counts, layers))

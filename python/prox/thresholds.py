@@ -20,6 +20,8 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
+from .allocation import ALPHA
+
 FORMAT = "prox-thresholds"
 VERSION = 1
 INT4_LAYOUT = "prox-int4-kmajor-i8-v1"
@@ -45,7 +47,7 @@ class ThresholdConfig:
     e: float
     split: str  #: "paper" (the allocation rule) or "search" (per-layer split chosen by output error)
     layers: list = field(default_factory=list)  #: LayerRecord
-    alpha: float = 1.0 / 3.0
+    alpha: float = ALPHA
     calibration: dict = field(default_factory=dict)  #: tokens, capacity, seed, source text, ...
 
     def by_name(self) -> dict:
@@ -84,7 +86,7 @@ def from_dict(d: dict) -> list:
     for c in d["configs"]:
         layers = [LayerRecord(**{k: _dec(v) for k, v in r.items()}) for r in c["layers"]]
         configs.append(ThresholdConfig(e=float(c["e"]), split=c["split"], layers=layers,
-                                       alpha=float(c.get("alpha", 1.0 / 3.0)), calibration=c.get("calibration", {})))
+                                       alpha=float(c.get("alpha", ALPHA)), calibration=c.get("calibration", {})))
     return configs
 
 

@@ -162,7 +162,7 @@ def test_workspace_bytes():
     assert prox.workspace_bytes(576, 1536) > 256
     with pytest.raises(ValueError):
         prox.workspace_bytes(12, 64)
-    assert prox.int4_layout() == "prox-int4-kmajor-i8-v1"
+    assert prox.int4_layout() == prox.thresholds.INT4_LAYOUT  # the tag thresholds files record
 
 
 @requires_ext
@@ -288,6 +288,59 @@ def test_sparse_mlp_keeps_float32_buffers_on_dtype_change():
     assert sp.gate_proj.weight.dtype == torch.bfloat16 and sp.down_t.dtype == torch.bfloat16
 
 
+def test_sparse_mlp_workspace_is_derived_state_cpu():
+    """Off CUDA a SparseMLP has no workspace, whatever it is converted to; a workspace already on the module's
+    device is kept as it is through conversions (not copied, not re-initialized); a move off it drops it."""
+    m = _tiny_llama(1)
+    sp = prox.SparseMLP.from_mlp(m.model.layers[0].mlp, track_sparsity=True)
+    assert sp.workspace is None
+    sp.to(torch.bfloat16).float().to("cpu")
+    assert sp.workspace is None
+    ws = torch.arange(4096, dtype=torch.int64).remainder(251).to(torch.uint8)  # a given workspace, any contents
+    want = ws.clone()
+    sp2 = prox.SparseMLP.from_mlp(_tiny_llama(1).model.layers[0].mlp, workspace=ws)
+    sp2.to(torch.bfloat16).half().to("cpu")
+    assert sp2.workspace is ws and torch.equal(ws, want)
+    sp2.to("meta")  # another device, not CUDA: no workspace there
+    assert sp2.workspace is None and sp2.down_t.device.type == "meta"
+
+
+def test_sparse_mlp_counters_and_reports_cpu():
+    """The torch path's counters are the op's {calls, kept inputs, selected channels, 0}; the model-wide report
+    sums every tracking layer of any shape (one read of all counters) and skips layers without counters."""
+    import torch.nn as nn
+    torch.manual_seed(0)
+    layers, want = nn.ModuleList(), [0, 0, 0, 0, 0]  # calls, kept, selected, calls * d_model, calls * d_ff
+    for d_model, d_ff, track, tokens in ((64, 128, True, 5), (32, 96, True, 3), (64, 128, False, 4)):
+        lin = [nn.Linear(a, b, bias=False) for a, b in ((d_model, d_ff), (d_model, d_ff), (d_ff, d_model))]
+        sp = prox.SparseMLP(*lin, prefill="sparse", tau_x=0.4, tau_s=0.03, track_sparsity=track)
+        x = torch.randn(tokens, d_model)
+        with torch.no_grad():
+            sp(x)
+            sp(x[:1])
+        layers.append(sp)
+        if not track:
+            assert sp.counters is None
+            continue
+        selected = 0
+        for xc in (x, x[:1]):  # the two calls
+            _, _, mask, _ = reference.prox_ffn(xc, lin[0].weight, lin[1].weight, sp.down_t, sp.proxy_gate,
+                                               sp.scale_gate, sp.proxy_up, sp.scale_up, sp.thresholds[0],
+                                               sp.thresholds[1], "silu", return_all=True)
+            selected += int(mask.sum())
+        kept = int((x.abs() >= torch.tensor(0.4)).sum()) + int((x[:1].abs() >= torch.tensor(0.4)).sum())
+        c = [tokens + 1, kept, selected, 0]
+        assert sp.counters.tolist() == c
+        s1, s2 = 1 - c[1] / (c[0] * d_model), 1 - c[2] / (c[0] * d_ff)
+        assert sp.sparsity_report() == prox.counters_report(sp.counters, d_model, d_ff) == {
+            "calls": c[0], "s1": s1, "s2": s2, "effective": prox.effective_sparsity(s1, s2)}
+        want = [w + v for w, v in zip(want, c[:3] + [c[0] * d_model, c[0] * d_ff])]
+    rep = prox.sparsity_report(layers)
+    s1, s2 = 1 - want[1] / want[3], 1 - want[2] / want[4]
+    assert rep == {"calls": want[0], "s1": s1, "s2": s2, "effective": prox.effective_sparsity(s1, s2)}
+    assert prox.sparsity_report(nn.ModuleList()) == {"calls": 0, "s1": 0.0, "s2": 0.0, "effective": 0.0}
+
+
 def test_sparsify_sequential_order_and_roundtrip(tmp_path):
     m = _tiny_llama()
     ids = torch.randint(0, 128, (3, 24))
@@ -340,6 +393,28 @@ def test_sparsify_search_split():
     assert (cfg.layers[0].s1, cfg.layers[0].s2) == pytest.approx((best[0], best[1]))
     for s1, s2, _ in rows:
         assert prox.effective_sparsity(s1, s2) == pytest.approx(0.6)
+
+
+def test_restore_mlps_cpu():
+    """eval_ppl's round trip: sparsify, then the original modules back (any keep_down), or generic dense MLPs."""
+    m = _tiny_llama(2)
+    ids = torch.randint(0, 128, (2, 16))
+    originals = dict(prox.find_mlps(m))
+    with torch.no_grad():
+        dense = m(ids).logits
+    prox.sparsify(m, 0.6, ids, prefill="sparse")
+    prox.nn.restore_mlps(m, originals=originals)
+    assert dict(prox.find_mlps(m)) == originals
+    with torch.no_grad():
+        assert torch.equal(m(ids).logits, dense)
+    prox.sparsify(m, 0.6, ids, prefill="sparse")
+    with pytest.raises(RuntimeError, match="keep_down"):
+        prox.nn.restore_mlps(m)
+    prox.swap_mlps(m2 := _tiny_llama(2), keep_down=True)
+    prox.nn.restore_mlps(m2)
+    assert all(isinstance(mm, prox.nn.DenseMLP) for _, mm in prox.find_mlps(m2))
+    with torch.no_grad():
+        assert torch.allclose(m2(ids).logits, dense, atol=1e-5)
 
 
 def test_gemma_style_gelu_mlp_cpu():

@@ -2,6 +2,8 @@
 """SparseMLP and sparsify on the GPU with small transformers models: the decode path (the op) against the
 torch reference, decode vs prefill, sequential calibration with realized sparsity near the targets, the
 thresholds file round trip, generate(), GeGLU (Gemma) and Qwen3 MLPs."""
+import copy
+
 import pytest
 import torch
 
@@ -12,7 +14,7 @@ pytestmark = requires_cuda
 transformers = pytest.importorskip("transformers")
 
 
-def tiny(kind="llama", dtype=torch.float16, layers=2, seed=0):
+def tiny(kind="llama", dtype=torch.float16, layers=2, seed=0, device="cuda"):
     common = dict(vocab_size=512, hidden_size=256, intermediate_size=768, num_hidden_layers=layers,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
     if kind == "llama":
@@ -27,7 +29,7 @@ def tiny(kind="llama", dtype=torch.float16, layers=2, seed=0):
     else:
         raise ValueError(kind)
     torch.manual_seed(seed)
-    return cls(cfg).to(device="cuda", dtype=dtype).eval()
+    return cls(cfg).to(device=device, dtype=dtype).eval()
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen3", "gemma"])
@@ -105,3 +107,33 @@ def test_change_sparsity_per_request_without_recapture(tmp_path):
             prox.apply_thresholds(m, cfg)
             g.replay()
             assert torch.equal(y, mlp(x))
+
+
+@pytest.mark.parametrize("convert", ["cuda", "cuda_half"])
+def test_sparse_mlp_built_on_cpu_then_moved_to_cuda(convert):
+    """SparseMLPs made on the CPU and moved with the model get the shared workspace of their shape on the device
+    (one tensor for all layers, initialized once) and compute bit for bit what SparseMLPs made on the device do.
+    "cuda_half": made from float32 weights that fp16 represents exactly (the same proxies), then .cuda().half()."""
+    src = tiny("llama", torch.float16, layers=2, device="cpu")
+    direct = copy.deepcopy(src).to(device="cuda", dtype=torch.float16)
+    moved = src if convert == "cuda" else src.float()
+    prox.swap_mlps(moved)
+    assert all(mm.workspace is None for _, mm in prox.find_mlps(moved))
+    moved.cuda()
+    if convert == "cuda_half":
+        moved.half()
+    prox.swap_mlps(direct)
+    a = [layer.mlp for layer in moved.model.layers]
+    b = [layer.mlp for layer in direct.model.layers]
+    ws = prox.nn.shared_workspace(256, 768, b[0].down_t.device)
+    assert all(mm.workspace is not None and mm.workspace.data_ptr() == ws.data_ptr() for mm in a + b)
+    assert a[0].thresholds.dtype == torch.float32 and a[0].down_t.dtype == torch.float16
+    x = torch.randn(1, 1, 256, device="cuda", dtype=torch.float16)
+    with torch.no_grad():
+        for ma, mb in zip(a, b):
+            assert torch.equal(ma.proxy_gate, mb.proxy_gate) and torch.equal(ma.scale_up, mb.scale_up)
+            ma.set_thresholds(0.5, 0.01)
+            mb.set_thresholds(0.5, 0.01)
+            assert ma._use_op(x.reshape(-1, 256))
+            assert torch.equal(ma(x), mb(x))
+    assert not prox.workspace_dirty(ws)  # initialized: the runs were sparse, not the exact-dense fallback
