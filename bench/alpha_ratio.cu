@@ -199,10 +199,8 @@ class AlphaTool {
       const float tau_x = prox_bench::magnitude_threshold(abs_x, s1_pct / 100.0);
 
       // Same kept inputs in both formats, checked on the device counters.
-      const unsigned long long kept4 =
-          count_kept<Int4Fmt, prox::ProxyGemvPolicies>(q4, K, N, tau_x, token, mask, counters);
-      const unsigned long long kept16 =
-          count_kept<Fp16Fmt, prox::DenseProxyGemvPolicies>(q16, K, N, tau_x, token, mask, counters);
+      const unsigned long long kept4 = count_kept<Int4Fmt>(q4, K, N, tau_x, token, mask, counters);
+      const unsigned long long kept16 = count_kept<Fp16Fmt>(q16, K, N, tau_x, token, mask, counters);
       if (kept4 != kept16)
         throw std::runtime_error(
             fmt::format("{} s1={}%: INT4 kept {} inputs, fp16 kept {}", shape.name, s1_pct, kept4, kept16));
@@ -211,17 +209,13 @@ class AlphaTool {
       row.int4_bytes = prox_bench::stage1_int4_bytes(row.kept_rows, K, N, sizeof(Half));
       row.fp16_bytes = prox_bench::stage1_dense_bytes(row.kept_rows, K, N, sizeof(Half), sizeof(Half));
 
-      time_all<Int4Fmt, prox::ProxyGemvPolicies>("int4", q4, shape, s1_pct, tau_x, token, mask, l4, &row.int4_best,
-                                                 &row.int4_best_name, &row.int4_best_index, &row.int4_default,
-                                                 &row.int4_default_name);
-      time_all<Fp16Fmt, prox::DenseProxyGemvPolicies>("fp16", q16, shape, s1_pct, tau_x, token, mask, l16,
-                                                       &row.fp16_best, &row.fp16_best_name, &row.fp16_best_index,
-                                                       &row.fp16_default, &row.fp16_default_name);
+      time_all<Int4Fmt>("int4", q4, shape, s1_pct, tau_x, token, mask, l4, &row.int4_best, &row.int4_best_name,
+                        &row.int4_best_index, &row.int4_default, &row.int4_default_name);
+      time_all<Fp16Fmt>("fp16", q16, shape, s1_pct, tau_x, token, mask, l16, &row.fp16_best, &row.fp16_best_name,
+                        &row.fp16_best_index, &row.fp16_default, &row.fp16_default_name);
       constexpr float kNothingKept = std::numeric_limits<float>::infinity();
-      row.int4_empty = time_index<Int4Fmt, prox::ProxyGemvPolicies>(row.int4_best_index, q4, shape, kNothingKept,
-                                                                    token, mask, l4);
-      row.fp16_empty = time_index<Fp16Fmt, prox::DenseProxyGemvPolicies>(row.fp16_best_index, q16, shape,
-                                                                         kNothingKept, token, mask, l16);
+      row.int4_empty = time_policy<Int4Fmt>(row.int4_best_index, q4, shape, kNothingKept, token, mask, l4);
+      row.fp16_empty = time_policy<Fp16Fmt>(row.fp16_best_index, q16, shape, kNothingKept, token, mask, l16);
       fmt::print(
           stderr,
           "[prox_alpha] {} s1={:>2}% (measured {:.4f}): INT4 {:.2f} us ({}), fp16 {:.2f} us ({}), alpha {:.3f} "
@@ -270,18 +264,10 @@ class AlphaTool {
     return a;
   }
 
-  //! Throw when a kernel found `ws` not ready since its initialize_workspace() (its outputs were NaN).
-  void check_workspace(const DeviceBuffer& ws) const {
-    prox::Status st = prox::Status::kSuccess;
-    PROX_BENCH_PROX(prox::read_workspace_status(ws.get(), stream_, &st));
-    PROX_BENCH_PROX(st);
-  }
-
   //! Kept inputs summed over all tokens, from SparsityCounters of one eager launch per token.
-  template <class Fmt, class List, class TokenFn>
+  template <class Fmt, class TokenFn>
   unsigned long long count_kept(const ProxySet& set, int K, int N, float tau_x, const TokenFn& token,
                                 const DeviceBuffer& mask, const DeviceBuffer& counters) {
-    static_assert(std::is_same_v<List, typename ProxyOp<Fmt>::Policies>, "List is the format's candidate list");
     const prox::ProxyGemvArgs<Half, Fmt> probe = args<Fmt>(set, 0, K, N, tau_x, token(0), mask.as<std::uint32_t>());
     ProxyOp<Fmt> op;
     PROX_BENCH_PROX(op.initialize(probe, {}, 0));  // policy 0, no PDL
@@ -297,7 +283,7 @@ class AlphaTool {
     prox::SparsityCounters h{};
     PROX_BENCH_CUDA(cudaMemcpyAsync(&h, cnt, sizeof(h), cudaMemcpyDeviceToHost, stream_));
     PROX_BENCH_CUDA(cudaStreamSynchronize(stream_));
-    check_workspace(ws);
+    prox_bench::check_workspace(ws, "proxy workspace", stream_);
     if (h.calls != static_cast<unsigned long long>(opt_.tokens))
       throw std::runtime_error(fmt::format("SparsityCounters counted {} calls, expected {}", h.calls, opt_.tokens));
     return h.kept_inputs;
@@ -311,7 +297,7 @@ class AlphaTool {
     const int K = shape.d_model;
     const int N = shape.d_ff;
     const prox::ProxyGemvArgs<Half, Fmt> probe = args<Fmt>(set, 0, K, N, tau_x, token(0), mask.as<std::uint32_t>());
-    typename ProxyOp<Fmt>::Options o;  // no clusters, spread on: as the launches before the op contract
+    typename ProxyOp<Fmt>::Options o;  // the op's defaults (no clusters, spread on), PDL where asked and possible
     o.pdl = opt_.pdl && dev_.cc_major >= 9;
     ProxyOp<Fmt> op;
     PROX_BENCH_PROX(op.initialize(probe, o, index));
@@ -323,31 +309,22 @@ class AlphaTool {
       PROX_BENCH_PROX(op.run(a, ws.get(), ws.bytes(), s));
     });
     const Timing t = graph.measure(opt_.warmup, opt_.iterations);
-    check_workspace(ws);
+    prox_bench::check_workspace(ws, "proxy workspace", stream_);
     return t;
   }
 
-  //! time_policy for the policy at `index` of List.
-  template <class Fmt, class List, class TokenFn>
-  Timing time_index(int index, const ProxySet& set, const FfnShape& shape, float tau_x, const TokenFn& token,
-                    const DeviceBuffer& mask, int launches) {
-    static_assert(std::is_same_v<List, typename ProxyOp<Fmt>::Policies>, "List is the format's candidate list");
-    return time_policy<Fmt>(index, set, shape, tau_x, token, mask, launches);
-  }
-
-  //! Time every policy of List; report the best and the plan-time default (dispatch.cuh's rule).
-  template <class Fmt, class List, class TokenFn>
+  //! Time every policy of the format's list; report the best and the plan-time default (dispatch.cuh's rule).
+  template <class Fmt, class TokenFn>
   void time_all(const char* fmt_name, const ProxySet& set, const FfnShape& shape, int s1_pct, float tau_x,
                 const TokenFn& token, const DeviceBuffer& mask, int launches, Timing* best, std::string* best_name,
                 int* best_index, Timing* dflt, std::string* dflt_name) {
-    static_assert(std::is_same_v<List, typename ProxyOp<Fmt>::Policies>, "List is the format's candidate list");
     const int K = shape.d_model;
     const int N = shape.d_ff;
     ProxyOp<Fmt> planner;  // the policy Operator::initialize picks for this device and shape
     PROX_BENCH_PROX(planner.initialize(args<Fmt>(set, 0, K, N, tau_x, token(0), mask.as<std::uint32_t>())));
     const int default_index = planner.policy();
     best->median_s = std::numeric_limits<double>::infinity();
-    prox::for_each_policy<List>([&](auto p, int index) {
+    prox::for_each_policy<typename ProxyOp<Fmt>::Policies>([&](auto p, int index) {
       using P = decltype(p);
       const Timing t = time_policy<Fmt>(index, set, shape, tau_x, token, mask, launches);
       per_policy_.push_back({shape.name, s1_pct, fmt_name, index, P::name(), t});

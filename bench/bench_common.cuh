@@ -260,6 +260,16 @@ using DeviceBuffer = ::prox_support::DeviceBuffer;
 
 inline std::size_t align_up(std::size_t v, std::size_t a = 256) { return (v + a - 1) / a * a; }
 
+//! Throw, naming `what`, when a kernel found the workspace `ws` not ready since its
+//! initialize_workspace() (prox::read_workspace_status: the flagged runs were exact-dense in a
+//! SparseFfn, NaN in a standalone op, so not what was meant to be measured). Synchronizes `stream`.
+inline void check_workspace(const DeviceBuffer& ws, const char* what, cudaStream_t stream) {
+  prox::Status st = prox::Status::kSuccess;
+  PROX_BENCH_PROX(prox::read_workspace_status(ws.get(), stream, &st));
+  if (st != prox::Status::kSuccess)
+    throw std::runtime_error(std::string(what) + ": " + prox::to_string(st) + " (flagged by a kernel)");
+}
+
 // ---------------------------------------------------------------- random data
 /**
  * @brief Fill n elements of T with N(0, stddev^2) values of random stream `seed` on `stream`
@@ -656,10 +666,7 @@ float calibrate_tau_s(const typename prox::SparseFfn<T, Act, Fmt>::Weights& w, c
     const std::vector<float> h = to_host(s_proxy.as<const float>(), static_cast<std::size_t>(shape.d_ff), stream);
     for (float v : h) all.push_back(std::fabs(v));
   }
-  // A workspace a kernel found not ready would have given NaN s~ (core/workspace.cuh): refuse them.
-  prox::Status ws_status = prox::Status::kSuccess;
-  PROX_BENCH_PROX(prox::read_workspace_status(ws.get(), stream, &ws_status));
-  PROX_BENCH_PROX(ws_status);
+  check_workspace(ws, "calibration workspace", stream);  // not ready: the s~ were NaN
   return magnitude_threshold(std::move(all), s2);
 }
 

@@ -52,6 +52,7 @@
 
 namespace {
 
+using prox_bench::check_workspace;
 using prox_bench::DeviceBuffer;
 using prox_bench::FfnShape;
 using prox_bench::GraphReplay;
@@ -90,8 +91,9 @@ struct Globals {
 };
 Globals g;
 
-//! Dense FFN seconds per launch, measured in this process: "Qwen3-8B/f16" -> s.
-std::map<std::string, double> g_dense_s;  //!< median seconds of a dense baseline, by bench name
+//! Median seconds per launch of the dense baselines measured in this process, by bench name
+//! (dense_seconds): "dense_ffn/Qwen3-8B/f16" -> s.
+std::map<std::string, double> g_dense_s;
 
 // ---------------------------------------------------------------- per-layer context (one alive at a time)
 struct ContextBase {
@@ -215,14 +217,6 @@ prox::OpWorkspace stage2_view(const DeviceBuffer& ws, const typename Op::Args& a
   return v;
 }
 
-//! Throw when a kernel found `ws` not ready (its header flagged) since its initialize_workspace().
-inline void check_workspace(const DeviceBuffer& ws, const char* what, cudaStream_t s) {
-  prox::Status st = prox::Status::kSuccess;
-  PROX_BENCH_PROX(prox::read_workspace_status(ws.get(), s, &st));
-  if (st != prox::Status::kSuccess)
-    throw std::runtime_error(std::string(what) + ": " + prox::to_string(st) + " (flagged by a kernel)");
-}
-
 // ---------------------------------------------------------------- the ops' arguments for launch i
 // Launch i reads weight copy i mod copies and token i mod tokens (Stage 2: that token's mask and s).
 
@@ -321,7 +315,7 @@ void setup_ops(Context<T>& ctx, SparseSetup<T>& sp, const prox::PolicyChoice& re
   }
   sp.choice.glu = sp.glu_op.policy();
   sp.choice.down = sp.down_op.policy();
-  // Launched as before: policy 0, no PDL (its predecessor in the graph is itself).
+  // Policy 0 and the default options, so no PDL (its predecessor in the graph is itself).
   PROX_BENCH_PROX(sp.threshold_op.initialize(threshold_args(ctx, sp, 0), {}, 0));
 
   using ProxyOp = prox::Operator<typename Ffn::Stage1Op>;
@@ -406,11 +400,8 @@ SparseSetup<T>& sparse_setup(Context<T>& ctx, int e_pct) {
                                                                             sp->target.s2, toks, sp->choice, s);
   sp->ffns.resize(static_cast<std::size_t>(ctx.layer.copies()));
   for (int c = 0; c < ctx.layer.copies(); ++c) {
-    typename Ffn::PlanOptions pc;
+    typename Ffn::PlanOptions pc = po;
     pc.choice = sp->choice;
-    pc.fuse_stage2 = g_opt.fuse;
-    pc.cluster = g_opt.cluster;
-    pc.spread = g_opt.spread;
     PROX_BENCH_PROX(sp->ffns[c].plan({K, N, sp->tau_x, sp->tau_s}, weights_of(c), pc));
   }
   const Ffn& ffn0 = sp->ffns[0];
@@ -589,7 +580,6 @@ void enqueue_dense_ffn(Context<T>& ctx, int i, cudaStream_t s) {
   ctx.dense.run(l.w_gate, l.w_up, l.w_down_t, ctx.layer.token(i % ctx.layer.tokens()), ctx.y.template as<T>(), s);
 }
 
-//! Dense FFN seconds for (shape, T), measured once per process (by dense_ffn or on demand).
 //! The dense baselines, as their benches name them.
 enum class DenseKind { kFfn, kGemvUp, kGemvDown };
 constexpr const char* dense_name(DenseKind k) {

@@ -20,6 +20,8 @@
 #include <prox/proxy_gemv.cuh>
 #include <prox/sparse_ffn.cuh>
 
+#include <prox_tuning/verify.hpp>
+
 #include "common.hpp"
 #include "reference/reference.hpp"
 
@@ -159,20 +161,14 @@ inline std::vector<double> values_of(const std::vector<prox_ref::Bounded>& b) {
   return v;
 }
 
-inline bool mask_bit(const std::vector<std::uint32_t>& mask, int j) { return (mask[j / 32] >> (j % 32)) & 1u; }
+//! Channel bitmasks (bit j % 32 of word j / 32): the tuner's, which the tests link.
+using ::prox::tuning::verify::flags_to_mask;
+using ::prox::tuning::verify::mask_bit;
 
 inline std::vector<std::uint8_t> mask_to_flags(const std::vector<std::uint32_t>& mask, int n) {
   std::vector<std::uint8_t> f(n);
   for (int j = 0; j < n; ++j) f[j] = mask_bit(mask, j);
   return f;
-}
-
-//! Bitmask words of a flag vector (bit j % 32 of word j / 32).
-inline std::vector<std::uint32_t> flags_to_mask(const std::vector<std::uint8_t>& f) {
-  std::vector<std::uint32_t> m((f.size() + 31) / 32, 0u);
-  for (std::size_t j = 0; j < f.size(); ++j)
-    if (f[j]) m[j / 32] |= 1u << (j % 32);
-  return m;
 }
 
 //! Stage-2 s from the device against the reference on a given channel set: selected channels within

@@ -15,52 +15,47 @@
 
 #include <prox/int4_format.hpp>
 #include <prox/core/types.cuh>
+#include <prox_tuning/verify.hpp>
 
-namespace prox_ref {
+// Hidden visibility, as prox's own namespace: the results below hold verify::Bounded, a prox type, and
+// GCC warns of a default-visibility struct with a field of hidden type (-Wattributes; prox/version.hpp).
+namespace prox_ref PROX_NAMESPACE_VISIBILITY {
+
+//! The rounding-error model and the float64 activations are the tuner's (prox_tuning/verify.hpp),
+//! which checks its candidates by the same rules: one definition of each term.
+namespace verify = ::prox::tuning::verify;
 
 enum class Act { kSiLU, kGeluTanh };
 
-inline double act(Act a, double g) {
-  if (a == Act::kSiLU) return g / (1.0 + std::exp(-g));
-  const double c = std::sqrt(2.0 / M_PI);
-  return 0.5 * g * (1.0 + std::tanh(c * (g + 0.044715 * g * g * g)));
-}
-
-//! fp32 unit roundoff.
-constexpr double kEps32 = 5.9604644775390625e-08;  // 2^-24
-//! Bound on |act'(g)| for SiLU (1.0998) and tanh-GELU (1.1289).
-constexpr double kActSlope = 1.2;
+inline double act(Act a, double g) { return a == Act::kSiLU ? verify::silu(g) : verify::gelu_tanh(g); }
 
 /**
  * @brief Rounding-error factor of an fp32 sum of n products computed in any fixed order
  * (a worst-case-style bound, loose enough for the kernels' lane/warp/split-K trees, far below the
  * O(1) error of any indexing bug): gamma(n) = (n + 64) * 2^-24.
  */
-inline double gamma(std::size_t n) { return (static_cast<double>(n) + 64.0) * kEps32; }
-
-//! fp16 unit roundoff (2^-11) and the INT4 Stage 1's fp16 step sums (prox::Int4Weights::fma_step:
-//! at most kInt4StepRows rows per step, x scaled by 2^-6 before the products, 2^6 after).
-constexpr double kEps16 = 4.8828125e-04;
-constexpr int kInt4StepRows = 4;
+using verify::gamma;
 
 /**
- * @brief Extra error of the INT4 Stage 1's fp16 step sums, in two parts. Rounding: each fused
- * multiply-add of a step rounds once, relative 2^-11 of at most the step's sum of |x q|, so a
- * channel whose kept rows sum |x q| to abs_xq is off by at most int4_step_rounding(abs_xq).
- * Subnormals (the same for every channel of a token): absolute 2^-25 in units of x 2^-6, i.e.
- * 2^-19, per product, and for |x| < 2^-8 (x 2^-6 subnormal) also per x, times |q| <= 8.
+ * @brief Extra error of the INT4 Stage 1's fp16 step sums (prox::Int4Weights::fma_step: at most
+ * verify::kInt4StepRows rows per step, x scaled by 2^-6 before the products, 2^6 after), in two
+ * parts. Rounding: each fused multiply-add of a step rounds once, relative 2^-11 of at most the
+ * step's sum of |x q|, so a channel whose kept rows sum |x q| to abs_xq is off by at most
+ * int4_step_rounding(abs_xq). Subnormals (the same for every channel of a token): absolute 2^-25 in
+ * units of x 2^-6, i.e. 2^-19, per product, and for |x| < 2^-8 (x 2^-6 subnormal) also per x, times
+ * |q| <= 8.
  */
-inline double int4_step_rounding(double abs_xq) { return kInt4StepRows * kEps16 * abs_xq; }
+using verify::int4_step_rounding;
 inline double int4_step_subnormal(const std::vector<double>& x, const std::vector<int>& kept) {
   double e = 0.0;
-  for (int k : kept) e += (std::fabs(x[k]) < 0.00390625 ? 9.0 : 1.0) * 1.9073486328125e-06;  // 2^-19
+  for (int k : kept) e += (std::fabs(x[k]) < verify::kInt4SmallX ? 9.0 : 1.0) * verify::kInt4SubnormalPerProduct;
   return e;
 }
 
 //! Relative rounding of storing to T (half an ulp).
 template <class T>
 constexpr double store_rel() {
-  return std::is_same_v<T, __half> ? 4.8828125e-04 : 3.90625e-03;  // 2^-11, 2^-8
+  return std::is_same_v<T, __half> ? verify::kStoreRelF16 : verify::kStoreRelBf16;
 }
 
 template <class T>
@@ -71,22 +66,11 @@ std::vector<double> to_double(const std::vector<T>& v) {
 }
 
 //! A value with a bound on the error an fp32 implementation may make computing it.
-struct Bounded {
-  double v = 0.0;
-  double err = 0.0;
-};
+using verify::Bounded;
 
-//! s = u * act(g) from bounded g and u.
-inline Bounded glu(Act a, Bounded g, Bounded u) {
-  const double h = act(a, g.v);
-  Bounded s;
-  s.v = u.v * h;
-  // Propagated input errors, the product's rounding, and the fp32 activation's own error: tanh-GELU
-  // loses relative accuracy where 1 + tanh(.) cancels (g << 0), so that term is absolute in |g|.
-  s.err = std::fabs(h) * u.err + std::fabs(u.v) * kActSlope * g.err + u.err * kActSlope * g.err +
-          8.0 * kEps32 * std::fabs(s.v) + 16.0 * kEps32 * std::fabs(u.v) * std::fabs(g.v);
-  return s;
-}
+//! s = u * act(g) from bounded g and u (verify::glu: propagated input errors, the product's
+//! rounding, and the fp32 activation's own error).
+inline Bounded glu(Act a, Bounded g, Bounded u) { return verify::glu(g, u, act(a, g.v)); }
 
 // ---------------------------------------------------------------- dense FFN
 /**
@@ -171,8 +155,8 @@ inline Stage1Result stage1_int4(const std::vector<double>& x, int K, int N, floa
       au += std::fabs(x[k] * quk);
     }
     const double scg = sg[j], scu = su[j];
-    const double eg = gamma(r.kept.size()) * ag + int4_step_rounding(ag) + sub + kEps32 * std::fabs(g);
-    const double eu = gamma(r.kept.size()) * au + int4_step_rounding(au) + sub + kEps32 * std::fabs(u);
+    const double eg = gamma(r.kept.size()) * ag + int4_step_rounding(ag) + sub + verify::kUnitRoundoff32 * std::fabs(g);
+    const double eu = gamma(r.kept.size()) * au + int4_step_rounding(au) + sub + verify::kUnitRoundoff32 * std::fabs(u);
     const Bounded bg{g * scg, eg * scg};
     const Bounded bu{u * scu, eu * scu};
     r.s[j] = glu(a, bg, bu);

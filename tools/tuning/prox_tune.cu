@@ -135,7 +135,8 @@ int parse(int argc, char** argv, Args* a) {
   app.add_option("--rotate-mb", rotate_mb, "weight MiB touched between two uses of a buffer (default: 2 x L2)")
       ->type_name("N")
       ->check(int_in(1, 1 << 20));
-  app.add_flag("--no-verify", no_verify, "skip the check of every candidate against policy 0");
+  app.add_flag("--no-verify", no_verify,
+               "skip the output checks: policy 0 against the float64 reference, the others against policy 0");
   app.add_flag("--dry-run", a->dry_run, "tune and print, do not write the cache");
   app.add_flag("--show", a->show, "print the cache file of this GPU and exit");
   app.add_flag("-q,--quiet", a->quiet, "print only the summary");

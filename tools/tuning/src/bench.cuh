@@ -138,7 +138,7 @@ class Bench {
 
   DeviceSet device_set(int set) const {
     DeviceSet s;
-    const char* base = sets_.get() + static_cast<std::size_t>(set) * set_bytes_;
+    const char* base = sets_.as<const char>(static_cast<std::size_t>(set) * set_bytes_);
     for (std::size_t m = 0; m < specs_.size(); ++m) {
       s.m[m] = base;
       base += round_up(specs_[m].bytes(), kRegionAlign);
@@ -151,7 +151,7 @@ class Bench {
   Status ensure_sets(int n) {
     if (n <= nsets_) return Status::kSuccess;
     nsets_ = 0;
-    PROX_RETURN_IF_ERROR(sets_.alloc(static_cast<std::size_t>(n) * set_bytes_));
+    PROX_RETURN_IF_ERROR(allocate(sets_, static_cast<std::size_t>(n) * set_bytes_));
     // Each (op, set, matrix) its own stream of values.
     const std::uint64_t op_seed = ::prox::detail::splitmix64(o_.seed ^ fnv1a64(Op::kName));
     for (int set = 0; set < n; ++set) {
@@ -186,7 +186,7 @@ class Bench {
       planned_[static_cast<std::size_t>(c)] = ops_[static_cast<std::size_t>(c)].initialize(a, IO::options(), c);
     PROX_RETURN_IF_ERROR(planned_[0]);
     const std::size_t bytes = Operator<Op>::workspace_bytes(a);
-    PROX_RETURN_IF_ERROR(ws_.alloc(bytes));
+    PROX_RETURN_IF_ERROR(allocate(ws_, bytes));
     if (bytes > 0) PROX_RETURN_IF_ERROR(initialize_workspace(ws_.get(), bytes, stream_));
     PROX_RETURN_IF_ERROR(cuda_ok(cudaStreamSynchronize(stream_)));
     is_planned_ = true;

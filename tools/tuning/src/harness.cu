@@ -5,7 +5,7 @@
 
 #include <prox/core/launch.cuh>
 #include <prox/core/math.hpp>
-#include <prox/core/types.cuh>
+#include <prox_support/random.cuh>
 
 PROX_NAMESPACE_BEGIN
 namespace tuning {
@@ -24,45 +24,32 @@ int choose_index(const std::vector<double>& medians, double tolerance) noexcept 
 namespace detail {
 namespace {
 
-//! Threads per block and the most blocks of the fill kernels (a grid-stride loop covers the rest).
-constexpr unsigned kFillThreads = 256;
-constexpr unsigned kFillMaxBlocks = 4096;
-//! Multiplier that decorrelates consecutive indices before splitmix64.
-constexpr std::uint64_t kIndexMix = 0xd1b54a32d192ed03ull;
-//! Seed offset of the per-line magnitude (independent of the element values).
-constexpr std::uint64_t kLineSeed = 0x5851f42d4c957f2dull;
+//! The random streams of one matrix's seed: its values, and the magnitudes of its lines.
+constexpr std::uint64_t kValueStream = 0;
+constexpr std::uint64_t kLineStream = 1;
 
-//! A uniform float in [0, 1) from 24 random bits of (seed, i).
-PROX_HOST_DEVICE inline float unit_float(std::uint64_t seed, std::uint64_t i) {
-  return static_cast<float>(::prox::detail::splitmix64(seed ^ (i * kIndexMix)) >> 40) * (1.0f / 16777216.0f);
-}
-
+/**
+ * @brief The synthetic weights of a WeightSpec of T: element i of a [rows][cols] matrix uniform in
+ * [lo, hi), times 2^-e where e, uniform in [0, kMagnitudeOctaves), is drawn per row or per column
+ * (`spread`) from a stream of its own; a prox_support::fill generator.
+ */
 template <class T>
-__global__ void fill_kernel(T* __restrict__ p, std::size_t rows, std::size_t cols, std::uint64_t seed, float lo,
-                            float hi, int spread) {
-  const std::size_t n = rows * cols;
-  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
-  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    float v = lo + (hi - lo) * unit_float(seed, i);
-    if (spread != static_cast<int>(Spread::kNone)) {
-      const std::size_t line = spread == static_cast<int>(Spread::kRows) ? i / cols : i % cols;
-      const int e = static_cast<int>(::prox::detail::splitmix64((seed + kLineSeed) ^ (line * kIndexMix)) %
-                                     static_cast<std::uint64_t>(kMagnitudeOctaves));
-      v = ldexpf(v, -e);
+struct SpreadUniformGen {
+  std::uint64_t value_key;
+  std::uint64_t line_key;
+  float lo, hi;
+  std::size_t cols;
+  Spread spread;
+  __device__ T operator()(std::size_t i) const {
+    float v = lo + (hi - lo) * prox_support::uniform_at(value_key, i);
+    if (spread != Spread::kNone) {
+      const std::size_t line = spread == Spread::kRows ? i / cols : i % cols;
+      const std::uint32_t e = prox_support::bits_at(line_key, line) % static_cast<std::uint32_t>(kMagnitudeOctaves);
+      v = ldexpf(v, -static_cast<int>(e));
     }
-    if constexpr (std::is_same<T, float>::value) {
-      p[i] = v;
-    } else {
-      p[i] = from_float<T>(v);
-    }
+    return prox_support::from_float<T>(v);
   }
-}
-
-__global__ void fill_bits_kernel(std::uint32_t* __restrict__ p, std::size_t n, std::uint64_t seed) {
-  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
-  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
-    p[i] = static_cast<std::uint32_t>(::prox::detail::splitmix64(seed ^ (i * kIndexMix)) >> 32);
-}
+};
 
 //! Busy-waits `ns` nanoseconds of the global timer.
 __global__ void spin_kernel(unsigned long long ns) {
@@ -75,17 +62,11 @@ __global__ void spin_kernel(unsigned long long ns) {
   }
 }
 
-LaunchConfig fill_config(std::size_t n) {
-  LaunchConfig lc;
-  lc.grid = dim3(static_cast<unsigned>(std::min<std::size_t>(ceil_div<std::size_t>(n, kFillThreads), kFillMaxBlocks)));
-  lc.block = dim3(kFillThreads);
-  return lc;
-}
-
 template <class T>
 Status fill_typed(void* p, const WeightSpec& s, std::uint64_t seed, cudaStream_t stream) noexcept {
-  return ::prox::detail::launch_kernel(fill_kernel<T>, fill_config(s.rows * s.cols), stream, static_cast<T*>(p), s.rows,
-                                       s.cols, seed, s.lo, s.hi, static_cast<int>(s.spread));
+  const SpreadUniformGen<T> gen{prox_support::random_key(seed, kValueStream),
+                                prox_support::random_key(seed, kLineStream), s.lo, s.hi, s.cols, s.spread};
+  return cuda_ok(prox_support::fill(static_cast<T*>(p), s.rows * s.cols, gen, stream));
 }
 
 //! Nearest-rank percentile of sorted values.
@@ -135,9 +116,9 @@ Status fill_weights(void* p, const WeightSpec& s, std::uint64_t seed, cudaStream
     case Elem::kF16: return fill_typed<__half>(p, s, seed, stream);
     case Elem::kBF16: return fill_typed<__nv_bfloat16>(p, s, seed, stream);
     case Elem::kF32: return fill_typed<float>(p, s, seed, stream);
-    case Elem::kBits32:
-      return ::prox::detail::launch_kernel(fill_bits_kernel, fill_config(s.rows * s.cols), stream,
-                                           static_cast<std::uint32_t*>(p), s.rows * s.cols, seed);
+    case Elem::kBits32:  // INT4 words: every nibble pattern is a valid weight
+      return cuda_ok(
+          prox_support::fill_bits(static_cast<std::uint32_t*>(p), s.rows * s.cols, seed, kValueStream, stream));
   }
   return Status::kErrorInvalidArgument;
 }

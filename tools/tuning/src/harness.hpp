@@ -23,7 +23,9 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <prox/core/types.cuh>
 #include <prox/tuning/cache.hpp>
+#include <prox_support/device_buffer.hpp>
 #include <prox_tuning/tune.hpp>
 #include <prox_tuning/verify.hpp>
 
@@ -36,42 +38,14 @@ inline Status cuda_ok(cudaError_t e) noexcept {
 }
 
 // ---------------------------------------------------------------- device memory
-/**
- * @brief An owning device allocation. A failed cudaMalloc is reported by alloc()'s Status; the
- * runtime's record of it is left alone (the caller's pending errors are the caller's).
- */
-class DeviceBuffer {
- public:
-  DeviceBuffer() = default;
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  DeviceBuffer(DeviceBuffer&& o) noexcept : p_(o.p_), bytes_(o.bytes_) {
-    o.p_ = nullptr;
-    o.bytes_ = 0;
-  }
-  ~DeviceBuffer() { reset(); }
-  Status alloc(std::size_t bytes) noexcept {
-    reset();
-    if (bytes == 0) return Status::kSuccess;
-    if (cudaMalloc(&p_, bytes) != cudaSuccess) {
-      p_ = nullptr;
-      return Status::kErrorCudaRuntime;
-    }
-    bytes_ = bytes;
-    return Status::kSuccess;
-  }
-  void reset() noexcept {
-    if (p_ != nullptr) (void)cudaFree(p_);
-    p_ = nullptr;
-    bytes_ = 0;
-  }
-  char* get() const noexcept { return static_cast<char*>(p_); }
-  std::size_t bytes() const noexcept { return bytes_; }
+//! prox_support's owning device allocation. Its alloc() clears the runtime's last error after a failed
+//! cudaMalloc, which the tuner reports as a Status: that failure had already replaced any error pending
+//! before it, and left there it would be taken for an error of later work by whoever next asks
+//! cudaGetLastError (the engine, when the tuner runs on a miss inside it). Sticky errors stay.
+using ::prox_support::DeviceBuffer;
 
- private:
-  void* p_ = nullptr;
-  std::size_t bytes_ = 0;
-};
+//! A DeviceBuffer of `bytes` (the previous allocation freed first), its failure as a Status.
+inline Status allocate(DeviceBuffer& buf, std::size_t bytes) noexcept { return cuda_ok(buf.alloc(bytes)); }
 
 //! The fixed inputs and outputs of one bench: typed allocations that live as long as the bench.
 class Buffers {
@@ -79,8 +53,8 @@ class Buffers {
   template <class U>
   Status alloc(U** out, std::size_t n) {
     bufs_.emplace_back();
-    PROX_RETURN_IF_ERROR(bufs_.back().alloc(sizeof(U) * std::max<std::size_t>(n, 1)));
-    *out = reinterpret_cast<U*>(bufs_.back().get());
+    PROX_RETURN_IF_ERROR(allocate(bufs_.back(), sizeof(U) * std::max<std::size_t>(n, 1)));
+    *out = bufs_.back().as<U>();
     return Status::kSuccess;
   }
 
@@ -118,35 +92,23 @@ inline std::vector<std::uint8_t> pick_flags(int n, double density, std::mt19937_
   return f;
 }
 
-//! The channel bitmask of flags (bit j % 32 of word j / 32).
-inline std::vector<std::uint32_t> flags_to_mask(const std::vector<std::uint8_t>& f) {
-  std::vector<std::uint32_t> m((f.size() + 31) / 32, 0u);
-  for (std::size_t j = 0; j < f.size(); ++j)
-    if (f[j]) m[j / 32] |= 1u << (j % 32);
-  return m;
-}
-
-//! T from a float (round to nearest), host side.
+//! T from a float (round to nearest), host side: prox::from_float, and float itself.
 template <class T>
 T host_from_float(float v) {
   if constexpr (std::is_same<T, float>::value) {
     return v;
-  } else if constexpr (std::is_same<T, __half>::value) {
-    return __float2half_rn(v);
   } else {
-    return __float2bfloat16_rn(v);
+    return ::prox::from_float<T>(v);
   }
 }
 
-//! A T as a double, host side.
+//! A T as a double, host side: prox::to_float, and float itself.
 template <class T>
 double host_to_double(T v) {
   if constexpr (std::is_same<T, float>::value) {
     return v;
-  } else if constexpr (std::is_same<T, __half>::value) {
-    return static_cast<double>(__half2float(v));
   } else {
-    return static_cast<double>(__bfloat162float(v));
+    return static_cast<double>(::prox::to_float(v));
   }
 }
 

@@ -15,9 +15,8 @@ namespace detail {
 //! y (output `i` of `got`, K elements of T) against the float64 expectation or policy 0's y.
 template <class T>
 std::string check_y(const Fetched& got, const Fetched* ref, std::size_t i, const std::vector<Bounded>& y_exact) {
-  return verify::check_within("y", got.as_double<T>(i), ref == nullptr ? values(y_exact) : ref->as_double<T>(i),
-                              y_exact, storage_of<T>(),
-                              ref == nullptr ? verify::Against::kExact : verify::Against::kPolicy0);
+  const Expected e = expected<T>(ref, i, y_exact);
+  return verify::check_within("y", got.as_double<T>(i), e.want, y_exact, storage_of<T>(), e.against);
 }
 
 template <class T>
@@ -47,7 +46,7 @@ struct TuneIO<DownGemvOp<T>> {
     std::vector<Bounded> sb(s.size());
     for (std::size_t j = 0; j < s.size(); ++j) sb[j] = Bounded{s[j], 0.0};  // given exactly
     y_exact_ = down_expected<T>(sb, w.as<T>(0), K_, N_, selected);
-    PROX_RETURN_IF_ERROR(upload(mask_, flags_to_mask(selected), stream));
+    PROX_RETURN_IF_ERROR(upload(mask_, verify::flags_to_mask(selected), stream));
     return upload(s_, s, stream);
   }
   typename Op::Args args(const DeviceSet& w, bool) const {

@@ -44,7 +44,7 @@ struct TuneIO<GluGemvOp<T, Act>> {
     const std::vector<T> x = uniform_vector<T>(K_, -1.0f, 1.0f, rng);
     selected_ = pick_flags(N_, d, rng);
     s_exact_ = glu_expected<T, Act>(x, w.as<T>(0), w.as<T>(1), K_, N_, selected_);
-    PROX_RETURN_IF_ERROR(upload(mask_, flags_to_mask(selected_), stream));
+    PROX_RETURN_IF_ERROR(upload(mask_, verify::flags_to_mask(selected_), stream));
     return upload(x_, x, stream);
   }
   typename Op::Args args(const DeviceSet& w, bool) const {
@@ -66,9 +66,9 @@ struct TuneIO<GluGemvOp<T, Act>> {
   std::string check_s(const Fetched& got, const Fetched* ref, std::size_t i) const {
     const std::string why = check_unselected_zero(got.as<float>(i), selected_);
     if (!why.empty()) return why;
-    return verify::check_within(
-        "s", got.as_double<float>(i), ref == nullptr ? values(s_exact_) : ref->as_double<float>(i), s_exact_,
-        verify::Storage{}, ref == nullptr ? verify::Against::kExact : verify::Against::kPolicy0, &selected_);
+    const Expected e = expected<float>(ref, i, s_exact_);
+    return verify::check_within("s", got.as_double<float>(i), e.want, s_exact_, verify::Storage{}, e.against,
+                                &selected_);
   }
 
   int K_ = 0, N_ = 0;

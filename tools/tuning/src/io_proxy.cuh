@@ -87,7 +87,7 @@ struct TuneIO<ProxyGemvOp<T, Act, Fmt>> {
     tau_s_ = static_cast<float>(mag[mag.size() / 2]);
     std::vector<std::uint8_t> sel(exact_.size());
     for (std::size_t j = 0; j < sel.size(); ++j) sel[j] = std::fabs(exact_[j].v) >= static_cast<double>(tau_s_);
-    want_mask_ = flags_to_mask(sel);
+    want_mask_ = verify::flags_to_mask(sel);
     return upload(x_, x, stream);
   }
 
@@ -113,13 +113,11 @@ struct TuneIO<ProxyGemvOp<T, Act, Fmt>> {
     return {{s_, sizeof(float) * static_cast<std::size_t>(N_)}, {mask_, sizeof(std::uint32_t) * (N_ / 32)}};
   }
   std::string check(const Fetched& got, const Fetched* ref) const {
-    const verify::Against vs = ref == nullptr ? verify::Against::kExact : verify::Against::kPolicy0;
-    const std::vector<double> s = got.as_double<float>(0);
-    const std::vector<double> want_s = ref == nullptr ? values(exact_) : ref->as_double<float>(0);
-    std::string why = verify::check_within("s~", s, want_s, exact_, verify::Storage{}, vs);
+    const Expected e = expected<float>(ref, 0, exact_);
+    std::string why = verify::check_within("s~", got.as_double<float>(0), e.want, exact_, verify::Storage{}, e.against);
     if (why.empty())
       why = verify::check_mask(got.as<std::uint32_t>(1), ref == nullptr ? want_mask_ : ref->as<std::uint32_t>(1),
-                               want_s, exact_, tau_s_, vs);
+                               e.want, exact_, tau_s_, e.against);
     return why;
   }
 

@@ -28,12 +28,11 @@ template <class Act>
 double act_f64(double g);
 template <>
 inline double act_f64<SiLU>(double g) {
-  return g / (1.0 + std::exp(-g));
+  return verify::silu(g);
 }
 template <>
 inline double act_f64<GeluTanh>(double g) {
-  const double c = std::sqrt(2.0 / 3.14159265358979323846);
-  return 0.5 * g * (1.0 + std::tanh(c * (g + 0.044715 * g * g * g)));
+  return verify::gelu_tanh(g);
 }
 
 //! The rounding of storing an fp32 result as T (verify.hpp).
@@ -161,14 +160,23 @@ inline std::string check_unselected_zero(const std::vector<float>& s, const std:
   return std::string();
 }
 
-//! s as doubles.
-inline std::vector<double> to_doubles(const std::vector<float>& v) { return std::vector<double>(v.begin(), v.end()); }
-
 //! The values of bounded results.
 inline std::vector<double> values(const std::vector<Bounded>& b) {
   std::vector<double> v(b.size());
   for (std::size_t i = 0; i < b.size(); ++i) v[i] = b[i].v;
   return v;
+}
+
+//! What a candidate's output `i` is checked against (verify.hpp): for policy 0 (`policy0` == nullptr)
+//! the float64 values of `exact`, for every other candidate policy 0's output `i`, fetched as U.
+struct Expected {
+  std::vector<double> want;
+  verify::Against against;
+};
+template <class U>
+Expected expected(const Fetched* policy0, std::size_t i, const std::vector<Bounded>& exact) {
+  if (policy0 == nullptr) return {values(exact), verify::Against::kExact};
+  return {policy0->as_double<U>(i), verify::Against::kPolicy0};
 }
 
 }  // namespace detail

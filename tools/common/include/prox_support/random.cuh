@@ -104,15 +104,21 @@ __global__ void fill_kernel(T* __restrict__ out, std::size_t n, Gen gen) {
 /**
  * @brief Launch out[i] = gen(i), i < n, on `stream` (asynchronous). Gen is a device functor of the
  * element index, e.g. NormalGen or a program's own distribution built on normal_at / uniform_at.
- * @return the launch error (cudaSuccess when n == 0).
+ * @return the launch's own error (cudaSuccess when n == 0). Not cudaGetLastError, which would take
+ * an error left pending by earlier work as this launch's and clear it: the tuner (prox_tuning) fills
+ * its weights inside an engine's process, whose pending errors stay the engine's, as the library's
+ * own launches leave them (core/launch.cuh).
  */
 template <class T, class Gen>
 [[nodiscard]] cudaError_t fill(T* out, std::size_t n, const Gen& gen, cudaStream_t stream) noexcept {
   if (n == 0) return cudaSuccess;
   constexpr unsigned kThreads = 256;
   const std::size_t blocks = std::min<std::size_t>((n + kThreads - 1) / kThreads, std::size_t(1) << 16);
-  fill_kernel<T, Gen><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(out, n, gen);
-  return cudaGetLastError();
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(blocks));
+  cfg.blockDim = dim3(kThreads);
+  cfg.stream = stream;
+  return cudaLaunchKernelEx(&cfg, fill_kernel<T, Gen>, out, n, gen);
 }
 
 //! n values ~ N(0, stddev^2) of stream (seed, stream_id).

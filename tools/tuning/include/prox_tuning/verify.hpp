@@ -57,6 +57,14 @@ inline double gamma(std::size_t n) { return (static_cast<double>(n) + kGammaSlac
 //! Extra error of the INT4 Stage 1's fp16 step sums over kept rows whose |x q| sum to abs_xq.
 inline double int4_step_rounding(double abs_xq) { return kInt4StepRows * kUnitRoundoff16 * abs_xq; }
 
+//! The activations of prox/activation.cuh in float64 (the exact values the bounds are about):
+//! SiLU(g) = g / (1 + e^-g), and tanh-GELU(g) = 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))).
+inline double silu(double g) { return g / (1.0 + std::exp(-g)); }
+inline double gelu_tanh(double g) {
+  const double c = std::sqrt(2.0 / 3.14159265358979323846);
+  return 0.5 * g * (1.0 + std::tanh(c * (g + 0.044715 * g * g * g)));
+}
+
 //! A value with a bound on the error an fp32 implementation may make computing it.
 struct Bounded {
   double v = 0.0;
@@ -115,8 +123,16 @@ inline std::string check_within(const char* what, const std::vector<double>& got
   return std::string();
 }
 
-//! Bit j % 32 of word j / 32.
+//! Bit j % 32 of word j / 32: channel j of a channel bitmask.
 inline bool mask_bit(const std::vector<std::uint32_t>& m, std::size_t j) { return (m[j / 32] >> (j % 32)) & 1u; }
+
+//! The channel bitmask of 0/1 flags, one per channel (mask_bit(m, j) == f[j]).
+inline std::vector<std::uint32_t> flags_to_mask(const std::vector<std::uint8_t>& f) {
+  std::vector<std::uint32_t> m((f.size() + 31) / 32, 0u);
+  for (std::size_t j = 0; j < f.size(); ++j)
+    if (f[j]) m[j / 32] |= 1u << (j % 32);
+  return m;
+}
 
 /**
  * @brief Stage-1 channel bits: `got` may differ from `want` only at channels whose |s~| (`want_s`:
