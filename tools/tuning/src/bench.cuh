@@ -14,6 +14,7 @@
 //!   Args args(const DeviceSet& set, bool verify) const;  the arguments on a rotation set; `verify`:
 //!                                              the checked launch (values outputs where an op has them)
 //!   std::vector<Output> outputs() const;       what the checked launch writes (poisoned, fetched)
+//!   static constexpr FfnView kView;            how SparseFfn hands the op its workspace (timed so)
 //!   std::string check(const Fetched& got, const Fetched* policy0) const;
 //!                                              "" if right: against the float64 expectation
 //!                                              (policy0 == nullptr) or within twice the bound of
@@ -48,6 +49,14 @@ namespace detail {
 //! The options SparseFfn::plan gives its ops by default; TuneIO::options() reads them from here.
 //! (PlanOptions does not depend on the layer type.)
 using FfnDefaults = typename SparseFfn<__half>::PlanOptions;
+
+/**
+ * @brief How SparseFfn hands an op its workspace, and so how Bench times its candidates (the checked
+ * launch always goes through Operator::run). kChecked: Operator::run's view, whose kernel reads the
+ * header (Stage 1 and the threshold op). kStage2 / kStage2Stamp: Operator::stage2_view, no header
+ * read (in the FFN Stage 1 has checked it), the kernel stamping the header where the FFN's does.
+ */
+enum class FfnView { kChecked, kStage2, kStage2Stamp };
 
 //! The per-op adapter of Bench (see the file comment); one specialization per op, in io_*.cuh.
 template <class Op>
@@ -108,7 +117,7 @@ class Bench {
       if (c == 0 && !r.verified) return finish(cache, key, res, o_, out);  // nothing to verify against
     }
     PROX_RETURN_IF_ERROR(time_candidates(res, nsets, o_, stream_, [&](int c, int set) {
-      return ops_[static_cast<std::size_t>(c)].run(io_.args(device_set(set), false), ws_.get(), ws_.bytes(), stream_);
+      return timed_launch(c, io_.args(device_set(set), false));
     }));
     if (out != nullptr) {
       out->rotation_sets = nsets;
@@ -118,6 +127,16 @@ class Bench {
   }
 
  private:
+  //! A timed launch of candidate c, on the workspace view SparseFfn gives the op (IO::kView).
+  Status timed_launch(int c, const Args& a) const {
+    const Operator<Op>& op = ops_[static_cast<std::size_t>(c)];
+    if constexpr (IO::kView == FfnView::kChecked) {
+      return op.run(a, ws_.get(), ws_.bytes(), stream_);
+    } else {
+      return op.launch(a, Operator<Op>::stage2_view(ws_.get(), a, IO::kView == FfnView::kStage2Stamp), stream_);
+    }
+  }
+
   //! Launch candidate c once on set 0 with its outputs poisoned, and fetch them.
   Status checked_launch(int c, CandidateResult* r, Fetched* got) {
     const std::vector<Output> outs = io_.outputs();

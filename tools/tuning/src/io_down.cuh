@@ -22,6 +22,7 @@ std::string check_y(const Fetched& got, const Fetched* ref, std::size_t i, const
 template <class T>
 struct TuneIO<DownGemvOp<T>> {
   using Op = DownGemvOp<T>;
+  static constexpr FfnView kView = FfnView::kStage2;  // no header read; the GLU kernel stamps in the FFN
   static typename Op::Options options() {
     typename Op::Options o;
     o.pdl = FfnDefaults{}.pdl;

@@ -16,6 +16,7 @@ namespace detail {
 template <class T, class Act>
 struct TuneIO<GluGemvOp<T, Act>> {
   using Op = GluGemvOp<T, Act>;
+  static constexpr FfnView kView = FfnView::kStage2Stamp;  // no header read; stamps the header
   static typename Op::Options options() {
     typename Op::Options o;
     o.pdl = FfnDefaults{}.pdl;

@@ -17,6 +17,7 @@ template <class T, class Act>
 struct TuneIO<GluDownGemvOp<T, Act>> : TuneIO<GluGemvOp<T, Act>> {
   using Glu = TuneIO<GluGemvOp<T, Act>>;
   using Op = GluDownGemvOp<T, Act>;
+  static constexpr FfnView kView = FfnView::kStage2Stamp;  // no header read; stamps the header
   static typename Op::Options options() {
     typename Op::Options o;
     o.pdl = FfnDefaults{}.pdl;

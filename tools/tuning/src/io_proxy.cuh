@@ -35,6 +35,7 @@ struct TuneIO<ProxyGemvOp<T, Act, Fmt>> {
   using W = typename ProxyElement<Fmt>::type;
   static_assert(!kInt4 || Int4Weights::kMaxStepRows == verify::kInt4StepRows, "verify.hpp's INT4 step model");
 
+  static constexpr FfnView kView = FfnView::kChecked;  // the kernel reads the header
   static typename Op::Options options() {
     typename Op::Options o;
     o.pdl = FfnDefaults{}.pdl;

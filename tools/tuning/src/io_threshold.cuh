@@ -14,6 +14,7 @@ namespace detail {
 template <class T>
 struct TuneIO<ThresholdOp<T>> {
   using Op = ThresholdOp<T>;
+  static constexpr FfnView kView = FfnView::kChecked;  // the kernel reads the header
   static typename Op::Options options() {
     typename Op::Options o;
     o.pdl = FfnDefaults{}.pdl;
