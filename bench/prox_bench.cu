@@ -22,6 +22,15 @@
 //!   glu              glu_gemv on Stage 1's masks                        bytes: selected d_model 2 2
 //!   down             down_gemv on Stage 1's masks and s                 bytes: selected d_model 2
 //!   glu_empty, down_empty  glu / down on an all-zero mask: their fixed costs
+//!   ffn_empty        the FFN as prox_ffn plans it (same policies), thresholds +inf: no input kept, no
+//!                    channel selected, no weight byte read: the whole FFN's fixed cost
+//!   attn_gemv        cuBLAS GEMV of an attention output projection W_o [d_model][d_model]
+//!   chain_dense      attn_gemv then dense_ffn, per launch, in one graph
+//!   chain_ffn        attn_gemv then prox_ffn, per launch, in one graph (Stage 1 PDL-launched after the
+//!                    GEMV, as an engine runs the layer): ffn_us = t_us - gemv_us is the FFN's cost in
+//!                    that sequence; speedup_vs_dense against chain_dense, ffn_speedup against
+//!                    chain_dense's FFN part (chain_dense_us - gemv_us)
+//!   chain_ffn_empty  attn_gemv then ffn_empty: ffn_us is the fixed cost inside the sequence
 //! Every bench reports per-launch time from CUDA-graph replays (UseManualTime) and the counters
 //! t_us, bytes_needed, GBps, copy_GBps, frac_copy; sparse benches add s1, s2, e_hat (measured with
 //! SparsityCounters on the real masks); the FFN and Stage-2 benches add speedup_vs_dense and dense_us
@@ -31,8 +40,8 @@
 //! Own flags (before or after Google Benchmark's): --prox_shapes=8B,14B --prox_dtypes=f16,bf16
 //! --prox_targets=40,50,60,70 --prox_iterations=N --prox_warmup=N --prox_tokens=N
 //! --prox_min_launches=N --prox_rotate_gb=G --prox_max_device_gb=G --prox_policy=P,G,D[,F]
-//! --prox_fuse=0|1 --prox_cluster=0|1 --prox_spread=0|1 --prox_tuning=FILE --prox_commit=SHA. Use
-//! --benchmark_filter=REGEX for subsets.
+//! --prox_fuse=0|1 --prox_cluster=0|1 --prox_spread=0|1 --prox_check_workspace=0|1 --prox_tuning=FILE
+//! --prox_commit=SHA. Use --benchmark_filter=REGEX for subsets.
 
 #include <benchmark/benchmark.h>
 
@@ -75,6 +84,7 @@ struct Options {
   bool fuse = true;             //!< PlanOptions::fuse_stage2
   bool cluster = false;         //!< PlanOptions::cluster
   bool spread = true;           //!< PlanOptions::spread
+  bool check_workspace = true;  //!< PlanOptions::check_workspace
   //! A prox-tune cache file: the plans take their policies from it (prox::tuning::choose(), read-only,
   //! at the target's densities 1 - s1 and 1 - s2); a miss keeps SparseFfn's default.
   std::string tuning;
@@ -108,6 +118,8 @@ struct SparseSetup {
   float tau_x = 0.0f;
   float tau_s = 0.0f;
   std::vector<Ffn> ffns;  //!< one plan per weight copy (plans hold pointers)
+  //! ffns' plans with thresholds +inf (nothing kept, nothing selected): ffn_empty (made on first use).
+  std::vector<Ffn> empty_ffns;
   prox::PolicyChoice choice{};
   bool pdl = false;
   bool cluster = false;
@@ -130,7 +142,7 @@ struct SparseSetup {
   prox::Operator<typename Ffn::FusedStage2Op> glu_down_op;  //!< initialized when the plan fuses Stage 2
   prox::Operator<prox::ThresholdOp<T>> threshold_op;
   //! Op-only workspaces (Operator<Op>::workspace_bytes(), initialize_workspace()d once), and the views
-  //! the Stage-2 launches get (stage2_view()).
+  //! the Stage-2 launches get (prox::Operator::stage2_view()).
   DeviceBuffer proxy_ws, down_ws, glu_down_ws;
   prox::OpWorkspace glu_view, down_view, glu_down_view;
   DeviceBuffer thr_mask, thr_idx, thr_count;
@@ -165,6 +177,31 @@ struct Context : ContextBase {
   DeviceBuffer y, gemv_out, down_in;
   int launches = 0;
   std::map<int, std::unique_ptr<SparseSetup<T>>> sparse;
+
+  //! The attention output projection the chained benches run before each FFN: W_o [d_model][d_model]
+  //! in copies that rotate past L2 (>= 256 MB), its input and output (made on first use).
+  struct Attn {
+    int copies = 0;
+    DeviceBuffer w, in, out;
+  };
+  const Attn& attn() {
+    if (attn_) return *attn_;
+    auto a = std::make_unique<Attn>();
+    const std::size_t d = static_cast<std::size_t>(shape.d_model);
+    const std::size_t bytes = sizeof(T) * d * d;
+    a->copies = static_cast<int>(std::min<std::size_t>(64, std::max<std::size_t>(2, (256000000 + bytes - 1) / bytes)));
+    a->w = DeviceBuffer(bytes * a->copies, "W_o copies");
+    a->in = DeviceBuffer(sizeof(T) * d, "attention output");
+    a->out = DeviceBuffer(sizeof(T) * d, "projected attention output");
+    prox_bench::fill_normal(a->w.template as<T>(), d * d * a->copies, 0xa770ull, 0.02f, g.stream);
+    prox_bench::fill_normal(a->in.template as<T>(), d, 0xa771ull, 1.0f, g.stream);
+    PROX_BENCH_CUDA(cudaStreamSynchronize(g.stream));
+    attn_ = std::move(a);
+    return *attn_;
+  }
+
+ private:
+  std::unique_ptr<Attn> attn_;
 };
 
 std::string g_ctx_key;
@@ -196,25 +233,6 @@ Context<T>& context_for(const FfnShape& shape) {
   g_ctx = std::move(ctx);
   g_ctx_key = key;
   return ref;
-}
-
-//! A view of an op-only workspace (Operator<Op>::workspace_bytes() bytes, initialized once) laid out
-//! as Operator::run() lays it out, with the header guard SparseFfn gives the kernels of its Stage 2:
-//! they do not check the header (in the FFN, Stage 1 has), and the GLU or fused kernel (`stamp`)
-//! stamps it ready. A Stage-2 launch then costs what it costs in the FFN: the check, an L2 round trip
-//! per block after the fused kernel's GLU part, is not on its path. setup_check() runs every op once
-//! through the checked path (Operator::run) on the same workspaces.
-template <class Op>
-prox::OpWorkspace stage2_view(const DeviceBuffer& ws, const typename Op::Args& a, bool stamp) {
-  prox::OpWorkspace v;
-  if (prox::Operator<Op>::workspace_bytes(a) > 0)
-    v = prox::Operator<Op>::workspace_view(ws.get(), a);
-  v.guard = prox::WorkspaceGuard{};
-  if (stamp) {  // {magic, kTagAny}: what initialize_workspace wrote
-    v.guard.stamp = ws.template as<std::uint32_t>();
-    v.guard.tag = prox::detail::kTagAny;
-  }
-  return v;
 }
 
 // ---------------------------------------------------------------- the ops' arguments for launch i
@@ -328,12 +346,13 @@ void setup_ops(Context<T>& ctx, SparseSetup<T>& sp, const prox::PolicyChoice& re
   // As in SparseFfn::run: the GLU kernel stamps the header of the workspace its down kernel uses.
   sp.glu_view = prox::OpWorkspace{};
   sp.glu_view.guard.stamp = sp.down_ws.template as<std::uint32_t>();
-  sp.down_view = stage2_view<typename Ffn::DownOp>(sp.down_ws, down_args(ctx, sp, 0, nullptr), /*stamp=*/false);
+  sp.down_view = prox::Operator<typename Ffn::DownOp>::stage2_view(sp.down_ws.get(), down_args(ctx, sp, 0, nullptr),
+                                                                   /*stamp=*/false);
   if (sp.fused) {
     const prox::GluDownGemvArgs<T> f = glu_down_args(ctx, sp, 0);
     sp.glu_down_ws = DeviceBuffer(FusedOp::workspace_bytes(f), "fused Stage-2 workspace");
     PROX_BENCH_PROX(prox::initialize_workspace(sp.glu_down_ws.get(), sp.glu_down_ws.bytes(), s));
-    sp.glu_down_view = stage2_view<typename Ffn::FusedStage2Op>(sp.glu_down_ws, f, /*stamp=*/true);
+    sp.glu_down_view = prox::Operator<typename Ffn::FusedStage2Op>::stage2_view(sp.glu_down_ws.get(), f, /*stamp=*/true);
   }
 }
 
@@ -382,6 +401,7 @@ SparseSetup<T>& sparse_setup(Context<T>& ctx, int e_pct) {
   po.fuse_stage2 = g_opt.fuse;
   po.cluster = g_opt.cluster;
   po.spread = g_opt.spread;
+  po.check_workspace = g_opt.check_workspace;
   {
     Ffn probe;
     if (g.tuning) {  // the tuned choice at this target's densities, then any --prox_policy index on top
@@ -580,19 +600,51 @@ void enqueue_dense_ffn(Context<T>& ctx, int i, cudaStream_t s) {
   ctx.dense.run(l.w_gate, l.w_up, l.w_down_t, ctx.layer.token(i % ctx.layer.tokens()), ctx.y.template as<T>(), s);
 }
 
+//! The attention output projection of launch i (copy i mod its copies), cuBLAS, as the chained benches
+//! run it before the FFN. The FFN does not read its output: the dependency is the stream's order (and
+//! Stage 1's PDL wait), the timing the same as when it does.
+template <class T>
+void enqueue_attn_gemv(Context<T>& ctx, int i, cudaStream_t s) {
+  const auto& a = ctx.attn();
+  const int d = ctx.shape.d_model;
+  ctx.dense.gemv(a.w.template as<const T>(sizeof(T) * static_cast<std::size_t>(i % a.copies) * d * d), a.in.template as<const T>(),
+                 a.out.template as<T>(), d, d, s);
+}
+
 //! The dense baselines, as their benches name them.
-enum class DenseKind { kFfn, kGemvUp, kGemvDown };
+enum class DenseKind { kFfn, kGemvUp, kGemvDown, kAttn, kChain };
 constexpr const char* dense_name(DenseKind k) {
-  return k == DenseKind::kFfn ? "dense_ffn" : (k == DenseKind::kGemvUp ? "dense_gemv_up" : "dense_gemv_down");
+  switch (k) {
+    case DenseKind::kFfn: return "dense_ffn";
+    case DenseKind::kGemvUp: return "dense_gemv_up";
+    case DenseKind::kGemvDown: return "dense_gemv_down";
+    case DenseKind::kAttn: return "attn_gemv";
+    case DenseKind::kChain: return "chain_dense";
+  }
+  return "?";
+}
+
+//! Bytes a dense baseline reads: its weights.
+template <class T>
+double dense_bytes(const FfnShape& sh, DenseKind k) {
+  const double gemv = static_cast<double>(sh.d_model) * sh.d_ff * sizeof(T);
+  const double attn = static_cast<double>(sh.d_model) * sh.d_model * sizeof(T);
+  switch (k) {
+    case DenseKind::kFfn: return prox_bench::dense_ffn_bytes(sh.d_model, sh.d_ff, sizeof(T));
+    case DenseKind::kGemvUp:
+    case DenseKind::kGemvDown: return gemv;
+    case DenseKind::kAttn: return attn;
+    case DenseKind::kChain: return attn + prox_bench::dense_ffn_bytes(sh.d_model, sh.d_ff, sizeof(T));
+  }
+  return 0.0;
 }
 
 //! Enqueue launch i of a dense baseline (weight copy i mod copies, token i mod tokens).
 template <class T>
 void enqueue_dense(Context<T>& ctx, DenseKind k, int i, cudaStream_t s) {
-  if (k == DenseKind::kFfn) {
-    enqueue_dense_ffn(ctx, i, s);
-    return;
-  }
+  if (k == DenseKind::kAttn || k == DenseKind::kChain) enqueue_attn_gemv(ctx, i, s);
+  if (k == DenseKind::kFfn || k == DenseKind::kChain) enqueue_dense_ffn(ctx, i, s);
+  if (k != DenseKind::kGemvUp && k != DenseKind::kGemvDown) return;
   const prox_bench::LayerCopy<T> l = ctx.layer.copy(i % ctx.layer.copies());
   if (k == DenseKind::kGemvUp) {
     ctx.dense.gemv(l.w_up, ctx.layer.token(i % ctx.layer.tokens()), ctx.gemv_out.template as<T>(), ctx.shape.d_ff,
@@ -617,30 +669,16 @@ double dense_seconds(Context<T>& ctx, DenseKind k, const Timing* measured = null
   return t.median_s;
 }
 
+//! A dense baseline's bench: its graph timed, and its time kept for the Prox benches' ratios.
 template <class T>
-void bench_dense_ffn(benchmark::State& st, const std::string& name, FfnShape shape) {
+void bench_dense(benchmark::State& st, const std::string& name, FfnShape shape, DenseKind k) {
   try {
     Context<T>& ctx = context_for<T>(shape);
-    GraphReplay graph(g.stream, ctx.launches, [&](int i, cudaStream_t s) { enqueue_dense_ffn(ctx, i, s); });
-    const Timing t = run_loop(st, graph);
-    dense_seconds(ctx, DenseKind::kFfn, &t);
-    set_counters(st, name, ctx, t, prox_bench::dense_ffn_bytes(shape.d_model, shape.d_ff, sizeof(T)));
-    st.counters["speedup_vs_dense"] = 1.0;
-  } catch (const std::exception& e) {
-    report_error(st, name, e);
-  }
-}
-
-//! cuBLAS GEMV: up = W_up x ([d_ff][d_model]) or down = W_down s ([d_model][d_ff]).
-template <class T>
-void bench_dense_gemv(benchmark::State& st, const std::string& name, FfnShape shape, bool up) {
-  try {
-    Context<T>& ctx = context_for<T>(shape);
-    const DenseKind k = up ? DenseKind::kGemvUp : DenseKind::kGemvDown;
     GraphReplay graph(g.stream, ctx.launches, [&](int i, cudaStream_t s) { enqueue_dense(ctx, k, i, s); });
     const Timing t = run_loop(st, graph);
     dense_seconds(ctx, k, &t);
-    set_counters(st, name, ctx, t, static_cast<double>(shape.d_model) * shape.d_ff * sizeof(T));
+    set_counters(st, name, ctx, t, dense_bytes<T>(shape, k));
+    if (k == DenseKind::kFfn) st.counters["speedup_vs_dense"] = 1.0;
   } catch (const std::exception& e) {
     report_error(st, name, e);
   }
@@ -656,6 +694,9 @@ enum class Op {
   kThreshold,
   kProxy,
   kProxyEmpty,
+  kFfnEmpty,
+  kChainFfn,
+  kChainFfnEmpty,
   kGlu,
   kGluEmpty,
   kDown,
@@ -682,6 +723,20 @@ void enqueue_glu_down(const Context<T>& ctx, const SparseSetup<T>& sp, int i, cu
   PROX_BENCH_PROX(sp.glu_down_op.launch(glu_down_args(ctx, sp, i, empty), sp.glu_down_view, s));
 }
 
+//! ffn_empty's plans: sp.ffns' plans (their options and policies) with thresholds +inf (made on first use).
+template <class T>
+const std::vector<typename SparseSetup<T>::Ffn>& empty_ffns(Context<T>& ctx, SparseSetup<T>& sp) {
+  if (!sp.empty_ffns.empty()) return sp.empty_ffns;
+  const float inf = std::numeric_limits<float>::infinity();
+  std::vector<typename SparseSetup<T>::Ffn> ffns(sp.ffns.size());
+  for (std::size_t c = 0; c < ffns.size(); ++c) {
+    const auto& f = sp.ffns[c];
+    PROX_BENCH_PROX(ffns[c].plan({ctx.shape.d_model, ctx.shape.d_ff, inf, inf}, f.weights(), f.plan_options()));
+  }
+  sp.empty_ffns = std::move(ffns);
+  return sp.empty_ffns;
+}
+
 template <class T>
 void bench_prox(benchmark::State& st, const std::string& name, FfnShape shape, int e_pct, Op op) {
   try {
@@ -704,6 +759,24 @@ void bench_prox(benchmark::State& st, const std::string& name, FfnShape shape, i
                                                               ctx.y.template as<T>(), sp.ws.get(), sp.ws_bytes, s));
         };
         break;
+      case Op::kFfnEmpty:
+      case Op::kChainFfn:
+      case Op::kChainFfnEmpty: {
+        // The FFN (or its empty plans: no input kept, no channel selected, no weight byte read), alone or
+        // after the attention projection (chain_*: its weights' bytes counted, the FFN PDL-launched after it).
+        const bool chain = op != Op::kFfnEmpty;
+        const auto& ffns = op == Op::kChainFfn ? sp.ffns : empty_ffns(ctx, sp);
+        bytes = (op == Op::kChainFfn ? stage1 + glu + down : static_cast<double>(K) * sizeof(T)) +
+                (chain ? dense_bytes<T>(shape, DenseKind::kAttn) : 0.0);
+        rotates = chain;
+        if (chain) ctx.attn();  // allocated before capture
+        enqueue = [&, chain](int i, cudaStream_t s) {
+          if (chain) enqueue_attn_gemv(ctx, i, s);
+          PROX_BENCH_PROX(ffns[i % ctx.layer.copies()].run(ctx.layer.token(i % ctx.layer.tokens()),
+                                                           ctx.y.template as<T>(), sp.ws.get(), sp.ws_bytes, s));
+        };
+        break;
+      }
       case Op::kStage2:
         if (sp.fused) {
           bytes = glu + down;
@@ -808,6 +881,18 @@ void bench_prox(benchmark::State& st, const std::string& name, FfnShape shape, i
       st.counters["speedup_vs_dense"] = dense_s / t.median_s;
       st.counters["dense_us"] = dense_s * 1e6;
     }
+    if (op == Op::kChainFfn || op == Op::kChainFfnEmpty) {
+      // The FFN's share of the chain: the chain less the projection alone (both measured in this process).
+      const double gemv_s = dense_seconds(ctx, DenseKind::kAttn);
+      const double chain_dense_s = dense_seconds(ctx, DenseKind::kChain);
+      st.counters["gemv_us"] = gemv_s * 1e6;
+      st.counters["ffn_us"] = (t.median_s - gemv_s) * 1e6;
+      st.counters["chain_dense_us"] = chain_dense_s * 1e6;
+      if (op == Op::kChainFfn) {
+        st.counters["speedup_vs_dense"] = chain_dense_s / t.median_s;
+        st.counters["ffn_speedup"] = (chain_dense_s - gemv_s) / (t.median_s - gemv_s);
+      }
+    }
   } catch (const std::exception& e) {
     report_error(st, name, e);
   }
@@ -824,16 +909,15 @@ void register_shape(const FfnShape& shape, const std::vector<int>& targets) {
   const auto reg = [](const std::string& name, std::function<void(benchmark::State&, const std::string&)> fn) {
     configure(benchmark::RegisterBenchmark(name.c_str(), [name, fn](benchmark::State& st) { fn(st, name); }));
   };
-  reg("dense_ffn/" + base, [shape](benchmark::State& st, const std::string& n) { bench_dense_ffn<T>(st, n, shape); });
-  reg("dense_gemv_up/" + base,
-      [shape](benchmark::State& st, const std::string& n) { bench_dense_gemv<T>(st, n, shape, true); });
-  reg("dense_gemv_down/" + base,
-      [shape](benchmark::State& st, const std::string& n) { bench_dense_gemv<T>(st, n, shape, false); });
+  for (DenseKind k : {DenseKind::kFfn, DenseKind::kGemvUp, DenseKind::kGemvDown, DenseKind::kAttn, DenseKind::kChain})
+    reg(std::string(dense_name(k)) + "/" + base,
+        [shape, k](benchmark::State& st, const std::string& n) { bench_dense<T>(st, n, shape, k); });
   const std::pair<const char*, Op> ops[] = {
       {"prox_ffn", Op::kFfn},         {"ffn_paired", Op::kFfnPaired},     {"prox_stage2", Op::kStage2},
       {"stage2_unfused", Op::kStage2Unfused}, {"stage2_empty", Op::kStage2Empty}, {"threshold", Op::kThreshold},
       {"proxy_int4", Op::kProxy},     {"proxy_int4_empty", Op::kProxyEmpty}, {"glu", Op::kGlu},
-      {"glu_empty", Op::kGluEmpty},   {"down", Op::kDown},                {"down_empty", Op::kDownEmpty}};
+      {"glu_empty", Op::kGluEmpty},   {"down", Op::kDown},                {"down_empty", Op::kDownEmpty},
+      {"ffn_empty", Op::kFfnEmpty},   {"chain_ffn", Op::kChainFfn},       {"chain_ffn_empty", Op::kChainFfnEmpty}};
   for (int e : targets) {
     for (const auto& [opname, op] : ops) {
       const Op o = op;
@@ -938,6 +1022,10 @@ void add_flags(CLI::App* app) {
       ->capture_default_str()
       ->check(zero_one);
   app->add_option("--prox_spread", g_opt.spread, "spread a small Stage-1 grid over the SMs")
+      ->type_name("0|1")
+      ->capture_default_str()
+      ->check(zero_one);
+  app->add_option("--prox_check_workspace", g_opt.check_workspace, "Stage 1 checks the workspace header")
       ->type_name("0|1")
       ->capture_default_str()
       ->check(zero_one);

@@ -54,12 +54,13 @@ struct FfnRig {
 
   //! Plan; `init`: zero the workspace afterwards (a re-plan of the same shape needs it not).
   void plan(float tau_x, float tau_s, prox::PolicyChoice choice = {}, bool pdl = true, bool fuse = true,
-            bool cluster = false, bool init = true) {
+            bool cluster = false, bool init = true, bool check_workspace = true) {
     typename Ffn::PlanOptions o;
     o.choice = choice;
     o.pdl = pdl;
     o.fuse_stage2 = fuse;
     o.cluster = cluster;
+    o.check_workspace = check_workspace;
     PROX_TEST_OK(ffn.plan({L.K, L.N, tau_x, tau_s}, weights(), o));
     // The workspace size is a function of the shape alone: every plan of it fits.
     REQUIRE(ffn.workspace_bytes() == Ffn::workspace_bytes(L.K, L.N));
@@ -473,6 +474,35 @@ TEMPLATE_TEST_CASE("Prox FFN: a never-initialized or foreign workspace completes
       PROX_TEST_OK(prox::read_workspace_status(r.ws.get(), nullptr, &st));
       CHECK(st == prox::Status::kSuccess);
     }
+  }
+}
+
+TEST_CASE("Prox FFN: check_workspace off reads no header and gives the checked plan's bits", "[ffn][gpu][safety]") {
+  const int K = 1032, N = 2080;
+  for (const bool fuse : {true, false}) {
+    CAPTURE(fuse);
+    FfnRig<__half, prox::SiLU> r(K, N, 90 + fuse);
+    const auto x0 = normal_vector<__half>(K, 9001, 1.0);
+    const auto [tx, ts] = r.thresholds(x0, 0.55, 0.70);
+    r.x.upload(x0);
+    r.plan(tx, ts, {}, true, fuse);
+    const auto checked = r.run_bits();
+    // Only the header made foreign (its sync words clean): the checked plan would flag it and select
+    // every channel; the unchecked one must not read it, so it neither flags nor changes a bit.
+    r.plan(tx, ts, {}, true, fuse, false, /*init=*/true, /*check_workspace=*/false);
+    for (int rep = 0; rep < 3; ++rep) {  // (Stage 2 stamps the header: made foreign before each run)
+      PROX_TEST_CUDA(cudaMemset(r.ws.get(), 0x33, prox::detail::kHeaderStatusOffset));
+      CHECK(r.run_bits() == checked);
+    }
+    prox::Status st = prox::Status::kSuccess;
+    PROX_TEST_OK(prox::read_workspace_status(r.ws.get(), nullptr, &st));
+    CHECK(st == prox::Status::kSuccess);
+    // The same foreign header under the checked plan is found (the test above would fail otherwise).
+    r.plan(tx, ts, {}, true, fuse, false, /*init=*/false);
+    PROX_TEST_CUDA(cudaMemset(r.ws.get(), 0x33, prox::detail::kHeaderStatusOffset));
+    CHECK(r.run_bits() != checked);
+    PROX_TEST_OK(prox::read_workspace_status(r.ws.get(), nullptr, &st));
+    CHECK(st == prox::Status::kErrorDirtyWorkspace);
   }
 }
 

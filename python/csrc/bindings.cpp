@@ -70,17 +70,18 @@ Act act_of(int64_t act) {
 }
 
 //! options = [flags, proxy, glu, down, glu_down]; flags: 1 pdl, 2 cluster, 4 fuse_stage2, 8 spread,
-//! 16 cooperative (prox/_ops.py builds it from PlanOptions).
+//! 16 cooperative, 32 check_workspace (prox/_ops.py builds it from PlanOptions).
 PlanFlags flags_of(at::IntArrayRef o) {
   TORCH_CHECK_VALUE(o.size() == 5, "prox: options must have 5 entries [flags, proxy, glu, down, glu_down], got ",
                     o.size());
-  TORCH_CHECK_VALUE(o[0] >= 0 && o[0] < 32, "prox: option flags out of range: ", o[0]);
+  TORCH_CHECK_VALUE(o[0] >= 0 && o[0] < 64, "prox: option flags out of range: ", o[0]);
   PlanFlags f;
   f.pdl = (o[0] & 1) != 0;
   f.cluster = (o[0] & 2) != 0;
   f.fuse_stage2 = (o[0] & 4) != 0;
   f.spread = (o[0] & 8) != 0;
   f.cooperative = (o[0] & 16) != 0;
+  f.check_workspace = (o[0] & 32) != 0;
   for (int i = 1; i < 5; ++i) TORCH_CHECK_VALUE(o[i] >= -1 && o[i] < 64, "prox: policy index out of range: ", o[i]);
   f.proxy = static_cast<int>(o[1]);
   f.glu = static_cast<int>(o[2]);
@@ -168,7 +169,8 @@ using Key = std::array<std::uintptr_t, 20>;
 Key key_of(const FfnDesc& d, int device) {
   const PlanFlags& f = d.flags;
   const std::uintptr_t bits = (f.pdl ? 1u : 0u) | (f.cluster ? 2u : 0u) | (f.fuse_stage2 ? 4u : 0u) |
-                              (f.spread ? 8u : 0u) | (f.cooperative ? 16u : 0u);
+                              (f.spread ? 8u : 0u) | (f.cooperative ? 16u : 0u) |
+                              (f.check_workspace ? 32u : 0u);
   auto u = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p); };
   auto i = [](int v) { return static_cast<std::uintptr_t>(static_cast<std::intptr_t>(v)); };
   return Key{i(device), i(static_cast<int>(d.dtype)), i(static_cast<int>(d.act)), i(d.d_model), i(d.d_ff),

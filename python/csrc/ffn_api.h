@@ -26,6 +26,7 @@ struct PlanFlags {
   bool fuse_stage2 = true;
   bool spread = true;
   bool cooperative = true;
+  bool check_workspace = true;
   int proxy = -1, glu = -1, down = -1, glu_down = -1;
 };
 

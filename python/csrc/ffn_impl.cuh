@@ -33,6 +33,7 @@ class FfnPlanImpl final : public FfnPlan {
     o.fuse_stage2 = d.flags.fuse_stage2;
     o.spread = d.flags.spread;
     o.cooperative = d.flags.cooperative;
+    o.check_workspace = d.flags.check_workspace;
     o.choice.proxy = d.flags.proxy;
     o.choice.glu = d.flags.glu;
     o.choice.down = d.flags.down;

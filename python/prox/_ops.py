@@ -59,6 +59,7 @@ class PlanOptions:
     fuse_stage2: bool = True
     spread: bool = True
     cooperative: bool = True
+    check_workspace: bool = True
     proxy: int = -1
     glu: int = -1
     down: int = -1
@@ -66,7 +67,7 @@ class PlanOptions:
 
     def encode(self) -> list[int]:
         flags = (1 if self.pdl else 0) | (2 if self.cluster else 0) | (4 if self.fuse_stage2 else 0)
-        flags |= (8 if self.spread else 0) | (16 if self.cooperative else 0)
+        flags |= (8 if self.spread else 0) | (16 if self.cooperative else 0) | (32 if self.check_workspace else 0)
         return [flags, self.proxy, self.glu, self.down, self.glu_down]
 
 

@@ -186,8 +186,8 @@ def test_fake_kernels_shapes():
 
 
 def test_plan_options_encoding():
-    assert prox.PlanOptions().encode() == [1 | 4 | 8 | 16, -1, -1, -1, -1]
-    assert prox.PlanOptions(pdl=False, cluster=True, fuse_stage2=False, proxy=2).encode() == [2 | 8 | 16, 2, -1, -1, -1]
+    assert prox.PlanOptions().encode() == [1 | 4 | 8 | 16 | 32, -1, -1, -1, -1]
+    assert prox.PlanOptions(pdl=False, cluster=True, fuse_stage2=False, proxy=2).encode() == [2 | 8 | 16 | 32, 2, -1, -1, -1]
 
 
 # ---------------------------------------------------------------- torch reference of the method
