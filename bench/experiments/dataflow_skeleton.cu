@@ -218,7 +218,24 @@ int main() {
   CK(cudaMalloc(&bar, 256)); CK(cudaMemset(bar, 0, 256)); CK(cudaMalloc(&sink, 256));
   std::vector<__half> hx(Kmax); for (int k = 0; k < Kmax; ++k) hx[k] = __float2half(std::sin(k * 0.37f) * 2.0f + 0.01f);
   CK(cudaMemcpy(x, hx.data(), Kmax * 2, cudaMemcpyHostToDevice));
+  // The table of docs/history.md: every step, C = 2, 4, 8, and without the grid barrier and final sum.
   std::printf("8B (4096, 12288)\n");
+  run<8, 4096, 0, false>(12288, s, x, ypart, y, bar, sink, 32, 20);
+  run<4, 4096, 0, false>(12288, s, x, ypart, y, bar, sink, 32, 20);
+  run<2, 4096, 0, false>(12288, s, x, ypart, y, bar, sink, 32, 20);
+  run<4, 4096, 1, false>(12288, s, x, ypart, y, bar, sink, 32, 20);
+  run<2, 4096, 1, true>(12288, s, x, ypart, y, bar, sink, 32, 20);
+  std::printf("14B (5120, 17408)\n");
+  run<8, 5120, 0, false>(17408, s, x, ypart, y, bar, sink, 32, 20);
+  run<4, 5120, 0, false>(17408, s, x, ypart, y, bar, sink, 32, 20);  // not co-resident on the H100
+  run<2, 5120, 0, false>(17408, s, x, ypart, y, bar, sink, 32, 20);
+  run<2, 5120, 1, true>(17408, s, x, ypart, y, bar, sink, 32, 20);
+  std::printf("1.7B (2048, 6144)\n");
+  run<8, 2048, 0, false>(6144, s, x, ypart, y, bar, sink, 32, 20);
+  run<4, 2048, 0, true>(6144, s, x, ypart, y, bar, sink, 32, 20);
+  run<4, 2048, 1, true>(6144, s, x, ypart, y, bar, sink, 32, 20);
+  // The per-step breakdown (8B, C = 4): cumulative early exits, PDL trigger at the start and at the end.
+  std::printf("8B, C = 4, step by step\n");
   run<4, 4096, 2, true>(12288, s, x, ypart, y, bar, sink, 32, 20);
   run<4, 4096, 4, true>(12288, s, x, ypart, y, bar, sink, 32, 20);
   run<4, 4096, 5, true>(12288, s, x, ypart, y, bar, sink, 32, 20);
