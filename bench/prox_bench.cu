@@ -321,12 +321,12 @@ void setup_ops(Context<T>& ctx, SparseSetup<T>& sp, const prox::PolicyChoice& re
     sp.glu_down_op = ffn.fused_stage2_op();
     // The unfused ops (stage2_unfused, glu, down) as a plan without fusion would make them: the
     // requested index or the default for the shape, the FFN's PDL setting, one-wave GLU grid.
-    typename Ffn::GluOp::Options og;
-    og.pdl = ffn.plan_options().pdl;
-    PROX_BENCH_PROX(sp.glu_op.initialize(glu_args(ctx, sp, 0, sp.s_scratch.template as<float>()), og, requested.glu));
-    typename Ffn::DownOp::Options od;
-    od.pdl = ffn.plan_options().pdl;
-    PROX_BENCH_PROX(sp.down_op.initialize(down_args(ctx, sp, 0, nullptr), od, requested.down));
+    PROX_BENCH_PROX(sp.glu_op.initialize(glu_args(ctx, sp, 0, sp.s_scratch.template as<float>()),
+                                         Ffn::template op_options<typename Ffn::GluOp>(ffn.plan_options()),
+                                         requested.glu));
+    PROX_BENCH_PROX(sp.down_op.initialize(down_args(ctx, sp, 0, nullptr),
+                                          Ffn::template op_options<typename Ffn::DownOp>(ffn.plan_options()),
+                                          requested.down));
   } else {
     sp.glu_op = ffn.glu_op();
     sp.down_op = ffn.down_op();

@@ -15,6 +15,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
+#include <utility>
 
 #include "activation.cuh"
 #include "core/config.hpp"
@@ -40,6 +42,19 @@ struct PolicyChoice {
   int down = -1;      //!< unfused Stage 2 only
   int glu_down = -1;  //!< fused Stage 2 (PlanOptions::fuse_stage2)
 };
+
+namespace detail {
+//! Whether an op's Options has Stage 1's knobs (cluster, spread) / the fused Stage 2's (cooperative).
+template <class O, class = void>
+struct HasStage1Knobs : std::false_type {};
+template <class O>
+struct HasStage1Knobs<O, std::void_t<decltype(std::declval<O&>().cluster), decltype(std::declval<O&>().spread)>>
+    : std::true_type {};
+template <class O, class = void>
+struct HasCooperative : std::false_type {};
+template <class O>
+struct HasCooperative<O, std::void_t<decltype(std::declval<O&>().cooperative)>> : std::true_type {};
+}  // namespace detail
 
 /**
  * @brief One sparse FFN layer (batch-1 decoding): y = (u * act(g)) W_down with Prox's two stages.
@@ -123,6 +138,23 @@ class SparseFfn {
     //! shape: without the check a dirty workspace can give wrong results or hang the fused Stage 2.
     bool check_workspace = true;
   };
+
+  /**
+   * @brief The launch options plan() gives an op for `p`: PDL for every op; clusters and the spread for
+   * a Stage-1 op (ProxyGemvOp, any format); the cooperative launch for a fused Stage 2. The tuner times
+   * its candidates with these (prox_tuning), and benches plan standalone ops with them.
+   */
+  template <class Op>
+  static typename Op::Options op_options(const PlanOptions& p) noexcept {
+    typename Op::Options o;
+    o.pdl = p.pdl;
+    if constexpr (detail::HasStage1Knobs<typename Op::Options>::value) {
+      o.cluster = p.cluster;
+      o.spread = p.spread;
+    }
+    if constexpr (detail::HasCooperative<typename Op::Options>::value) o.cooperative = p.cooperative;
+    return o;
+  }
 
   //! Optional outputs of run(): device pointers; null = not wanted.
   struct Outputs {
@@ -323,27 +355,17 @@ Status SparseFfn<T, Act, ProxyFmt>::plan_impl(const Config& cfg, const Weights& 
   DeviceInfo dev;
   PROX_RETURN_IF_ERROR(query_device(&dev));  // once, for every stage
 
-  typename Stage1Op::Options o1;
-  o1.pdl = opts.pdl;  // waits (griddepcontrol.wait) before reading x or writing anything
-  o1.cluster = opts.cluster;
-  o1.spread = opts.spread;
-  PROX_RETURN_IF_ERROR(stage1_.initialize(a1, o1, c.proxy, dev));
+  // With PDL every kernel waits (griddepcontrol.wait) before reading its inputs or writing anything.
+  PROX_RETURN_IF_ERROR(stage1_.initialize(a1, op_options<Stage1Op>(opts), c.proxy, dev));
   opts_ = opts;
   opts_.choice = PolicyChoice{};
   opts_.choice.proxy = stage1_.policy();
   if (opts.fuse_stage2) {
-    typename FusedStage2Op::Options o2;
-    o2.pdl = opts.pdl;
-    o2.cooperative = opts.cooperative;
-    PROX_RETURN_IF_ERROR(fused_.initialize(f, o2, c.glu_down, dev));
+    PROX_RETURN_IF_ERROR(fused_.initialize(f, op_options<FusedStage2Op>(opts), c.glu_down, dev));
     opts_.choice.glu_down = fused_.policy();
   } else {
-    typename GluOp::Options og;
-    og.pdl = opts.pdl;
-    PROX_RETURN_IF_ERROR(glu_.initialize(g, og, c.glu, dev));
-    typename DownOp::Options od;
-    od.pdl = opts.pdl;
-    PROX_RETURN_IF_ERROR(down_.initialize(d, od, c.down, dev));
+    PROX_RETURN_IF_ERROR(glu_.initialize(g, op_options<GluOp>(opts), c.glu, dev));
+    PROX_RETURN_IF_ERROR(down_.initialize(d, op_options<DownOp>(opts), c.down, dev));
     opts_.choice.glu = glu_.policy();
     opts_.choice.down = down_.policy();
   }

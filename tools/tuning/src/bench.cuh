@@ -50,6 +50,12 @@ namespace detail {
 //! (PlanOptions does not depend on the layer type.)
 using FfnDefaults = typename SparseFfn<__half>::PlanOptions;
 
+//! The launch options SparseFfn::plan gives op Op under the default PlanOptions.
+template <class Op>
+typename Op::Options ffn_options() {
+  return SparseFfn<__half>::template op_options<Op>(FfnDefaults{});
+}
+
 /**
  * @brief How SparseFfn hands an op its workspace, and so how Bench times its candidates (the checked
  * launch always goes through Operator::run). kChecked: Operator::run's view, whose kernel reads the

@@ -23,11 +23,7 @@ template <class T>
 struct TuneIO<DownGemvOp<T>> {
   using Op = DownGemvOp<T>;
   static constexpr FfnView kView = FfnView::kStage2;  // no header read; the GLU kernel stamps in the FFN
-  static typename Op::Options options() {
-    typename Op::Options o;
-    o.pdl = FfnDefaults{}.pdl;
-    return o;
-  }
+  static typename Op::Options options() { return ffn_options<Op>(); }
   //! W_down^T [N][K], magnitudes per output column; the selected rows are read.
   static std::vector<WeightSpec> weights(Shape s) {
     return {{elem_of<T>(), static_cast<std::size_t>(s.d_ff), static_cast<std::size_t>(s.d_model), -0.05f, 0.05f,

@@ -17,11 +17,7 @@ template <class T, class Act>
 struct TuneIO<GluGemvOp<T, Act>> {
   using Op = GluGemvOp<T, Act>;
   static constexpr FfnView kView = FfnView::kStage2Stamp;  // no header read; stamps the header
-  static typename Op::Options options() {
-    typename Op::Options o;
-    o.pdl = FfnDefaults{}.pdl;
-    return o;  // grid_blocks 0: one wave, the grid SparseFfn::plan gives it
-  }
+  static typename Op::Options options() { return ffn_options<Op>(); }  // grid_blocks 0: one wave, as plan()
   //! W_gate and W_up [N][K], magnitudes per output channel; the selected rows are read.
   static std::vector<WeightSpec> weights(Shape s) {
     const WeightSpec w{elem_of<T>(),

@@ -18,12 +18,7 @@ struct TuneIO<GluDownGemvOp<T, Act>> : TuneIO<GluGemvOp<T, Act>> {
   using Glu = TuneIO<GluGemvOp<T, Act>>;
   using Op = GluDownGemvOp<T, Act>;
   static constexpr FfnView kView = FfnView::kStage2Stamp;  // no header read; stamps the header
-  static typename Op::Options options() {
-    typename Op::Options o;
-    o.pdl = FfnDefaults{}.pdl;
-    o.cooperative = FfnDefaults{}.cooperative;
-    return o;  // grid_blocks 0: SMs x resident blocks, as SparseFfn::plan
-  }
+  static typename Op::Options options() { return ffn_options<Op>(); }  // grid_blocks 0: SMs x resident, as plan()
   //! W_gate, W_up (rotated together with) W_down^T [N][K], magnitudes per output column.
   static std::vector<WeightSpec> weights(Shape s) {
     std::vector<WeightSpec> w = Glu::weights(s);

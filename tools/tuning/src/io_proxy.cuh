@@ -36,13 +36,7 @@ struct TuneIO<ProxyGemvOp<T, Act, Fmt>> {
   static_assert(!kInt4 || Int4Weights::kMaxStepRows == verify::kInt4StepRows, "verify.hpp's INT4 step model");
 
   static constexpr FfnView kView = FfnView::kChecked;  // the kernel reads the header
-  static typename Op::Options options() {
-    typename Op::Options o;
-    o.pdl = FfnDefaults{}.pdl;
-    o.cluster = FfnDefaults{}.cluster;
-    o.spread = FfnDefaults{}.spread;
-    return o;
-  }
+  static typename Op::Options options() { return ffn_options<Op>(); }
   //! gate and up: INT4 words [K][N/8] with per-channel scales (INT4 weights of magnitude ~0.02:
   //! amax / 7), or fp16/bf16 [K][N]; the kept rows are read.
   static std::vector<WeightSpec> weights(Shape s) {
