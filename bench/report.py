@@ -31,7 +31,7 @@ TARGETS = [40, 50, 60, 70]
 # The weight-streaming kernels the >= 85 % target is about: Stage 1, the GLU and down ops, and the fused
 # Stage 2 the FFN runs. The threshold op reads only x (kilobytes) and is latency-bound: not judged.
 KERNEL_OPS = ["proxy_int4", "glu", "down", "prox_stage2"]
-SECTIONS = ["provenance", "dense", "ffn", "budget", "kernels", "targets", "alpha", "plots"]
+SECTIONS = ["provenance", "dense", "ffn", "budget", "kernels", "targets", "alpha", "fixed", "plots"]
 
 # The project's H100 performance targets, as listed in docs/benchmarks.md, "Targets" (set by the project,
 # not by the paper): speed-up per target e on the 8B and 14B shapes, fraction of copy bandwidth per shape,
@@ -392,6 +392,37 @@ def section_kernels(runs):
     return "\n".join(out) if out else "_No per-kernel results in the input._"
 
 
+def section_fixed(r):
+    """The FFN's fixed cost alone and inside a layer sequence, from one prox_bench run of the ffn_empty,
+    proxy_int4_empty, stage2_empty, attn_gemv, chain_* and prox_ffn benches (docs/data/fixed-cost-h100.json)."""
+    es = r.targets()
+    if not es:
+        return "_No fixed-cost results in the input._"
+    lo, hi = es[0], es[-1]
+    rows = []
+    for m in r.models():
+        for d in r.dtypes():
+            fe, pe, se = (r.get(b, m, d, hi) for b in ("ffn_empty", "proxy_int4_empty", "stage2_empty"))
+            ag, ce = r.get("attn_gemv", m, d), r.get("chain_ffn_empty", m, d, hi)
+            pf = {e: r.get("prox_ffn", m, d, e) for e in (lo, hi)}
+            cf = {e: r.get("chain_ffn", m, d, e) for e in (lo, hi)}
+            if None in (fe, pe, se, ag, ce) or None in pf.values() or None in cf.values():
+                continue
+            rows.append([m.replace("Qwen3-", ""), d, f"{fmt_us(fe['t_us'])} µs",
+                         f"{fmt_us(pe['t_us'])} + {fmt_us(se['t_us'])} µs", f"{fmt_us(ag['t_us'])} µs",
+                         f"{fmt_us(ce['ffn_us'])} µs"]
+                        + [f"{fmt_x(pf[e]['speedup_vs_dense'])} → {fmt_x(cf[e]['ffn_speedup'])}" for e in (lo, hi)]
+                        + [f"{fmt_x(cf[lo]['speedup_vs_dense'])} / {fmt_x(cf[hi]['speedup_vs_dense'])}"])
+    if not rows:
+        return "_No fixed-cost results in the input._"
+    caption = (f"Fixed costs at the e = {hi} % plans; speed-ups of the FFN alone (`prox_ffn` against `dense_ffn`) "
+               f"→ the FFN inside the sequence (`ffn_speedup`), and of the whole sequence (`chain_ffn` against "
+               f"`chain_dense`) at e = {lo} % / {hi} %:")
+    header = ["model", "dtype", "`ffn_empty`", "Stage 1 + Stage 2 empty", "`attn_gemv`", "fixed cost in the sequence",
+              f"e = {lo} %", f"e = {hi} %", f"sequence, e = {lo} % / {hi} %"]
+    return "\n".join(captioned_table(r.context, caption, header, rows))
+
+
 def verdict(ok):
     return "**pass**" if ok else "**FAIL**"
 
@@ -720,10 +751,15 @@ def load_alpha(path, commit_override):
     return {"path": path, "context": ctx, "rows": data["rows"]}
 
 
-def render_sections(runs, alpha, rel="img", plots=True):
+def render_sections(runs, alpha, rel="img", plots=True, fixed=None):
     """Every generated section report.py can fill from the inputs, by name; the plots section links images
-    under rel (relative to the document). Standard library only: tests/check_docs.py calls it too."""
+    under rel (relative to the document). Standard library only: tests/check_docs.py calls it too. `fixed`
+    (a BenchRun of the fixed-cost and chained benches) fills the section "fixed" alone."""
+    if not runs and not alpha:
+        return {"fixed": section_fixed(fixed)} if fixed else {}
     sections = {"provenance": section_provenance(runs, alpha)}
+    if fixed:
+        sections["fixed"] = section_fixed(fixed)
     if runs:
         sections["dense"] = section_dense(runs)
         sections["ffn"] = section_ffn(runs)
@@ -741,6 +777,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--bench", nargs="*", default=[], help="prox_bench JSON (--benchmark_out_format=json)")
     ap.add_argument("--alpha", help="prox_alpha JSON (--json=...)")
+    ap.add_argument("--fixed", help="prox_bench JSON of the ffn_empty, chain_* and related benches (section 'fixed')")
     ap.add_argument("--doc", default=os.path.join(os.path.dirname(__file__), "..", "docs", "benchmarks.md"))
     ap.add_argument("--img-dir", default=None, help="where the SVG plots go (default: <doc dir>/img)")
     ap.add_argument("--commit", help="commit to record (overrides the JSON context)")
@@ -750,10 +787,11 @@ def main(argv=None):
 
     runs = [BenchRun(p, args.commit) for p in args.bench]
     alpha = load_alpha(args.alpha, args.commit) if args.alpha else None
-    if not runs and not alpha:
-        ap.error("give --bench and/or --alpha")
+    fixed = BenchRun(args.fixed, args.commit) if args.fixed else None
+    if not runs and not alpha and not fixed:
+        ap.error("give --bench, --alpha and/or --fixed")
     plt = None
-    if not args.no_plots and not args.stdout:
+    if not args.no_plots and not args.stdout and (runs or alpha):
         plt = pyplot()
         if plt is None:  # checked before anything is written, so a failed run changes nothing
             ap.error("the plots need matplotlib (Debian/Ubuntu: apt install python3-matplotlib; or pip install "
@@ -763,7 +801,7 @@ def main(argv=None):
     doc_dir = os.path.dirname(doc_path)
     img_dir = os.path.abspath(args.img_dir) if args.img_dir else os.path.join(doc_dir, "img")
     rel = os.path.relpath(img_dir, doc_dir).replace(os.sep, "/")
-    sections = render_sections(runs, alpha, rel, plots=not args.no_plots)
+    sections = render_sections(runs, alpha, rel, plots=not args.no_plots and bool(runs or alpha), fixed=fixed)
 
     if args.stdout:
         for k in SECTIONS:
