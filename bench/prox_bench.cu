@@ -189,7 +189,8 @@ struct Context : ContextBase {
     auto a = std::make_unique<Attn>();
     const std::size_t d = static_cast<std::size_t>(shape.d_model);
     const std::size_t bytes = sizeof(T) * d * d;
-    a->copies = static_cast<int>(std::min<std::size_t>(64, std::max<std::size_t>(2, (256000000 + bytes - 1) / bytes)));
+    a->copies =
+        static_cast<int>(std::min<std::size_t>(64, std::max<std::size_t>(2, (256000000 + bytes - 1) / bytes)));
     a->w = DeviceBuffer(bytes * a->copies, "W_o copies");
     a->in = DeviceBuffer(sizeof(T) * d, "attention output");
     a->out = DeviceBuffer(sizeof(T) * d, "projected attention output");
@@ -352,7 +353,8 @@ void setup_ops(Context<T>& ctx, SparseSetup<T>& sp, const prox::PolicyChoice& re
     const prox::GluDownGemvArgs<T> f = glu_down_args(ctx, sp, 0);
     sp.glu_down_ws = DeviceBuffer(FusedOp::workspace_bytes(f), "fused Stage-2 workspace");
     PROX_BENCH_PROX(prox::initialize_workspace(sp.glu_down_ws.get(), sp.glu_down_ws.bytes(), s));
-    sp.glu_down_view = prox::Operator<typename Ffn::FusedStage2Op>::stage2_view(sp.glu_down_ws.get(), f, /*stamp=*/true);
+    sp.glu_down_view =
+        prox::Operator<typename Ffn::FusedStage2Op>::stage2_view(sp.glu_down_ws.get(), f, /*stamp=*/true);
   }
 }
 
@@ -607,8 +609,9 @@ template <class T>
 void enqueue_attn_gemv(Context<T>& ctx, int i, cudaStream_t s) {
   const auto& a = ctx.attn();
   const int d = ctx.shape.d_model;
-  ctx.dense.gemv(a.w.template as<const T>(sizeof(T) * static_cast<std::size_t>(i % a.copies) * d * d), a.in.template as<const T>(),
-                 a.out.template as<T>(), d, d, s);
+  const std::size_t copy_bytes = sizeof(T) * static_cast<std::size_t>(d) * d;
+  ctx.dense.gemv(a.w.template as<const T>(copy_bytes * static_cast<std::size_t>(i % a.copies)),
+                 a.in.template as<const T>(), a.out.template as<T>(), d, d, s);
 }
 
 //! The dense baselines, as their benches name them.

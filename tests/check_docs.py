@@ -3,8 +3,8 @@
 """@file check_docs.py  The measured numbers in the docs are the stored measurements (ctest docs_in_sync).
 
 1. docs/benchmarks.md: every section bench/report.py generates is what report.py renders from the stored
-   JSON (docs/data/bench-h100.json, docs/data/alpha-h100.json, docs/data/fixed-cost-h100.json): the same text, and every number within
-   the tolerance below. A hand edit inside a generated section, or a JSON replaced without re-running the
+   JSON (docs/data/bench-h100.json, docs/data/alpha-h100.json, docs/data/fixed-cost-h100.json): the same
+   text, and every number within the tolerance below. A hand edit inside a generated section, or a JSON replaced without re-running the
    report, fails.
 2. README.md, "Measured numbers": the provenance line (GPU, CUDA, commit, copy bandwidth) and every cell
    of the FFN table (time, speed-up against the faster of the shape's fp16 and bf16 dense FFN, and the
