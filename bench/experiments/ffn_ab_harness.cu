@@ -4,7 +4,11 @@
 //! commit and of this one, so that their times differ by the library alone (prox_bench's synthetic layers
 //! differ between those commits). fp16 SiLU, Qwen3 1.7B / 4B / 8B shapes, e = 40 % and 70 % (thresholds
 //! from the tokens' |x| and copy 0's s~ quantiles), 8 weight copies, 32 runs per graph, median of 30
-//! replays. Argument "small": 1.7B and 4B only; "nocheck": PlanOptions::check_workspace = false.
+//! replays. Argument (substrings, combined): "small": 1.7B and 4B only; "nocheck":
+//! PlanOptions::check_workspace = false; "g0" / "g1": the fused Stage 2's policy forced to 0 / 1.
+//! With -DPROX_TRACE -include bench/experiments/trace/prox_trace.cuh, built against a tree that
+//! bench/experiments/trace/instrument.py stamped, one replay is traced per cell: Stage 1's and Stage 2's
+//! time, the hand-offs between them, and Stage 2's GLU, barrier and down phases (%globaltimer per block).
 //!
 //! Build against f7ef040's headers and this tree's, then run them in turns on one GPU:
 //!   git archive f7ef040 include | tar -x -C /tmp/f7
@@ -33,6 +37,9 @@ int main(int argc, char** argv) {
   const double s1s[] = {0.0, 0.7}, s2s[] = {0.622, 0.767};  // e = 40 % and 70 %
   const bool small = argc > 1 && std::string(argv[1]).find("small") != std::string::npos;
   const bool nocheck = argc > 1 && std::string(argv[1]).find("nocheck") != std::string::npos;
+  int force_glud = -1;
+  if (argc > 1 && std::string(argv[1]).find("g0") != std::string::npos) force_glud = 0;
+  if (argc > 1 && std::string(argv[1]).find("g1") != std::string::npos) force_glud = 1;
   for (const Shape& sh : shapes) {
     if (small && sh.K > 3000) continue;
     const int K = sh.K, N = sh.N, C = 8, T = 8;
@@ -93,13 +100,12 @@ int main(int argc, char** argv) {
         Ffn::Weights w; w.gate = cp[c].g; w.up = cp[c].u; w.down_t = cp[c].dt;
         w.proxy_gate = {cp[c].qg, cp[c].sg}; w.proxy_up = {cp[c].qu, cp[c].su};
 #endif
-#ifdef PROX_OLD
-        PK(cp[c].ffn.plan({K, N, tau_x, tau_s}, w));
-#else
         Ffn::PlanOptions po;
+        po.choice.glu_down = force_glud;
+#ifndef PROX_OLD
         po.check_workspace = !nocheck;
-        PK(cp[c].ffn.plan({K, N, tau_x, tau_s}, w, po));
 #endif
+        PK(cp[c].ffn.plan({K, N, tau_x, tau_s}, w, po));
       }
       const int L = 32;
       auto enqueue = [&](int i) { PK(cp[i % C].ffn.run(x + size_t(i % T) * K, y, ws, wsb, s)); };
@@ -116,13 +122,62 @@ int main(int argc, char** argv) {
         float ms; cudaEventElapsedTime(&ms, a, b); if (r >= 3) ts.push_back(ms * 1000.0f / L);
       }
       std::sort(ts.begin(), ts.end());
-      std::printf("%s %s e%d: %.3f us (min %.3f)  tau_x %.4f tau_s %.5f\n",
+      std::printf("g%d %s %s e%d: %.3f us (min %.3f)  tau_x %.4f tau_s %.5f\n", force_glud,
 #ifdef PROX_OLD
                   "old",
 #else
                   nocheck ? "new-nocheck" : NEW_NAME,
 #endif
                   sh.name, ei ? 70 : 40, ts[ts.size() / 2], ts[0], tau_x, tau_s);
+#ifdef PROX_TRACE
+      {  // one traced replay: per launch, Stage 1 and Stage 2 windows from per-block globaltimer stamps
+        const unsigned zero = 0;
+        CK(cudaMemcpyToSymbol(g_prox_trace_n, &zero, sizeof(zero)));
+        CK(cudaGraphLaunch(ge, s)); CK(cudaStreamSynchronize(s));
+        unsigned n = 0; CK(cudaMemcpyFromSymbol(&n, g_prox_trace_n, sizeof(n)));
+        n = std::min(n, kProxTraceCap);
+        std::vector<ProxTraceRec> rec(n);
+        CK(cudaMemcpyFromSymbol(rec.data(), g_prox_trace, sizeof(ProxTraceRec) * n));
+        std::vector<ProxTraceRec> k1, k2;
+        for (auto& r : rec) (r.kind == 1 ? k1 : k2).push_back(r);
+        auto by_t1 = [](const ProxTraceRec& a, const ProxTraceRec& b) { return a.t1 < b.t1; };
+        std::sort(k1.begin(), k1.end(), by_t1); std::sort(k2.begin(), k2.end(), by_t1);
+        const size_t g1 = k1.size() / L, g2 = k2.size() / L;
+        struct W { double wait_min, wait_max, end_max, entry_min; };
+        auto window = [](const std::vector<ProxTraceRec>& v, size_t a, size_t b) {
+          W w{1e30, 0, 0, 1e30};
+          for (size_t i = a; i < b; ++i) { w.wait_min = std::min(w.wait_min, (double)v[i].t1); w.wait_max = std::max(w.wait_max, (double)v[i].t1);
+                                           w.end_max = std::max(w.end_max, (double)v[i].t2); w.entry_min = std::min(w.entry_min, (double)v[i].t0); }
+          return w;
+        };
+        // Stage 2's phases: GLU (from its wait to the barrier arrive), the barrier (arrive -> released), down.
+        {
+          double glu = 0, barr = 0, down = 0, glu_max = 0, rel_min = 0; int c2 = 0;
+          for (int i = 1; i + 1 < L; ++i) {
+            double w_min = 1e30, a_max = 0, r_min = 1e30, e_max = 0;
+            for (size_t j = i * g2; j < (i + 1) * g2; ++j) {
+              const auto& r = k2[j];
+              w_min = std::min(w_min, (double)r.t1); a_max = std::max(a_max, (double)r.t3);
+              if (r.t4) r_min = std::min(r_min, (double)r.t4); e_max = std::max(e_max, (double)r.t2);
+            }
+            glu += a_max - w_min; barr += r_min - a_max; down += e_max - r_min; ++c2;
+          }
+          std::printf("   S2 phases: GLU to last arrive %.3f us, last arrive -> first release %.3f, first release -> end %.3f\n",
+                      glu / c2 / 1e3, barr / c2 / 1e3, down / c2 / 1e3);
+          (void)glu_max; (void)rel_min;
+        }
+        double s1_run = 0, s2_run = 0, h12 = 0, h21 = 0, s1_spread = 0, s2_spread = 0; int cnt = 0;
+        for (int i = 1; i + 1 < L; ++i) {
+          const W a = window(k1, i * g1, (i + 1) * g1), b = window(k2, i * g2, (i + 1) * g2), c = window(k1, (i + 1) * g1, (i + 2) * g1);
+          s1_run += a.end_max - a.wait_min; s2_run += b.end_max - b.wait_min;
+          h12 += b.wait_min - a.end_max; h21 += c.wait_min - b.end_max;
+          s1_spread += a.wait_max - a.wait_min; s2_spread += b.wait_max - b.wait_min; ++cnt;
+        }
+        std::printf("   trace %zu+%zu blocks/launch: S1 %.3f us (waits spread %.3f), S1 end->S2 go %.3f, S2 %.3f us (spread %.3f), S2 end->next S1 go %.3f; sum %.3f\n",
+                    g1, g2, s1_run / cnt / 1e3, s1_spread / cnt / 1e3, h12 / cnt / 1e3, s2_run / cnt / 1e3, s2_spread / cnt / 1e3, h21 / cnt / 1e3,
+                    (s1_run + s2_run + h12 + h21) / cnt / 1e3);
+      }
+#endif
       cudaGraphExecDestroy(ge); cudaGraphDestroy(g); CK(cudaFree(ws)); CK(cudaFree(sp));
     }
     for (auto& q : cp) { cudaFree(q.g); cudaFree(q.u); cudaFree(q.dt); cudaFree(q.qg); cudaFree(q.qu); cudaFree(q.sg); cudaFree(q.su); }
