@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // Development instrumentation (issue 19): per-block globaltimer stamps of Stage 1 (kind 1) and the fused
-// Stage 2 (kind 2): entry, after the PDL wait, exit. Injected with nvcc -include; never committed to the library.
+// Stage 2 (kind 2): entry, after the PDL wait, exit. Injected with nvcc -include (bench/experiments/trace/instrument.py stamps the kernels); not part of the library.
 #pragma once
 #include <cuda_runtime.h>
 struct ProxTraceRec { unsigned kind, block, smid, pad; unsigned long long t0, t1, t2, t3, t4; };
