@@ -44,6 +44,13 @@ PROX_HOST_DEVICE constexpr std::uint64_t mix64(std::uint64_t z) noexcept {
 PROX_HOST_DEVICE constexpr std::uint64_t splitmix64(std::uint64_t z) noexcept {
   return mix64(z + 0x9e3779b97f4a7c15ull);
 }
+
+//! FNV-1a (64-bit): the offset basis, and the hash after one more byte (the workspace layout tag, the
+//! tuning cache's policy-table signature and file name).
+constexpr std::uint64_t kFnv1aBasis = 1469598103934665603ull;
+constexpr std::uint64_t fnv1a64_step(std::uint64_t h, unsigned char byte) noexcept {
+  return (h ^ byte) * 1099511628211ull;
+}
 }  // namespace detail
 
 PROX_NAMESPACE_END

@@ -25,6 +25,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 
 #include "config.hpp"
 #include "math.hpp"
@@ -78,15 +79,9 @@ PROX_HOST_DEVICE constexpr std::size_t tile_counter_bytes(int columns) noexcept 
 
 //! The layout tag of a SparseFfn shape (never kTagAny, which initialize_workspace() writes).
 constexpr std::uint32_t layout_tag(int d_model, int d_ff) noexcept {
-  std::uint64_t h = 1469598103934665603ull;
-  const std::uint64_t v[2] = {static_cast<std::uint64_t>(static_cast<std::uint32_t>(d_model)),
-                              static_cast<std::uint64_t>(static_cast<std::uint32_t>(d_ff))};
-  for (std::uint64_t x : v) {
-    for (int b = 0; b < 4; ++b) {
-      h ^= (x >> (8 * b)) & 0xffu;
-      h *= 1099511628211ull;
-    }
-  }
+  std::uint64_t h = kFnv1aBasis;  // over the 4 little-endian bytes of d_model, then of d_ff
+  for (const std::uint32_t x : {static_cast<std::uint32_t>(d_model), static_cast<std::uint32_t>(d_ff)})
+    for (int b = 0; b < 4; ++b) h = fnv1a64_step(h, static_cast<unsigned char>(x >> (8 * b)));
   const std::uint32_t t = static_cast<std::uint32_t>(h ^ (h >> 32));
   return t == kTagAny ? kTagAny + 1u : t;
 }

@@ -51,6 +51,7 @@
 #endif
 
 #include "../core/config.hpp"
+#include "../core/math.hpp"
 #include "../core/policy.hpp"
 #include "../core/status.hpp"
 
@@ -156,11 +157,8 @@ std::vector<std::string> policy_names() {
 }
 
 //! FNV-1a 64-bit hash: the policy-table signature and the default file name.
-inline std::uint64_t fnv1a64(const std::string& s, std::uint64_t h = 1469598103934665603ull) noexcept {
-  for (unsigned char c : s) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
+inline std::uint64_t fnv1a64(const std::string& s, std::uint64_t h = ::prox::detail::kFnv1aBasis) noexcept {
+  for (unsigned char c : s) h = ::prox::detail::fnv1a64_step(h, c);
   return h;
 }
 
