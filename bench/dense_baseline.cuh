@@ -43,7 +43,8 @@ __global__ void glu_act_mul_kernel(const T* __restrict__ g, const T* __restrict_
 }
 
 /**
- * @brief y = W_down (W_up x * act(W_gate x)) with cuBLAS GEMVs (batch 1).
+ * @brief y = W_down (W_up x * act(W_gate x)) with cuBLAS GEMVs (batch 1) or, for `tokens` > 1 (at most
+ * the constructor's max_tokens), skinny GEMMs over x [tokens][d_model] (row-major, one token per row).
  * Weights: w_gate, w_up [d_ff][d_model] row-major (nn.Linear); w_down [d_model][d_ff] row-major
  * (nn.Linear). Owns its intermediate buffers; run() is graph-capturable (the handle's workspace is
  * set to a buffer owned here, so cuBLAS allocates nothing during capture).
@@ -51,34 +52,39 @@ __global__ void glu_act_mul_kernel(const T* __restrict__ g, const T* __restrict_
 template <class T, class Act = prox::SiLU>
 class DenseFfn {
  public:
-  DenseFfn(cublasHandle_t handle, int d_model, int d_ff)
+  DenseFfn(cublasHandle_t handle, int d_model, int d_ff, int max_tokens = 1)
       : h_(handle),
         K_(d_model),
         N_(d_ff),
-        g_(static_cast<std::size_t>(d_ff), "dense FFN g"),
-        u_(static_cast<std::size_t>(d_ff), "dense FFN u"),
-        s_(static_cast<std::size_t>(d_ff), "dense FFN s"),
-        s32_(static_cast<std::size_t>(d_ff), "dense FFN s (float)"),
+        max_tokens_(max_tokens),
+        g_(static_cast<std::size_t>(d_ff) * max_tokens, "dense FFN g"),
+        u_(static_cast<std::size_t>(d_ff) * max_tokens, "dense FFN u"),
+        s_(static_cast<std::size_t>(d_ff) * max_tokens, "dense FFN s"),
+        s32_(static_cast<std::size_t>(d_ff) * max_tokens, "dense FFN s (float)"),
         ws_(kWorkspace, "cuBLAS workspace") {}
 
-  //! y[n_out] = W x with W [n_out][n_in] row-major: one cublasGemmEx (m = n_out, n = 1, k = n_in).
-  void gemv(const T* w, const T* x, T* y, int n_out, int n_in, cudaStream_t stream) const {
+  //! y[tokens][n_out] = x[tokens][n_in] W^T with W [n_out][n_in] row-major: one cublasGemmEx
+  //! (m = n_out, n = tokens, k = n_in); tokens = 1 is a GEMV.
+  void gemv(const T* w, const T* x, T* y, int n_out, int n_in, cudaStream_t stream, int tokens = 1) const {
     check_cublas(cublasSetStream(h_, stream), "set stream");
     check_cublas(cublasSetWorkspace(h_, ws_.get(), ws_.bytes()), "set workspace");
     const float one = 1.0f, zero = 0.0f;
-    check_cublas(cublasGemmEx(h_, CUBLAS_OP_T, CUBLAS_OP_N, n_out, 1, n_in, &one, w, cuda_type<T>(), n_in, x,
+    check_cublas(cublasGemmEx(h_, CUBLAS_OP_T, CUBLAS_OP_N, n_out, tokens, n_in, &one, w, cuda_type<T>(), n_in, x,
                               cuda_type<T>(), n_in, &zero, y, cuda_type<T>(), n_out, CUBLAS_COMPUTE_32F,
                               CUBLAS_GEMM_DEFAULT),
                  "GemmEx");
   }
 
-  void run(const T* w_gate, const T* w_up, const T* w_down, const T* x, T* y, cudaStream_t stream) const {
-    gemv(w_gate, x, g_.get(), N_, K_, stream);
-    gemv(w_up, x, u_.get(), N_, K_, stream);
-    glu_act_mul_kernel<T, Act><<<(N_ + 255) / 256, 256, 0, stream>>>(g_.get(), u_.get(), s_.get(), s32_.get(), N_);
+  void run(const T* w_gate, const T* w_up, const T* w_down, const T* x, T* y, cudaStream_t stream,
+           int tokens = 1) const {
+    if (tokens < 1 || tokens > max_tokens_) throw std::invalid_argument("DenseFfn::run: tokens out of range");
+    const int n = N_ * tokens;
+    gemv(w_gate, x, g_.get(), N_, K_, stream, tokens);
+    gemv(w_up, x, u_.get(), N_, K_, stream, tokens);
+    glu_act_mul_kernel<T, Act><<<(n + 255) / 256, 256, 0, stream>>>(g_.get(), u_.get(), s_.get(), s32_.get(), n);
     check_cuda(cudaGetLastError(), "act-mul launch");
     // W_down [d_model][d_ff]: y[d_model] = W_down s.
-    gemv(w_down, s_.get(), y, K_, N_, stream);
+    gemv(w_down, s_.get(), y, K_, N_, stream, tokens);
   }
 
   const T* gate() const { return g_.get(); }
@@ -90,7 +96,7 @@ class DenseFfn {
  private:
   static constexpr std::size_t kWorkspace = 4u << 20;
   cublasHandle_t h_;
-  int K_, N_;
+  int K_, N_, max_tokens_;
   prox_support::DeviceArray<T> g_, u_, s_;
   prox_support::DeviceArray<float> s32_;
   prox_support::DeviceBuffer ws_;

@@ -19,6 +19,7 @@
 #include <utility>
 
 #include "activation.cuh"
+#include "batched.cuh"
 #include "core/config.hpp"
 #include "core/device.hpp"
 #include "core/math.hpp"
@@ -98,6 +99,10 @@ class SparseFfn {
     //! layer's sparsity (cudaMemcpyAsync into it) without re-planning or re-capturing. The device
     //! values are not validated: NaN keeps nothing, a negative value keeps everything.
     const float* thresholds = nullptr;
+    //! Most tokens run_batch() takes, 1..kMaxBatchTokens (8): plan() then also plans the batched ops
+    //! (batched.cuh; INT4 proxies only) and workspace_bytes() holds every token's mask and s. 1 (the
+    //! default): batch-1 decoding only.
+    int max_tokens = 1;
   };
 
   /**
@@ -169,8 +174,14 @@ class SparseFfn {
    * every policy, fused Stage 2 or not, on any device. Layout: SparseFfn::Layout (header and sync
    * words as core/workspace.cuh describes them, then the mask, s and the shared scratch).
    */
-  static std::size_t workspace_bytes(int d_model, int d_ff) noexcept { return Layout(d_model, d_ff).total; }
-  static std::size_t workspace_bytes(const Config& c) noexcept { return workspace_bytes(c.d_model, c.d_ff); }
+  static std::size_t workspace_bytes(int d_model, int d_ff) noexcept { return Layout(d_model, d_ff, 1).total; }
+  //! Bytes of workspace for up to `max_tokens` tokens per call (Config::max_tokens); 1 gives the above.
+  static std::size_t workspace_bytes(int d_model, int d_ff, int max_tokens) noexcept {
+    return Layout(d_model, d_ff, max_tokens).total;
+  }
+  static std::size_t workspace_bytes(const Config& c) noexcept {
+    return workspace_bytes(c.d_model, c.d_ff, c.max_tokens);
+  }
   //! workspace_bytes() of the planned shape (0 when not planned).
   std::size_t workspace_bytes() const noexcept { return planned_ ? layout_.total : 0; }
 
@@ -199,6 +210,31 @@ class SparseFfn {
     return run(x, y, workspace, workspace_size, stream, o);
   }
 
+  //! Optional outputs of run_batch(): device pointers, token-major; null = not wanted.
+  struct BatchOutputs {
+    //! Accumulated statistics: counters[b] for token b and counters[tokens] for the union (the inputs
+    //! any token kept, the channels any token selected), so tokens + 1 entries. With tokens = 1 (the
+    //! batch-1 kernels) only counters[0] is written: one token is its own union.
+    SparsityCounters* counters = nullptr;
+    std::uint32_t* channel_mask = nullptr;  //!< [tokens][d_ff/32] each token's selected channels
+    float* s_proxy = nullptr;               //!< [tokens][d_ff] each token's s~
+    float* s = nullptr;                     //!< [tokens][d_ff] each token's s (+0 off its channel set)
+  };
+
+  /**
+   * @brief Run the layer on `tokens` tokens at once (1..Config::max_tokens): y[b] = FFN(x[b]), each
+   * token with its own input set, channel set and exact Stage 2, as run() would give it; every weight
+   * row is read once when any token needs it (Stage 1 streams the union of the kept inputs, Stage 2 the
+   * union of the channel sets). tokens = 1 runs run()'s kernels. Launches 3 kernels for tokens >= 2
+   * (batched Stage 1, GLU, down: the fused Stage 2 is batch-1 only). Allocates nothing, never
+   * synchronizes; capturable. Deterministic, not bit-identical to run() (batched.cuh says why).
+   * @param x [tokens][d_model] device, 16-byte aligned; may alias y (x is read before y is written)
+   * @param y [tokens][d_model] device, 16-byte aligned (every element written)
+   * @param workspace workspace_bytes(config()) bytes, initialized once (shared with run())
+   */
+  Status run_batch(const T* x, T* y, int tokens, void* workspace, std::size_t workspace_size, cudaStream_t stream,
+                   const BatchOutputs& out = {}) const noexcept;
+
   /**
    * @brief Stage 1 alone in values mode: s_proxy[j] = s~_j for every channel (calibration of tau_s,
    * analysis); the channel mask (with this plan's tau_s) goes to the workspace as usual.
@@ -222,16 +258,40 @@ class SparseFfn {
   const Operator<GluOp>& glu_op() const noexcept { return glu_; }
   const Operator<DownOp>& down_op() const noexcept { return down_; }
 
+  //! The planned batched ops of token capacity B (2, 4, 8): planned when Config::max_tokens needs them.
+  template <int B>
+  struct BatchStages {
+    Operator<BatchedProxyGemvOp<T, Act, B>> proxy{};
+    Operator<BatchedGluGemvOp<T, Act, B>> glu{};
+    Operator<BatchedDownGemvOp<T, B>> down{};
+  };
+  template <int B>
+  const BatchStages<B>& batch_stages() const noexcept {
+    static_assert(B == 2 || B == 4 || B == 8, "capacities 2, 4, 8");
+    if constexpr (B == 2) {
+      return batch2_;
+    } else if constexpr (B == 4) {
+      return batch4_;
+    } else {
+      return batch8_;
+    }
+  }
+  //! Whether this layer's proxy format has the batched path (INT4 only).
+  static constexpr bool kBatched = std::is_same_v<ProxyFmt, Int4Weights>;
+
  private:
   //! Workspace layout of a shape: header, Stage-1 sync words, Stage-2 sync words (fused barrier, then
   //! the down counters that the fused and the unfused Stage 2 share), mask, s, and one scratch region
   //! for the split-K partials of every kernel (each writes its partials only after its PDL wait, when
   //! the previous kernel, the last reader, has completed).
+  //! With max_tokens > 1 the mask region holds max_tokens masks and their union, s max_tokens vectors,
+  //! and the scratch the batched ops' partials too; the sync regions are the same (the batched ops use
+  //! their batch-1 counterparts' counter regions), so the layout tag is the same.
   struct Layout {
-    std::size_t stage1_sync = 0, stage2_sync = 0, mask = 0, s = 0, scratch = 0, total = 0;
+    std::size_t stage1_sync = 0, stage2_sync = 0, mask = 0, union_mask = 0, s = 0, scratch = 0, total = 0;
     int stage2_sync_words = 0;
     Layout() = default;
-    Layout(int d_model, int d_ff) noexcept {
+    Layout(int d_model, int d_ff, int max_tokens) noexcept {
       typename Stage1Op::Args a1;
       a1.d_model = d_model;
       a1.d_ff = d_ff;
@@ -249,17 +309,54 @@ class SparseFfn {
       stage2_sync = stage1_sync + round_up(n1.sync, kA);
       // The fused Stage 2's sync words are its barrier, then down counters laid out as DownOp's.
       stage2_sync_words = static_cast<int>(n2.sync / sizeof(std::uint32_t));
+      const int tokens = max_tokens > 1 ? max_tokens : 1;
+      const std::size_t words = static_cast<std::size_t>(d_ff / 32);
       mask = stage2_sync + round_up(n2.sync, kA);
-      s = mask + round_up(sizeof(std::uint32_t) * static_cast<std::size_t>(d_ff / 32), kA);
-      scratch = s + round_up(sizeof(float) * static_cast<std::size_t>(d_ff), kA);
+      union_mask = mask + sizeof(std::uint32_t) * words * tokens;
+      s = mask + round_up(sizeof(std::uint32_t) * words * (tokens > 1 ? tokens + 1 : 1), kA);
+      scratch = s + round_up(sizeof(float) * static_cast<std::size_t>(d_ff) * tokens, kA);
       std::size_t sc = n1.scratch > n2.scratch ? n1.scratch : n2.scratch;
       sc = n3.scratch > sc ? n3.scratch : sc;
+      if (tokens > 1) {
+        const std::size_t b = batched_scratch(d_model, d_ff, batch_capacity(tokens));
+        sc = b > sc ? b : sc;
+      }
       total = scratch + round_up(sc, kA);
       // n3.sync is n2.sync less the barrier: the unfused down counters sit after the fused barrier.
     }
   };
 
   Status plan_impl(const Config& cfg, const Weights& w, const PlanOptions& opts) noexcept;
+  template <int B>
+  Status plan_batch(BatchStages<B>& st, const Config& cfg, const Weights& w, const PlanOptions& opts,
+                    const DeviceInfo& dev) noexcept;
+  template <int B>
+  Status launch_batch(const BatchStages<B>& st, const T* x, T* y, int tokens, char* ws, cudaStream_t stream,
+                      const BatchOutputs& out) const noexcept;
+
+  //! Scratch of the batched ops of capacity B and below (the partials grow with B).
+  static std::size_t batched_scratch(int d_model, int d_ff, int capacity) noexcept {
+    std::size_t sc = 0;
+    const auto add = [&](auto op) {
+      using Op = decltype(op);
+      typename Op::Args a;
+      a.d_model = d_model;
+      a.d_ff = d_ff;
+      const std::size_t n = Op::workspace_needs(a).scratch;
+      sc = n > sc ? n : sc;
+    };
+    add(BatchedProxyGemvOp<T, Act, 2>{});
+    add(BatchedDownGemvOp<T, 2>{});
+    if (capacity >= 4) {
+      add(BatchedProxyGemvOp<T, Act, 4>{});
+      add(BatchedDownGemvOp<T, 4>{});
+    }
+    if (capacity >= 8) {
+      add(BatchedProxyGemvOp<T, Act, 8>{});
+      add(BatchedDownGemvOp<T, 8>{});
+    }
+    return sc;
+  }
 
   //! Stage 1's view of the workspace: its counters and the shared scratch; a header found not ready
   //! makes it reset Stage 2's sync words too.
@@ -290,6 +387,9 @@ class SparseFfn {
   Operator<FusedStage2Op> fused_{};
   Operator<GluOp> glu_{};
   Operator<DownOp> down_{};
+  BatchStages<2> batch2_{};
+  BatchStages<4> batch4_{};
+  BatchStages<8> batch8_{};
 };
 
 // The members that launch or plan kernels are defined out of the class, so they are not inline: an
@@ -306,6 +406,8 @@ Status SparseFfn<T, Act, ProxyFmt>::plan(const Config& cfg, const Weights& w, co
 template <class T, class Act, class ProxyFmt>
 Status SparseFfn<T, Act, ProxyFmt>::plan_impl(const Config& cfg, const Weights& w, const PlanOptions& opts) noexcept {
   const PolicyChoice& c = opts.choice;
+  if (cfg.max_tokens < 1 || cfg.max_tokens > kMaxBatchTokens || (cfg.max_tokens > 1 && !kBatched))
+    return Status::kErrorInvalidArgument;
   if (c.proxy >= ProxyPolicies::kSize || c.glu >= GluPolicies::kSize || c.down >= DownPolicies::kSize ||
       c.glu_down >= GluDownPolicies::kSize)
     return Status::kErrorInvalidArgument;
@@ -369,9 +471,14 @@ Status SparseFfn<T, Act, ProxyFmt>::plan_impl(const Config& cfg, const Weights& 
     opts_.choice.glu = glu_.policy();
     opts_.choice.down = down_.policy();
   }
+  if constexpr (kBatched) {
+    if (cfg.max_tokens > 1) PROX_RETURN_IF_ERROR(plan_batch(batch2_, cfg, w, opts, dev));
+    if (cfg.max_tokens > 2) PROX_RETURN_IF_ERROR(plan_batch(batch4_, cfg, w, opts, dev));
+    if (cfg.max_tokens > 4) PROX_RETURN_IF_ERROR(plan_batch(batch8_, cfg, w, opts, dev));
+  }
   cfg_ = cfg;
   w_ = w;
-  layout_ = Layout(cfg.d_model, cfg.d_ff);
+  layout_ = Layout(cfg.d_model, cfg.d_ff, cfg.max_tokens);
   tag_ = detail::layout_tag(cfg.d_model, cfg.d_ff);
   planned_ = true;
   return Status::kSuccess;
@@ -428,6 +535,115 @@ Status SparseFfn<T, Act, ProxyFmt>::run(const T* x, T* y, void* workspace, std::
   vd.sync = stage2_sync + detail::kBarrierWords;  // the down counters the fused Stage 2 also uses
   vd.scratch = ws + layout_.scratch;
   return down_.launch(d, vd, stream);
+}
+
+template <class T, class Act, class ProxyFmt>
+template <int B>
+Status SparseFfn<T, Act, ProxyFmt>::plan_batch(BatchStages<B>& st, const Config& cfg, const Weights& w,
+                                               const PlanOptions& opts, const DeviceInfo& dev) noexcept {
+  // Stand-ins for the per-call pointers, as plan_impl's.
+  const T* placeholder_x = w.gate;
+  auto* placeholder_mask = reinterpret_cast<std::uint32_t*>(const_cast<T*>(w.gate));
+  auto* placeholder_s = reinterpret_cast<float*>(const_cast<T*>(w.gate));
+  typename BatchedProxyGemvOp<T, Act, B>::Args a1;
+  a1.x = placeholder_x;
+  a1.tokens = B;
+  a1.d_model = cfg.d_model;
+  a1.d_ff = cfg.d_ff;
+  a1.tau_x = cfg.tau_x;
+  a1.tau_s = cfg.tau_s;
+  a1.thresholds = cfg.thresholds;
+  a1.gate = w.proxy_gate;
+  a1.up = w.proxy_up;
+  a1.channel_mask = placeholder_mask;
+  a1.union_mask = placeholder_mask;
+  typename BatchedGluGemvOp<T, Act, B>::Args g;
+  g.x = placeholder_x;
+  g.tokens = B;
+  g.d_model = cfg.d_model;
+  g.d_ff = cfg.d_ff;
+  g.w_gate = w.gate;
+  g.w_up = w.up;
+  g.channel_mask = placeholder_mask;
+  g.union_mask = placeholder_mask;
+  g.s = placeholder_s;
+  typename BatchedDownGemvOp<T, B>::Args d;
+  d.s = placeholder_s;
+  d.union_mask = placeholder_mask;
+  d.w_down_t = w.down_t;
+  d.tokens = B;
+  d.d_model = cfg.d_model;
+  d.d_ff = cfg.d_ff;
+  d.y = const_cast<T*>(w.gate);
+  PROX_RETURN_IF_ERROR(st.proxy.initialize(a1, op_options<BatchedProxyGemvOp<T, Act, B>>(opts), -1, dev));
+  PROX_RETURN_IF_ERROR(st.glu.initialize(g, op_options<BatchedGluGemvOp<T, Act, B>>(opts), -1, dev));
+  return st.down.initialize(d, op_options<BatchedDownGemvOp<T, B>>(opts), -1, dev);
+}
+
+template <class T, class Act, class ProxyFmt>
+template <int B>
+Status SparseFfn<T, Act, ProxyFmt>::launch_batch(const BatchStages<B>& st, const T* x, T* y, int tokens, char* ws,
+                                                 cudaStream_t stream, const BatchOutputs& out) const noexcept {
+  std::uint32_t* mask =
+      out.channel_mask != nullptr ? out.channel_mask : reinterpret_cast<std::uint32_t*>(ws + layout_.mask);
+  auto* union_mask = reinterpret_cast<std::uint32_t*>(ws + layout_.union_mask);
+  float* s = out.s != nullptr ? out.s : reinterpret_cast<float*>(ws + layout_.s);
+  typename BatchedProxyGemvOp<T, Act, B>::Args a1 = st.proxy.args();
+  a1.x = x;
+  a1.tokens = tokens;
+  a1.channel_mask = mask;
+  a1.union_mask = union_mask;
+  a1.s_proxy = out.s_proxy;
+  a1.counters = out.counters;
+  PROX_RETURN_IF_ERROR(st.proxy.launch(a1, stage1_view(ws), stream));
+  typename BatchedGluGemvOp<T, Act, B>::Args g = st.glu.args();
+  g.x = x;
+  g.tokens = tokens;
+  g.channel_mask = mask;
+  g.union_mask = union_mask;
+  g.s = s;
+  WorkspaceGuard stamp;  // Stage 1 has completed (the GLU kernel's PDL wait): mark the workspace ready
+  stamp.stamp = reinterpret_cast<std::uint32_t*>(ws);
+  stamp.tag = tag_;
+  OpWorkspace vg;
+  vg.guard = stamp;
+  PROX_RETURN_IF_ERROR(st.glu.launch(g, vg, stream));
+  typename BatchedDownGemvOp<T, B>::Args d = st.down.args();
+  d.s = s;
+  d.union_mask = union_mask;
+  d.tokens = tokens;
+  d.y = y;
+  OpWorkspace vd;
+  vd.sync = reinterpret_cast<std::uint32_t*>(ws + layout_.stage2_sync) + detail::kBarrierWords;
+  vd.scratch = ws + layout_.scratch;
+  return st.down.launch(d, vd, stream);
+}
+
+template <class T, class Act, class ProxyFmt>
+Status SparseFfn<T, Act, ProxyFmt>::run_batch(const T* x, T* y, int tokens, void* workspace,
+                                              std::size_t workspace_size, cudaStream_t stream,
+                                              const BatchOutputs& out) const noexcept {
+  PROX_RETURN_IF_ERROR(check_run(x, y, workspace, workspace_size));
+  if (tokens < 1 || tokens > cfg_.max_tokens) return Status::kErrorInvalidArgument;
+  if (!is_aligned(y, 16) || !is_aligned(out.counters, 8) || !is_aligned(out.channel_mask, 4) ||
+      !is_aligned(out.s_proxy, 4) || !is_aligned(out.s, 4))
+    return Status::kErrorMisalignedPointer;
+  if (tokens == 1) {
+    Outputs o;
+    o.counters = out.counters;
+    o.channel_mask = out.channel_mask;
+    o.s_proxy = out.s_proxy;
+    o.s = out.s;
+    return run(x, y, workspace, workspace_size, stream, o);
+  }
+  if constexpr (kBatched) {
+    char* ws = static_cast<char*>(workspace);
+    if (tokens <= 2) return launch_batch(batch2_, x, y, tokens, ws, stream, out);
+    if (tokens <= 4) return launch_batch(batch4_, x, y, tokens, ws, stream, out);
+    return launch_batch(batch8_, x, y, tokens, ws, stream, out);
+  } else {
+    return Status::kErrorInvalidArgument;  // unreachable: plan() refuses max_tokens > 1 without INT4
+  }
 }
 
 template <class T, class Act, class ProxyFmt>

@@ -57,6 +57,18 @@ PROX_DEVICE PROX_FORCEINLINE bool warp_halve(float (&v)[N], int half, int off) {
   return upper;
 }
 
+//! warp_halve() with half = Half, Half / 2, ..., 1 over lane bits off, off / 2, ...: warp_sum_many's
+//! halvings by compile-time recursion. The batched GLU (16 values) needs it: there warp_sum_many's loop
+//! left warp_halve's inner loop rolled and the values on the stack (warp_sum_many keeps its loop: the
+//! batch-1 kernels' code stays as measured).
+template <int Half, int N>
+PROX_DEVICE PROX_FORCEINLINE void warp_halvings(float (&v)[N], int off) {
+  if constexpr (Half >= 1) {
+    warp_halve(v, Half, off);
+    warp_halvings<Half / 2>(v, off / 2);
+  }
+}
+
 /**
  * @brief Sum each of V values over the warp at once, by recursive halving: at each of the first
  * log2(V) steps a lane keeps half of its values and adds its partner's copy of that half

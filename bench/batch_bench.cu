@@ -1,0 +1,457 @@
+// SPDX-License-Identifier: Apache-2.0
+//! @file batch_bench.cu  Google Benchmark suite of batched decode (SparseFfn::run_batch): B = 1, 2, 4, 8
+//! tokens per call at e = 40..70 % on the Qwen3 FFN shapes, against cuBLAS dense at the same B in the
+//! same process, for two mask models.
+//!
+//! Benchmark names: batch_ffn/<model>/<dtype>/e<target %>/b<B>/<masks>, masks = indep (every token
+//! drawn independently: the worst case for the union) or corr (x_b = 0.8 shared + 0.6 own, both N(0, 1):
+//! tokens of one sequence or prompt share much of their activations). Each iteration replays the Prox
+//! graph and the dense graph (cuBLAS GEMMs of n = B, fp32 compute) in alternation, as prox_bench's
+//! ffn_paired. Counters:
+//!   t_us, dense_us, speedup_vs_dense   medians of Prox and dense per call, and their ratio
+//!   in_token, ch_token                 mean density of one token's input set and channel set
+//!   in_union, ch_union                 density of the union over the batch: the rows each stage streams
+//!   union_bytes, GBps, frac_copy       bytes the union needs (Stage 1 INT4 rows + scales + x, GLU and
+//!                                      down rows) over t_us, and that against the copy bandwidth
+//!   floor_speedup                      dense bytes / union bytes: the speed-up if both streamed their
+//!                                      bytes at the same bandwidth
+//!   frac_floor                         speedup_vs_dense / floor_speedup: how much of it Prox reaches
+//!
+//! Own flags: --prox_shapes=8B,14B --prox_dtypes=f16,bf16 --prox_targets=40,50,60,70
+//! --prox_batches=1,2,4,8 --prox_masks=indep,corr --prox_iterations=N --prox_warmup=N
+//! --prox_min_launches=N --prox_rotate_gb=G --prox_max_device_gb=G --prox_commit=SHA.
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "bench_common.cuh"
+#include "dense_baseline.cuh"
+
+namespace {
+
+using prox_bench::DeviceBuffer;
+using prox_bench::FfnShape;
+using prox_bench::GraphReplay;
+using prox_bench::Timing;
+
+constexpr int kMaxB = prox::kMaxBatchTokens;
+constexpr int kBatches = 8;  //!< distinct batches (of kMaxB tokens each) cycled through the launches
+
+struct Options {
+  std::string shapes = "1.7B,4B,8B,14B,32B";
+  std::string dtypes = "f16,bf16";
+  std::string targets = "40,50,60,70";
+  std::string batches = "1,2,4,8";
+  std::string masks = "indep,corr";
+  int iterations = 20;
+  int warmup = 3;
+  int min_launches = 32;
+  double rotate_gb = 4.0;
+  double max_device_gb = 40.0;
+  std::string commit;
+};
+Options g_opt;
+
+struct Globals {
+  prox_bench::DeviceFacts dev;
+  prox_bench::CopyBandwidth copy;
+  cudaStream_t stream = nullptr;
+  cublasHandle_t cublas = nullptr;
+};
+Globals g;
+
+enum class Masks { kIndependent, kCorrelated };
+const char* masks_name(Masks m) { return m == Masks::kIndependent ? "indep" : "corr"; }
+
+struct ContextBase {
+  virtual ~ContextBase() = default;
+};
+
+template <class T>
+struct Sparse {
+  using Ffn = prox::SparseFfn<T, prox::SiLU>;
+  prox::StageSparsity target{};
+  float tau_x = 0.0f;
+  float tau_s = 0.0f;
+  std::vector<Ffn> ffns;  //!< one plan per weight copy, max_tokens = 8
+  DeviceBuffer ws;
+};
+
+template <class T>
+struct Context : ContextBase {
+  Context(const FfnShape& s, int copies)
+      : shape(s),
+        layer(s, copies, 1, 0xba7c0000ull + static_cast<std::uint64_t>(s.d_model) * 131 + s.d_ff, g.stream),
+        dense(g.cublas, s.d_model, s.d_ff, kMaxB),
+        y(sizeof(T) * kMaxB * s.d_model, "y"),
+        counters(sizeof(prox::SparsityCounters) * (kMaxB + 1), "counters") {
+    const int K = s.d_model;
+    const std::size_t per = static_cast<std::size_t>(kBatches) * kMaxB * K;
+    // Tokens made on the host (seeded), the correlated ones from the same own parts as the independent.
+    std::mt19937_64 gen(0x70c5ull + static_cast<std::uint64_t>(K));
+    std::normal_distribution<double> normal(0.0, 1.0);
+    const auto rng = [&] { return normal(gen); };
+    std::vector<T> ind(per), cor(per);
+    for (int b = 0; b < kBatches; ++b) {
+      std::vector<float> shared(K);
+      for (float& v : shared) v = static_cast<float>(rng());
+      for (int t = 0; t < kMaxB; ++t) {
+        for (int k = 0; k < K; ++k) {
+          const float own = static_cast<float>(rng());
+          const std::size_t i = (static_cast<std::size_t>(b) * kMaxB + t) * K + k;
+          ind[i] = prox::from_float<T>(own);
+          cor[i] = prox::from_float<T>(0.8f * shared[k] + 0.6f * own);
+        }
+      }
+    }
+    x_ind = DeviceBuffer(sizeof(T) * per, "independent tokens");
+    x_cor = DeviceBuffer(sizeof(T) * per, "correlated tokens");
+    PROX_BENCH_CUDA(cudaMemcpy(x_ind.get(), ind.data(), sizeof(T) * per, cudaMemcpyHostToDevice));
+    PROX_BENCH_CUDA(cudaMemcpy(x_cor.get(), cor.data(), sizeof(T) * per, cudaMemcpyHostToDevice));
+    for (const T& v : ind) abs_ind.push_back(std::fabs(prox::to_float(v)));
+    launches = prox_bench::launches_per_graph(layer.copies(), kBatches, g_opt.min_launches);
+  }
+  //! Batch i's tokens [kMaxB][d_model] (the first B of them are used).
+  const T* batch(Masks m, int i) const {
+    const DeviceBuffer& x = m == Masks::kIndependent ? x_ind : x_cor;
+    return x.as<const T>(sizeof(T) * static_cast<std::size_t>(i % kBatches) * kMaxB * shape.d_model);
+  }
+  FfnShape shape;
+  prox_bench::SyntheticLayer<T> layer;
+  prox_bench::DenseFfn<T, prox::SiLU> dense;
+  DeviceBuffer y, counters, x_ind, x_cor;
+  std::vector<float> abs_ind;
+  int launches = 0;
+  std::map<int, std::unique_ptr<Sparse<T>>> sparse;
+};
+
+std::string g_ctx_key;
+std::unique_ptr<ContextBase> g_ctx;
+
+template <class T>
+Context<T>& context_for(const FfnShape& shape) {
+  const std::string key = std::string(shape.name) + "/" + prox_bench::dtype_name<T>();
+  if (g_ctx && g_ctx_key == key) return static_cast<Context<T>&>(*g_ctx);
+  PROX_BENCH_CUDA(cudaStreamSynchronize(g.stream));
+  g_ctx.reset();
+  const std::size_t copy_bytes = prox_bench::SyntheticLayer<T>::bytes_per_copy(shape);
+  const std::size_t budget = prox_bench::memory_budget(static_cast<std::size_t>(g_opt.max_device_gb * 1e9));
+  const int copies = prox_bench::rotation_copies(copy_bytes, static_cast<std::size_t>(g_opt.rotate_gb * 1e9),
+                                                 budget - budget / 20);
+  auto ctx = std::make_unique<Context<T>>(shape, copies);
+  std::fprintf(stderr, "[batch_bench] %s: %d weight copies x %.1f MB, %d launches per graph\n", key.c_str(), copies,
+               copy_bytes / 1e6, ctx->launches);
+  Context<T>& ref = *ctx;
+  g_ctx = std::move(ctx);
+  g_ctx_key = key;
+  return ref;
+}
+
+//! Thresholds of target e calibrated on the independent tokens (thresholds are per layer: the same
+//! for every batch size and mask model), and one plan per weight copy.
+template <class T>
+Sparse<T>& sparse_for(Context<T>& ctx, int e_pct) {
+  using Ffn = typename Sparse<T>::Ffn;
+  auto it = ctx.sparse.find(e_pct);
+  if (it != ctx.sparse.end()) return *it->second;
+  auto sp = std::make_unique<Sparse<T>>();
+  const int K = ctx.shape.d_model;
+  const int N = ctx.shape.d_ff;
+  PROX_BENCH_PROX(prox::allocate_sparsity(e_pct / 100.0, &sp->target));
+  sp->tau_x = prox_bench::magnitude_threshold(ctx.abs_ind, sp->target.s1);
+  std::vector<const T*> toks;
+  for (int b = 0; b < kBatches; ++b)
+    for (int t = 0; t < kMaxB; ++t) toks.push_back(ctx.batch(Masks::kIndependent, b) + static_cast<std::size_t>(t) * K);
+  const auto weights_of = [&](int c) { return ctx.layer.copy(c).template ffn_weights<prox::SiLU>(); };
+  sp->tau_s = prox_bench::calibrate_tau_s<T, prox::SiLU, prox::Int4Weights>(weights_of(0), ctx.shape, sp->tau_x,
+                                                                            sp->target.s2, toks, {}, g.stream);
+  sp->ffns.resize(static_cast<std::size_t>(ctx.layer.copies()));
+  for (int c = 0; c < ctx.layer.copies(); ++c) {
+    typename Ffn::Config cfg{K, N, sp->tau_x, sp->tau_s};
+    cfg.max_tokens = kMaxB;
+    PROX_BENCH_PROX(sp->ffns[c].plan(cfg, weights_of(c)));
+  }
+  sp->ws = DeviceBuffer(sp->ffns[0].workspace_bytes(), "workspace");
+  PROX_BENCH_PROX(prox::initialize_workspace(sp->ws.get(), sp->ws.bytes(), g.stream));
+  Sparse<T>& ref = *sp;
+  ctx.sparse[e_pct] = std::move(sp);
+  return ref;
+}
+
+void report_error(benchmark::State& st, const std::string& name, const std::exception& e) {
+  std::fprintf(stderr, "[batch_bench] %s: %s\n", name.c_str(), e.what());
+  st.SkipWithError(e.what());
+}
+
+template <class T>
+void bench_batch(benchmark::State& st, const std::string& name, const FfnShape& shape, int e_pct, int B, Masks m) {
+  try {
+    Context<T>& ctx = context_for<T>(shape);
+    Sparse<T>& sp = sparse_for(ctx, e_pct);
+    const int K = shape.d_model;
+    const int N = shape.d_ff;
+    T* y = ctx.y.template as<T>();
+    // Densities: one untimed call per distinct batch with the counters on.
+    auto* cnt = ctx.counters.template as<prox::SparsityCounters>();
+    PROX_BENCH_CUDA(cudaMemsetAsync(cnt, 0, ctx.counters.bytes(), g.stream));
+    for (int b = 0; b < kBatches; ++b) {
+      typename Sparse<T>::Ffn::BatchOutputs out;
+      out.counters = cnt;
+      PROX_BENCH_PROX(sp.ffns[0].run_batch(ctx.batch(m, b), y, B, sp.ws.get(), sp.ws.bytes(), g.stream, out));
+    }
+    std::vector<prox::SparsityCounters> h(kMaxB + 1);
+    PROX_BENCH_CUDA(cudaMemcpyAsync(h.data(), cnt, ctx.counters.bytes(), cudaMemcpyDeviceToHost, g.stream));
+    PROX_BENCH_CUDA(cudaStreamSynchronize(g.stream));
+    prox_bench::check_workspace(sp.ws, "workspace", g.stream);
+    double kept = 0.0, sel = 0.0;
+    for (int t = 0; t < B; ++t) {
+      kept += static_cast<double>(h[t].kept_inputs);
+      sel += static_cast<double>(h[t].selected_channels);
+    }
+    const double calls = kBatches;
+    const double in_token = kept / (calls * B * K);
+    const double ch_token = sel / (calls * B * N);
+    // A single token is its own union (run_batch with one token writes counters[0] only).
+    const prox::SparsityCounters& u = B > 1 ? h[B] : h[0];
+    const double in_union = static_cast<double>(u.kept_inputs) / (calls * K);
+    const double ch_union = static_cast<double>(u.selected_channels) / (calls * N);
+    // Stage 1's union rows, scales and the B tokens' x; the union's GLU and down rows.
+    const double union_bytes = prox_bench::stage1_int4_bytes(in_union * K, K, N, sizeof(T)) +
+                               static_cast<double>(B - 1) * K * sizeof(T) +
+                               prox_bench::glu_bytes(ch_union * N, K, sizeof(T)) +
+                               prox_bench::down_bytes(ch_union * N, K, sizeof(T));
+    const double dense_bytes = prox_bench::dense_ffn_bytes(K, N, sizeof(T));
+
+    const int copies = ctx.layer.copies();
+    GraphReplay prox_g(g.stream, ctx.launches, [&](int i, cudaStream_t s) {
+      PROX_BENCH_PROX(sp.ffns[i % copies].run_batch(ctx.batch(m, i), y, B, sp.ws.get(), sp.ws.bytes(), s));
+    });
+    GraphReplay dense_g(g.stream, ctx.launches, [&](int i, cudaStream_t s) {
+      const prox_bench::LayerCopy<T> l = ctx.layer.copy(i % copies);
+      // W_down^T read as an nn.Linear W_down [d_model][d_ff], as prox_bench's dense_ffn: the same bytes
+      // and GEMM shape.
+      ctx.dense.run(l.w_gate, l.w_up, l.w_down_t, ctx.batch(m, i), y, s, B);
+    });
+    for (int i = 0; i < g_opt.warmup; ++i) {
+      dense_g.replay();
+      prox_g.replay();
+    }
+    std::vector<double> tp, td;
+    int pair = 0;
+    for (auto _ : st) {
+      double d = 0.0, p = 0.0;
+      if (pair++ % 2 == 0) {
+        d = dense_g.replay_timed();
+        p = prox_g.replay_timed();
+      } else {
+        p = prox_g.replay_timed();
+        d = dense_g.replay_timed();
+      }
+      st.SetIterationTime(p);
+      tp.push_back(p);
+      td.push_back(d);
+    }
+    const Timing tprox = prox_bench::summarize(std::move(tp), ctx.launches);
+    const Timing tdense = prox_bench::summarize(std::move(td), ctx.launches);
+    prox_bench::check_workspace(sp.ws, "workspace", g.stream);
+    const double speedup = tdense.median_s / tprox.median_s;
+    const double gbps = union_bytes / tprox.median_s / 1e9;
+    st.counters["t_us"] = tprox.median_s * 1e6;
+    st.counters["dense_us"] = tdense.median_s * 1e6;
+    st.counters["speedup_vs_dense"] = speedup;
+    st.counters["tokens"] = B;
+    st.counters["e_target"] = e_pct / 100.0;
+    st.counters["in_token"] = in_token;
+    st.counters["ch_token"] = ch_token;
+    st.counters["in_union"] = in_union;
+    st.counters["ch_union"] = ch_union;
+    st.counters["union_bytes"] = union_bytes;
+    st.counters["GBps"] = gbps;
+    st.counters["copy_GBps"] = g.copy.GBps;
+    st.counters["frac_copy"] = gbps / g.copy.GBps;
+    st.counters["floor_speedup"] = dense_bytes / union_bytes;
+    st.counters["frac_floor"] = speedup / (dense_bytes / union_bytes);
+    st.counters["d_model"] = K;
+    st.counters["d_ff"] = N;
+    st.counters["copies"] = copies;
+  } catch (const std::exception& e) {
+    report_error(st, name, e);
+  }
+}
+
+template <class T>
+void register_shape(const FfnShape& shape, const std::vector<int>& targets, const std::vector<int>& batches,
+                    const std::vector<Masks>& masks) {
+  const std::string base = std::string(shape.name) + "/" + prox_bench::dtype_name<T>();
+  for (int e : targets) {
+    for (Masks m : masks) {
+      for (int B : batches) {
+        const std::string name =
+            "batch_ffn/" + base + "/e" + std::to_string(e) + "/b" + std::to_string(B) + "/" + masks_name(m);
+        benchmark::RegisterBenchmark(name.c_str(),
+                                     [name, shape, e, B, m](benchmark::State& st) {
+                                       bench_batch<T>(st, name, shape, e, B, m);
+                                     })
+            ->UseManualTime()
+            ->Iterations(g_opt.iterations)
+            ->Unit(benchmark::kMicrosecond);
+      }
+    }
+  }
+}
+
+void register_all() {
+  const std::vector<FfnShape> shapes = prox_bench::select_shapes(g_opt.shapes, prox_bench::qwen3_shapes());
+  std::vector<int> targets, batches;
+  for (const std::string& t : prox_bench::split_list(g_opt.targets)) targets.push_back(std::stoi(t));
+  for (const std::string& b : prox_bench::split_list(g_opt.batches)) batches.push_back(std::stoi(b));
+  std::vector<Masks> masks;
+  for (const std::string& m : prox_bench::split_list(prox_bench::lower(g_opt.masks)))
+    masks.push_back(m == "indep" ? Masks::kIndependent : Masks::kCorrelated);
+  const std::vector<std::string> dtypes = prox_bench::split_list(prox_bench::lower(g_opt.dtypes));
+  const auto want = [&](const char* d) { return std::find(dtypes.begin(), dtypes.end(), d) != dtypes.end(); };
+  for (const FfnShape& s : shapes) {
+    if (want("f16")) register_shape<__half>(s, targets, batches, masks);
+    if (want("bf16")) register_shape<__nv_bfloat16>(s, targets, batches, masks);
+  }
+}
+
+void add_flags(CLI::App* app) {
+  namespace cli = prox_support::cli;
+  cli::setup(*app, cli::Syntax::kEquals);
+  const auto count = [](int lo) { return cli::value_check(cli::number_in(lo, 1e9, true)); };
+  const auto positive = cli::value_check(cli::positive_number());
+  app->add_option("--prox_shapes", g_opt.shapes, "shapes (1.7B,4B,8B,14B,32B)")
+      ->type_name("LIST")
+      ->capture_default_str()
+      ->check(cli::list_check(prox_bench::shape_name_test()));
+  app->add_option("--prox_dtypes", g_opt.dtypes, "f16,bf16")
+      ->type_name("LIST")
+      ->capture_default_str()
+      ->check(cli::list_check([](const std::string& v) { return cli::one_of({"f16", "bf16"})(prox_bench::lower(v)); }));
+  app->add_option("--prox_targets", g_opt.targets, "target effective sparsity, percent")
+      ->type_name("LIST")
+      ->capture_default_str()
+      ->check(cli::list_check([](const std::string& v) -> std::string {
+        prox::StageSparsity st;
+        if (cli::number_in(0, 93, true)(v).empty() &&
+            prox::allocate_sparsity(std::stoi(v) / 100.0, &st) == prox::Status::kSuccess)
+          return {};
+        return "not a target the allocation reaches (an integer percent, 0 to 93)";
+      }));
+  app->add_option("--prox_batches", g_opt.batches, "tokens per call, 1..8")
+      ->type_name("LIST")
+      ->capture_default_str()
+      ->check(cli::list_check(cli::number_in(1, kMaxB, true)));
+  app->add_option("--prox_masks", g_opt.masks, "indep (independent tokens), corr (correlated tokens)")
+      ->type_name("LIST")
+      ->capture_default_str()
+      ->check(cli::list_check([](const std::string& v) { return cli::one_of({"indep", "corr"})(prox_bench::lower(v)); }));
+  app->add_option("--prox_iterations", g_opt.iterations, "timed replay pairs per benchmark")
+      ->type_name("N")
+      ->capture_default_str()
+      ->check(count(1));
+  app->add_option("--prox_warmup", g_opt.warmup, "untimed replays first")->type_name("N")->capture_default_str()->check(count(0));
+  app->add_option("--prox_min_launches", g_opt.min_launches, "launches per graph, at least")
+      ->type_name("N")
+      ->capture_default_str()
+      ->check(count(1));
+  app->add_option("--prox_rotate_gb", g_opt.rotate_gb, "weight bytes rotated over, at least")
+      ->type_name("G")
+      ->capture_default_str()
+      ->check(positive);
+  app->add_option("--prox_max_device_gb", g_opt.max_device_gb, "device memory cap")
+      ->type_name("G")
+      ->capture_default_str()
+      ->check(positive);
+  app->add_option("--prox_commit", g_opt.commit, "commit to record (else $PROX_COMMIT, else the one built from)")
+      ->type_name("SHA");
+  app->footer("plus Google Benchmark's flags, e.g. --benchmark_filter=REGEX --benchmark_out=FILE --benchmark_list_tests");
+}
+
+constexpr const char* kDescription = "prox_batch_bench: batched decode against cuBLAS dense (docs/benchmarks.md)";
+
+bool has_arg(int argc, char** argv, const char* prefix) {
+  for (int i = 1; i < argc; ++i)
+    if (std::strncmp(argv[i], prefix, std::strlen(prefix)) == 0) return true;
+  return false;
+}
+
+void parse_flags(int* argc, char** argv) {
+  CLI::App app{kDescription, "prox_batch_bench"};
+  add_flags(&app);
+  app.allow_extras();
+  if (const auto rc = prox_support::cli::parse(app, *argc, argv)) std::exit(*rc);
+  const std::vector<std::string> rest = app.remaining();
+  int out = 1;
+  std::size_t k = 0;
+  for (int i = 1; i < *argc && k < rest.size(); ++i) {
+    if (rest[k] != argv[i]) continue;
+    if (rest[k].rfind("--prox_", 0) == 0) {
+      prox_support::cli::print_error(app, "unknown flag " + rest[k] + " (--help lists them)");
+      std::exit(2);
+    }
+    argv[out++] = argv[i];
+    ++k;
+  }
+  *argc = out;
+  argv[out] = nullptr;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string command = prox_bench::join_argv(argc, argv);
+  try {
+    if (has_arg(argc, argv, "--help") || has_arg(argc, argv, "-h")) {
+      CLI::App app{kDescription, "prox_batch_bench"};
+      add_flags(&app);
+      std::fputs(app.help().c_str(), stdout);
+      return 0;
+    }
+    parse_flags(&argc, argv);
+    const bool list_only = has_arg(argc, argv, "--benchmark_list_tests") &&
+                           !has_arg(argc, argv, "--benchmark_list_tests=false") &&
+                           !has_arg(argc, argv, "--benchmark_list_tests=0");
+    benchmark::Initialize(&argc, argv);
+    if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+    register_all();
+    if (list_only) {
+      benchmark::RunSpecifiedBenchmarks();
+      benchmark::Shutdown();
+      return 0;
+    }
+    g.dev = prox_bench::query_device_facts();
+    std::fprintf(stderr, "[batch_bench] device: %s\n", prox_bench::describe(g.dev).c_str());
+    PROX_BENCH_CUDA(cudaStreamCreateWithFlags(&g.stream, cudaStreamNonBlocking));
+    prox_bench::check_cublas(cublasCreate(&g.cublas), "cublasCreate");
+    g.copy = prox_bench::measure_copy_bandwidth(g.stream);
+    const std::string commit = prox_bench::resolve_commit(g_opt.commit);
+    std::fprintf(stderr, "[batch_bench] copy bandwidth: %.1f GB/s; commit %s\n", g.copy.GBps, commit.c_str());
+    char buf[64];
+    benchmark::AddCustomContext("gpu", g.dev.name);
+    std::snprintf(buf, sizeof(buf), "%.2f", g.copy.GBps);
+    benchmark::AddCustomContext("copy_GBps", buf);
+    benchmark::AddCustomContext("prox_version", PROX_VERSION_STRING);
+    benchmark::AddCustomContext("prox_commit", commit);
+    benchmark::AddCustomContext("prox_command", command);
+    benchmark::RunSpecifiedBenchmarks();
+    benchmark::Shutdown();
+    cudaStreamSynchronize(g.stream);
+    g_ctx.reset();
+    cublasDestroy(g.cublas);
+    cudaStreamDestroy(g.stream);
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "prox_batch_bench: error: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,904 @@
+// SPDX-License-Identifier: Apache-2.0
+//! @file batched.cuh  Batched decode: the Prox FFN's ops for 2..8 tokens per call (speculative
+//! verification, small-batch serving, beam search).
+//!
+//! Semantics: every token gets what batch-1 Prox would give it -- its own Stage-1 input set, its own
+//! channel set and its own exact Stage-2 result -- while each weight row is read once per call when any
+//! token needs it:
+//!   BatchedProxyGemvOp  Stage 1 over the union of the tokens' kept inputs: a token's x is 0 on a row
+//!                       it did not keep, so the row adds nothing to its sums. Per-token channel masks
+//!                       and their union.
+//!   BatchedGluGemvOp    exact gate/up rows of the union's channels, every token's dot products from
+//!                       the same bytes; s[b][j] = u * act(g) where token b selected j, else +0.
+//!   BatchedDownGemvOp   the union's rows of W_down^T, each token weighted by its own s (0 where it did
+//!                       not select the channel).
+//! Each op is a planned op (operator.cuh's contract) with a compile-time token capacity kTokens (2, 4
+//! or 8: the tile shapes follow it) and a run-time `tokens` in [1, kTokens]. SparseFfn::run_batch
+//! drives them. INT4 proxy weights only (the method); the A1 ablation's fp16 proxies stay batch-1.
+//!
+//! Results are deterministic (fixed assignment of work, fixed addition order) but not bit-identical to
+//! batch 1: the union changes how kept rows are grouped into Stage 1's fp16 steps and its split-K
+//! chunks' row groups, and the batched kernels' reduction trees differ from batch 1's (docs/api.md).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include "activation.cuh"
+#include "core/config.hpp"
+#include "core/device.hpp"
+#include "core/launch.cuh"
+#include "core/math.hpp"
+#include "core/policy.hpp"
+#include "core/shape.hpp"
+#include "core/status.hpp"
+#include "core/types.cuh"
+#include "core/vec.cuh"
+#include "core/warp.cuh"
+#include "core/workspace.cuh"
+#include "detail/rank_range.cuh"
+#include "detail/tile_reduce.cuh"
+#include "int4.cuh"
+#include "stats.cuh"
+#include "threshold.cuh"
+
+PROX_NAMESPACE_BEGIN
+
+//! Most tokens one batched call takes.
+constexpr int kMaxBatchTokens = 8;
+
+//! The compiled token capacity that serves `tokens` (2..8): 2, 4 or 8.
+constexpr int batch_capacity(int tokens) noexcept { return tokens <= 2 ? 2 : tokens <= 4 ? 4 : 8; }
+
+// ================================================================ Stage 1
+/**
+ * @brief Arguments of the batched Stage-1 proxy GEMV (INT4 proxies). All pointers are device pointers.
+ * Per-token arrays are token-major with the row strides given (x: d_model; masks: d_ff / 32; s_proxy:
+ * d_ff).
+ */
+template <class T>
+struct BatchedProxyGemvArgs {
+  using Matrix = Int4Weights::Matrix;
+  const T* x = nullptr;  //!< [tokens][d_model], element-aligned
+  int tokens = 0;        //!< 1..the op's kTokens
+  int d_model = 0;       //!< 1..2^20
+  int d_ff = 0;          //!< a multiple of 32, 32..2^20
+  float tau_x = 0.0f;    //!< input threshold (>= 0), the same for every token (thresholds are per layer)
+  float tau_s = 0.0f;    //!< channel threshold (>= 0)
+  const float* thresholds = nullptr;  //!< optional device {tau_x, tau_s} (as ProxyGemvArgs::thresholds)
+  Matrix gate{};
+  Matrix up{};
+  std::uint32_t* channel_mask = nullptr;  //!< out [tokens][d_ff/32]: token b's selected channels
+  std::uint32_t* union_mask = nullptr;    //!< out [d_ff/32]: channels any token selected (Stage 2 reads it)
+  float* s_proxy = nullptr;               //!< out [tokens][d_ff] (optional): each token's s~
+  //! Optional runtime statistics (accumulated): counters[b] for token b < tokens, counters[tokens] for
+  //! the union (kept_inputs: inputs any token kept; selected_channels: the union's channels).
+  SparsityCounters* counters = nullptr;
+};
+
+/**
+ * @brief Policy of the batched Stage 1 (vocabulary: core/policy.hpp). A thread owns one 8-byte INT4
+ * piece (16 channels) of a row for kTokensPerThread = 2 tokens (64 fp32 accumulators for gate and up);
+ * kTokens / 2 token groups sit side by side in a warp and load the same piece (one request serves them:
+ * the bytes are read once). The tile is 128 channels.
+ * @tparam Tokens    token capacity (2, 4, 8)
+ * @tparam Threads   threads per block
+ * @tparam Chunk     input coordinates per block (split-K)
+ * @tparam Unroll    kept rows per thread and step (<= Int4Weights::kMaxStepRows)
+ * @tparam MinBlocks __launch_bounds__ minimum resident blocks per SM
+ */
+template <int Tokens, int Threads, int Chunk, int Unroll, int MinBlocks>
+struct BatchedProxyPolicy {
+  static constexpr int kTokens = Tokens;
+  static constexpr int kThreads = Threads;
+  static constexpr int kChunk = Chunk;
+  static constexpr int kUnroll = Unroll;
+  static constexpr int kMinBlocks = MinBlocks;
+  static constexpr int kTokensPerThread = 2;
+  static constexpr int kTokenGroups = Tokens / kTokensPerThread;
+  static constexpr int kSlots = 8;             //!< threads along one token group's tile (8 x 16 channels)
+  static constexpr int kTile = kSlots * Int4Weights::kChannelsPerVec;  //!< 128 channels
+  static constexpr int kTn = kSlots * kTokenGroups;  //!< threads along a row (all token groups)
+  static_assert(Tokens % 2 == 0 && Tokens <= kMaxBatchTokens, "token capacity 2, 4 or 8");
+  static_assert(kTn <= kWarpSize && Threads % kTn == 0 && Threads % kWarpSize == 0, "policy shape");
+  static_assert(Unroll >= 1 && Unroll <= Int4Weights::kMaxStepRows, "fp16 step rows");
+  static std::string name() {
+    return "bproxy_b" + std::to_string(Tokens) + "_t" + std::to_string(Threads) + "_k" + std::to_string(Chunk) +
+           "_u" + std::to_string(Unroll) + "_m" + std::to_string(MinBlocks);
+  }
+};
+
+//! The candidates of a token capacity (index 0 is the default). B = 8 runs 128-thread blocks: the
+//! block reduction of 8 tokens x 2 matrices x 128 channels then fits the 48 KB of static shared memory.
+template <int Tokens>
+struct BatchedProxyPoliciesFor {
+  using type = PolicyList<BatchedProxyPolicy<Tokens, 256, 512, 2, 2>>;
+};
+template <>
+struct BatchedProxyPoliciesFor<8> {
+  using type = PolicyList<BatchedProxyPolicy<8, 128, 256, 2, 3>>;
+};
+
+namespace detail {
+
+//! One INT4 step for a thread's kTpt tokens: acc[m * kTpt + t][c] += sum_u x[t][u] q_{u,c} (m = 0 gate,
+//! 1 up), the decode shared by the tokens, the kU-row sums in fp16 pairs as Int4Weights::fma_step.
+template <int kU, int kTpt>
+PROX_DEVICE PROX_FORCEINLINE void batched_int4_step(float (&acc)[2 * kTpt][16], const Piece<8> (&vg)[kU],
+                                                    const Piece<8> (&vu)[kU], const __half2 (&x2)[kTpt][kU]) {
+#pragma unroll
+  for (int m = 0; m < 2; ++m) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {  // 32-bit words of the piece
+      __half2 q[kU][4];
+#pragma unroll
+      for (int u = 0; u < kU; ++u) int4::dequant_word(m == 0 ? vg[u].w[i] : vu[u].w[i], q[u]);
+#pragma unroll
+      for (int t = 0; t < kTpt; ++t) {
+        __half2 h[4];
+#pragma unroll
+        for (int u = 0; u < kU; ++u) {
+#pragma unroll
+          for (int c = 0; c < 4; ++c) h[c] = u == 0 ? __hmul2(x2[t][u], q[u][c]) : __hfma2(x2[t][u], q[u][c], h[c]);
+        }
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          const float2 f = __half22float2(h[c]);
+          float* a = acc[m * kTpt + t];
+          a[8 * i + 2 * c] = fmaf(f.x, Int4Weights::kXUnscale, a[8 * i + 2 * c]);
+          a[8 * i + 2 * c + 1] = fmaf(f.y, Int4Weights::kXUnscale, a[8 * i + 2 * c + 1]);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace detail
+
+template <class Policy, class T, class Act>
+PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void batched_proxy_gemv_kernel(
+    const BatchedProxyGemvArgs<T> a, const OpWorkspace ws) {
+  constexpr int kB = Policy::kTokens;
+  constexpr int kTpt = Policy::kTokensPerThread;
+  constexpr int kThreads = Policy::kThreads;
+  constexpr int kChunk = Policy::kChunk;
+  constexpr int kU = Policy::kUnroll;
+  constexpr int kTile = Policy::kTile;  // channels of a tile
+  constexpr int kTn = Policy::kTn;
+  constexpr int kGroups = kThreads / kTn;
+  constexpr int kMats = 2 * kTpt;
+  constexpr int kWarps = kThreads / kWarpSize;
+  // Reducer columns: token group g's channel ch is column g * kTile + ch.
+  using Reducer = detail::TileReducer<kThreads, kTn, 16, kMats>;
+  constexpr int kCols = kTn * 16;
+  constexpr int kXPer = (kChunk + kThreads - 1) / kThreads;
+
+  __shared__ int s_rows[kChunk];
+  __shared__ __half s_x[kB][kChunk];  // x 2^-6 of each token on each kept row (0 where it did not keep it)
+  __shared__ int s_warp[kXPer * kWarps];
+  __shared__ typename Reducer::Storage s_red;
+  __shared__ std::uint32_t s_union[kTile / kWarpSize];
+  __shared__ int s_ready;
+
+  const int tid = static_cast<int>(threadIdx.x);
+  const int tile = static_cast<int>(blockIdx.x);
+  const int chunk = static_cast<int>(blockIdx.y);
+  const int n0 = tile * kTile;
+  const int k0 = chunk * kChunk;
+  const int ncols = min(kTile, a.d_ff - n0);  // a multiple of 32
+  const int tokens = a.tokens;
+
+  pdl_wait();
+  pdl_launch_dependents();
+  const float tau_x = a.thresholds != nullptr ? __ldg(a.thresholds) : a.tau_x;
+  const float tau_s = a.thresholds != nullptr ? __ldg(a.thresholds + 1) : a.tau_s;
+  const detail::HeaderWords header =
+      tid == 0 ? detail::workspace_header(ws.guard, blockIdx.x + blockIdx.y) : detail::HeaderWords{};
+
+  // 1. Threshold every token's chunk of x; compact the union of the kept coordinates, in order.
+  float xv[kB][kXPer];
+  bool keep[kB][kXPer];
+  bool any[kXPer];
+#pragma unroll
+  for (int i = 0; i < kXPer; ++i) any[i] = false;
+#pragma unroll
+  for (int b = 0; b < kB; ++b) {
+#pragma unroll
+    for (int i = 0; i < kXPer; ++i) {
+      const int kk = i * kThreads + tid;
+      const int k = k0 + kk;
+      const bool in = b < tokens && kk < kChunk && k < a.d_model;
+      xv[b][i] = in ? to_float(a.x[static_cast<std::size_t>(b) * a.d_model + k]) : 0.0f;
+      keep[b][i] = in && keep_magnitude(xv[b][i], tau_x);
+      any[i] = any[i] || keep[b][i];
+    }
+  }
+  int pos[kXPer];
+  int total[kXPer];
+  block_compact_positions<kThreads, kXPer>(any, s_warp, pos, total);
+  if (tid < kTile / kWarpSize) s_union[tid] = 0u;
+  int count = 0;
+#pragma unroll
+  for (int i = 0; i < kXPer; ++i) {
+    if (any[i]) {
+      s_rows[count + pos[i]] = k0 + i * kThreads + tid;
+#pragma unroll
+      for (int b = 0; b < kB; ++b)
+        s_x[b][count + pos[i]] = __float2half_rn(keep[b][i] ? xv[b][i] * Int4Weights::kXScale : 0.0f);
+    }
+    count += total[i];
+  }
+  if (tid == 0) s_ready = detail::workspace_ready(header, ws.guard);
+  __syncthreads();
+  const bool ready = s_ready != 0;
+  if (a.counters != nullptr && tile == 0) {
+    // Per-token kept counts of this chunk: one warp-reduced atomic per token and warp.
+#pragma unroll
+    for (int b = 0; b < kB; ++b) {
+      int mine = 0;
+#pragma unroll
+      for (int i = 0; i < kXPer; ++i) mine += keep[b][i] ? 1 : 0;
+      int sum = mine;
+#pragma unroll
+      for (int off = kWarpSize / 2; off > 0; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+      if (b < tokens && lane_id() == 0 && sum > 0)
+        atomicAdd(&a.counters[b].kept_inputs, static_cast<unsigned long long>(sum));
+    }
+    if (tid == 0) {
+      atomicAdd(&a.counters[tokens].kept_inputs, static_cast<unsigned long long>(count));
+      if (chunk == 0) {
+        for (int b = 0; b <= tokens; ++b) atomicAdd(&a.counters[b].calls, 1ull);
+      }
+    }
+  }
+
+  // 2. Stream the union's rows of this tile. Thread: slot (16 channels), token group, row group.
+  const int slot = tid % Policy::kSlots;
+  const int tgroup = (tid / Policy::kSlots) % Policy::kTokenGroups;
+  const int group = tid / kTn;
+  const int n = n0 + slot * 16;
+  const bool col_ok = n < a.d_ff;
+  const std::size_t row_bytes = Int4Weights::row_bytes(a.d_ff);
+  const char* gate = static_cast<const char*>(Int4Weights::data(a.gate)) + Int4Weights::col_bytes(n);
+  const char* up = static_cast<const char*>(Int4Weights::data(a.up)) + Int4Weights::col_bytes(n);
+  float acc[kMats][16];
+#pragma unroll
+  for (int m = 0; m < kMats; ++m) {
+#pragma unroll
+    for (int c = 0; c < 16; ++c) acc[m][c] = 0.0f;
+  }
+  struct Step {
+    Piece<8> vg[kU];
+    Piece<8> vu[kU];
+  };
+  const int steps = (count + kGroups * kU - 1) / (kGroups * kU);
+  const auto load_step = [&](int it, Step& d) {
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int r = group + (it * kU + u) * kGroups;
+      const bool ok = col_ok && r < count;
+      const std::size_t off = static_cast<std::size_t>(s_rows[ok ? r : 0]) * row_bytes;
+      d.vg[u] = ld_stream_piece<8>(gate + off, ok, Int4Weights::kFill);
+      d.vu[u] = ld_stream_piece<8>(up + off, ok, Int4Weights::kFill);
+    }
+  };
+  const auto compute_step = [&](int it, const Step& d) {
+    __half2 x2[kTpt][kU];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int r = group + (it * kU + u) * kGroups;
+#pragma unroll
+      for (int t = 0; t < kTpt; ++t)
+        x2[t][u] = __half2half2(r < count ? s_x[tgroup * kTpt + t][r] : __float2half_rn(0.0f));
+    }
+    detail::batched_int4_step<kU, kTpt>(acc, d.vg, d.vu, x2);
+  };
+  Step b0;
+  Step b1;
+  load_step(0, b0);
+  int it = 0;
+#pragma unroll 1
+  for (; it + 1 < steps; it += 2) {
+    load_step(it + 1, b1);
+    compute_step(it, b0);
+    load_step(it + 2, b0);
+    compute_step(it + 1, b1);
+  }
+  if (it < steps) compute_step(it, b0);
+
+  // 3. Block reduction over row groups, then the split-K combine across chunks.
+  Reducer::reduce(s_red, acc);
+  if (!ready) {
+    // Not initialized or another layout: the counters cannot be trusted. Zero them and the next
+    // kernel's sync words, flag the header; the chunk-0 block of each tile selects every channel of
+    // every token (Stage 2 then computes the exact dense FFN) and writes NaN s~.
+    if (tid == 0) detail::flag_dirty(ws.guard);
+    detail::grid_zero(ws.sync, static_cast<int>(detail::tile_counter_bytes<detail::kMinTileWidth>(a.d_ff) / 4));
+    detail::grid_zero(ws.guard.reset, ws.guard.reset_words);
+    if (chunk != 0) return;
+    for (int i = tid; i < (tokens + 1) * ncols; i += kThreads) {
+      const int b = i / ncols;  // b == tokens: the union
+      const int ch = i % ncols;
+      if (ch % kWarpSize == 0) {
+        std::uint32_t* m = b < tokens ? a.channel_mask + static_cast<std::size_t>(b) * (a.d_ff / kWarpSize)
+                                      : a.union_mask;
+        m[(n0 + ch) / kWarpSize] = 0xffffffffu;
+      }
+      if (b < tokens && a.s_proxy != nullptr)
+        a.s_proxy[static_cast<std::size_t>(b) * a.d_ff + n0 + ch] = __int_as_float(0x7fc00000);
+    }
+    if (a.counters != nullptr && tid <= tokens)
+      atomicAdd(&a.counters[tid].selected_channels, static_cast<unsigned long long>(ncols));
+    return;
+  }
+  if (!Reducer::split_k(s_red, static_cast<float*>(ws.scratch), ws.sync + tile, gridDim.x * kCols, tile * kCols,
+                        kCols, chunk, static_cast<int>(gridDim.y))) {
+    return;
+  }
+
+  // 4. Epilogue: each warp takes whole 32-channel words of one token: rescale, s~, threshold, ballot.
+  const Act act{};
+  constexpr int kPairs = kB * kTile;
+#pragma unroll 1
+  for (int i0 = 0; i0 < kPairs; i0 += kThreads) {
+    const int i = i0 + tid;
+    const int b = i / kTile;  // warp-uniform (kTile is a multiple of 32)
+    const int ch = i % kTile;
+    const int j = n0 + ch;
+    const bool in = i < kPairs && b < tokens && ch < ncols;
+    bool sel = false;
+    if (in) {
+      const int tg = b / kTpt;
+      const int t = b % kTpt;
+      const float g = Reducer::at(s_red, t, tg * kTile + ch) * a.gate.scales[j];
+      const float u = Reducer::at(s_red, kTpt + t, tg * kTile + ch) * a.up.scales[j];
+      const float s = u * act(g);
+      sel = keep_magnitude(s, tau_s);
+      if (a.s_proxy != nullptr) a.s_proxy[static_cast<std::size_t>(b) * a.d_ff + j] = s;
+    }
+    const unsigned word = __ballot_sync(0xffffffffu, sel);
+    if (lane_id() == 0 && in) {
+      a.channel_mask[static_cast<std::size_t>(b) * (a.d_ff / kWarpSize) + j / kWarpSize] = word;
+      if (word != 0u) {
+        atomicOr(&s_union[ch / kWarpSize], word);
+        if (a.counters != nullptr)
+          atomicAdd(&a.counters[b].selected_channels, static_cast<unsigned long long>(__popc(word)));
+      }
+    }
+  }
+  __syncthreads();
+  if (tid < ncols / kWarpSize) {
+    const std::uint32_t w = s_union[tid];
+    a.union_mask[n0 / kWarpSize + tid] = w;
+    if (a.counters != nullptr && w != 0u)
+      atomicAdd(&a.counters[tokens].selected_channels, static_cast<unsigned long long>(__popc(w)));
+  }
+}
+
+/**
+ * @brief The batched Stage 1 as a planned op (operator.cuh's contract).
+ * @tparam T `__half` / `__nv_bfloat16`; @tparam Act SiLU / GeluTanh; @tparam Tokens capacity 2, 4, 8.
+ */
+template <class T, class Act = SiLU, int Tokens = 2>
+struct BatchedProxyGemvOp {
+  static constexpr const char* kName = "batched_proxy_gemv";
+  static constexpr int kTokens = Tokens;
+  using Args = BatchedProxyGemvArgs<T>;
+  using Policies = typename BatchedProxyPoliciesFor<Tokens>::type;
+  struct Options {
+    bool pdl = false;  //!< launch with PDL (sm_90+)
+  };
+
+  template <class P>
+  static constexpr int num_tiles(int d_ff) noexcept {
+    return ceil_div(d_ff, P::kTile);
+  }
+  template <class P>
+  static constexpr int num_chunks(int d_model) noexcept {
+    return ceil_div(d_model, P::kChunk);
+  }
+
+  /**
+   * @brief Validate without launching: ProxyGemvOp's rules (shape, thresholds, alignment), tokens in
+   * [1, Tokens], channel_mask and union_mask required (Stage 2 reads both), counters 8-byte aligned.
+   */
+  static Status can_implement(const Args& a) noexcept {
+    if (a.x == nullptr || a.gate.packed == nullptr || a.up.packed == nullptr || a.gate.scales == nullptr ||
+        a.up.scales == nullptr || a.channel_mask == nullptr || a.union_mask == nullptr)
+      return Status::kErrorNullPointer;
+    if (a.tokens < 1 || a.tokens > Tokens) return Status::kErrorInvalidArgument;
+    PROX_RETURN_IF_ERROR(check_proxy_shape(a.d_model, a.d_ff));
+    if (!valid_threshold(a.tau_x) || !valid_threshold(a.tau_s)) return Status::kErrorInvalidThreshold;
+    if (!is_aligned(a.x, sizeof(T)) || !is_aligned(a.gate.packed, 16) || !is_aligned(a.up.packed, 16) ||
+        !is_aligned(a.gate.scales, 4) || !is_aligned(a.up.scales, 4) || !is_aligned(a.channel_mask, 4) ||
+        !is_aligned(a.union_mask, 4) || !is_aligned(a.s_proxy, 4) || !is_aligned(a.thresholds, 4) ||
+        !is_aligned(a.counters, 8))
+      return Status::kErrorMisalignedPointer;
+    return Status::kSuccess;
+  }
+  //! The shape of a plan: a plan made for `tokens` serves any count up to Tokens.
+  static bool same_shape(const Args& a, const Args& b) noexcept { return a.d_model == b.d_model && a.d_ff == b.d_ff; }
+  static Status check_options(const Options&) noexcept { return Status::kSuccess; }
+
+  //! Tile counters in the region ProxyGemvOp uses (one per kMinTileWidth channels), and the split-K
+  //! partials: chunks x (2 matrices x Tokens) x the tiles' channels.
+  static WorkspaceNeeds workspace_needs(const Args& a) noexcept {
+    WorkspaceNeeds w;
+    w.sync = detail::tile_counter_bytes<detail::kMinTileWidth>(a.d_ff);
+    for_each_policy<Policies>([&](auto p, int) {
+      using P = decltype(p);
+      const int chunks = num_chunks<P>(a.d_model);
+      const std::size_t cols = static_cast<std::size_t>(num_tiles<P>(a.d_ff)) * P::kTn * 16;
+      const std::size_t parts = chunks > 1 ? sizeof(float) * 2 * P::kTokensPerThread * chunks * cols : 0;
+      w.scratch = parts > w.scratch ? parts : w.scratch;
+    });
+    return w;
+  }
+
+  template <class P>
+  static Status configure(const Args& a, const Options&, const DeviceInfo&, LaunchConfig* lc) noexcept {
+    lc->grid = dim3(static_cast<unsigned>(num_tiles<P>(a.d_ff)), static_cast<unsigned>(num_chunks<P>(a.d_model)));
+    lc->block = dim3(P::kThreads);
+    return lc->grid.y > 65535u ? Status::kErrorInvalidShape : Status::kSuccess;
+  }
+  template <class P>
+  static Status launch(const Args& a, const LaunchConfig& lc, const OpWorkspace& ws, cudaStream_t stream) noexcept {
+    return detail::launch_kernel(batched_proxy_gemv_kernel<P, T, Act>, lc, stream, a, ws);
+  }
+};
+
+// ================================================================ Stage 2: GLU
+/**
+ * @brief Arguments of the batched masked GLU GEMV. All pointers are device pointers.
+ */
+template <class T>
+struct BatchedGluGemvArgs {
+  const T* x = nullptr;       //!< [tokens][d_model], 16-byte aligned
+  int tokens = 0;             //!< 1..the op's kTokens
+  int d_model = 0;            //!< a multiple of 8, 8..2^20
+  int d_ff = 0;               //!< a multiple of 32, 32..2^20
+  const T* w_gate = nullptr;  //!< [d_ff][d_model], 16-byte aligned
+  const T* w_up = nullptr;    //!< [d_ff][d_model], 16-byte aligned
+  const std::uint32_t* channel_mask = nullptr;  //!< [tokens][d_ff/32] each token's channels
+  const std::uint32_t* union_mask = nullptr;    //!< [d_ff/32] their union (the rows read)
+  float* s = nullptr;  //!< out [tokens][d_ff]: s[b][j] = u act(g) where token b selected j, +0 elsewhere
+};
+
+/**
+ * @brief Policy of the batched GLU GEMV: as GluGemvPolicy, the whole block on a batch of kRowBatch
+ * rows, each thread on its 16-byte pieces of every row of the batch and of every token's x; the
+ * 2 x kRowBatch x Tokens dot products of a batch are reduced together (16 values).
+ */
+template <int Tokens, int Threads, int Rows, int MinBlocks>
+struct BatchedGluPolicy {
+  static constexpr int kTokens = Tokens;
+  static constexpr int kThreads = Threads;
+  static constexpr int kRows = Rows;
+  static constexpr int kRowBatch = 8 / Tokens;  //!< rows reduced together
+  static constexpr int kMinBlocks = MinBlocks;
+  static_assert(Tokens == 2 || Tokens == 4 || Tokens == 8, "token capacity 2, 4 or 8");
+  static_assert(Rows % 32 == 0 && Threads % 32 == 0, "policy shape");
+  PROX_HOST_DEVICE static constexpr int steps_per_row(int d_model) noexcept { return ceil_div(d_model / 8, Threads); }
+  static std::string name() {
+    return "bglu_b" + std::to_string(Tokens) + "_t" + std::to_string(Threads) + "_c" + std::to_string(Rows) + "_m" +
+           std::to_string(MinBlocks);
+  }
+};
+
+template <int Tokens>
+struct BatchedGluPoliciesFor {
+  using type = PolicyList<BatchedGluPolicy<Tokens, 256, 64, 2>>;
+};
+
+template <class Policy, class T, class Act>
+PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void batched_glu_gemv_kernel(
+    const BatchedGluGemvArgs<T> a, const OpWorkspace ws) {
+  constexpr int kB = Policy::kTokens;
+  constexpr int kThreads = Policy::kThreads;
+  constexpr int kRows = Policy::kRows;
+  constexpr int kR = Policy::kRowBatch;
+  constexpr int kWarps = kThreads / kWarpSize;
+  constexpr int kV = 2 * kR * kB;  // 16 values per batch: value (m * kR + c) * kB + b
+  static_assert(kV == 16, "one reduction of 16 values per batch");
+  __shared__ int s_ch[kRows];
+  __shared__ float s_red[kWarps][kV / kB][kB][kRows];  // [warp][m * kR + c][token][row]
+  __shared__ int s_warp[kWarps];
+
+  pdl_wait();
+  pdl_launch_dependents();
+  if (blockIdx.x == 0) detail::stamp_header(ws.guard, threadIdx.x);
+
+  const int tid = static_cast<int>(threadIdx.x);
+  const int lane = lane_id();
+  const int warp = warp_id();
+  const int tokens = a.tokens;
+  const int n_words = a.d_ff / kWarpSize;
+  const int block = static_cast<int>(blockIdx.x);
+  const int blocks = static_cast<int>(gridDim.x);
+  int total = 0;
+  const int offset = detail::mask_rank_offset<kThreads>(a.union_mask, n_words, s_warp, &total);
+  int lo = 0;
+  int hi = 0;
+  detail::rank_range(total, block, blocks, &lo, &hi);
+
+  // s = +0 for every token on the channels no token selected (one warp per mask word, as GluRows).
+  for (long long w = block + static_cast<long long>(warp) * blocks; w < n_words;
+       w += static_cast<long long>(kWarps) * blocks) {
+    if (((a.union_mask[w] >> lane) & 1u) == 0u) {
+      for (int b = 0; b < tokens; ++b) a.s[static_cast<std::size_t>(b) * a.d_ff + w * kWarpSize + lane] = 0.0f;
+    }
+  }
+
+  const Act act{};
+  const int pieces = a.d_model / 8;
+  const int steps_per_batch = Policy::steps_per_row(a.d_model);
+  const std::size_t ld = static_cast<std::size_t>(a.d_model);
+#pragma unroll 1
+  for (int sub = lo; sub < hi; sub += kRows) {
+    const int count = min(kRows, hi - sub);
+    detail::gather_rank_range<kThreads>(a.union_mask, n_words, offset, sub, sub + count, s_ch);
+    __syncthreads();
+    const int total_steps = ((count + kR - 1) / kR) * steps_per_batch;
+    struct Step {
+      uint4 vx[kB];
+      uint4 vg[kR];
+      uint4 vu[kR];
+    };
+    const auto load_step = [&](int step, Step& d) {
+      const bool live = step < total_steps;
+      const int b0 = (step / steps_per_batch) * kR;
+      const int q = tid + (step % steps_per_batch) * kThreads;
+      const bool qok = live && q < pieces;
+#pragma unroll
+      for (int c = 0; c < kR; ++c) {
+        const bool have = qok && b0 + c < count;
+        const std::size_t row = static_cast<std::size_t>(s_ch[have ? b0 + c : 0]) * ld;
+        d.vg[c] = ld_stream_16(a.w_gate + row + 8 * q, have);
+        d.vu[c] = ld_stream_16(a.w_up + row + 8 * q, have);
+      }
+#pragma unroll
+      for (int b = 0; b < kB; ++b) d.vx[b] = ld_cached_16(a.x + b * ld + 8 * q, qok && b < tokens);
+    };
+    float v[kV];
+#pragma unroll
+    for (int i = 0; i < kV; ++i) v[i] = 0.0f;
+    const auto compute_step = [&](int step, const Step& d) {
+#pragma unroll
+      for (int c = 0; c < kR; ++c) {
+        float fg[8];
+        float fu[8];
+        unpack8<T>(d.vg[c], fg);
+        unpack8<T>(d.vu[c], fu);
+#pragma unroll
+        for (int b = 0; b < kB; ++b) {
+          float fx[8];
+          unpack8<T>(d.vx[b], fx);
+#pragma unroll
+          for (int e = 0; e < 8; ++e) {
+            v[c * kB + b] = fmaf(fx[e], fg[e], v[c * kB + b]);
+            v[(kR + c) * kB + b] = fmaf(fx[e], fu[e], v[(kR + c) * kB + b]);
+          }
+        }
+      }
+      if (step % steps_per_batch == steps_per_batch - 1) {
+        const int b0 = (step / steps_per_batch) * kR;
+        warp_halvings<kV / 2>(v, kWarpSize / 2);  // warp_sum_many<16>, unrolled (warp_halvings says why)
+        const float r = v[0] + __shfl_xor_sync(0xffffffffu, v[0], 1);
+        constexpr int kLanesPerValue = kWarpSize / kV;
+        if (lane % kLanesPerValue == 0) {
+          const int idx = lane / kLanesPerValue;  // (m * kR + c) * kB + b
+          const int b = idx % kB;
+          const int mc = idx / kB;
+          const int c = mc % kR;
+          if (b0 + c < count) s_red[warp][mc][b][b0 + c] = r;
+        }
+#pragma unroll
+        for (int i = 0; i < kV; ++i) v[i] = 0.0f;
+      }
+    };
+    Step buf0;
+    Step buf1;
+    load_step(0, buf0);
+#pragma unroll 1
+    for (int step = 0; step < total_steps; step += 2) {
+      load_step(step + 1, buf1);
+      compute_step(step, buf0);
+      load_step(step + 2, buf0);
+      if (step + 1 < total_steps) compute_step(step + 1, buf1);
+    }
+    __syncthreads();
+    for (int i = tid; i < count * kB; i += kThreads) {
+      const int b = i / count;
+      const int r = i % count;
+      if (b >= tokens) continue;
+      const int c = r % kR;
+      float g = 0.0f;
+      float u = 0.0f;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) {
+        g += s_red[w][c][b][r];
+        u += s_red[w][kR + c][b][r];
+      }
+      const int j = s_ch[r];
+      const bool mine = (a.channel_mask[static_cast<std::size_t>(b) * n_words + j / kWarpSize] >> (j % kWarpSize)) & 1u;
+      a.s[static_cast<std::size_t>(b) * a.d_ff + j] = mine ? u * act(g) : 0.0f;
+    }
+    __syncthreads();
+  }
+}
+
+/**
+ * @brief The batched GLU GEMV as a planned op (operator.cuh's contract). No workspace of its own; in
+ * SparseFfn it stamps the workspace header ready (as GluGemvOp does).
+ */
+template <class T, class Act = SiLU, int Tokens = 2>
+struct BatchedGluGemvOp {
+  static constexpr const char* kName = "batched_glu_gemv";
+  static constexpr int kTokens = Tokens;
+  using Args = BatchedGluGemvArgs<T>;
+  using Policies = typename BatchedGluPoliciesFor<Tokens>::type;
+  struct Options {
+    bool pdl = false;     //!< launch with PDL (sm_90+)
+    int grid_blocks = 0;  //!< blocks to launch; 0 = one wave (SMs x kMinBlocks)
+  };
+  //! GluGemvOp's rules, tokens in [1, Tokens], union_mask required.
+  static Status can_implement(const Args& a) noexcept {
+    if (a.x == nullptr || a.w_gate == nullptr || a.w_up == nullptr || a.channel_mask == nullptr ||
+        a.union_mask == nullptr || a.s == nullptr)
+      return Status::kErrorNullPointer;
+    if (a.tokens < 1 || a.tokens > Tokens) return Status::kErrorInvalidArgument;
+    PROX_RETURN_IF_ERROR(check_ffn_shape(a.d_model, a.d_ff));
+    if (!is_aligned(a.x, 16) || !is_aligned(a.w_gate, 16) || !is_aligned(a.w_up, 16) ||
+        !is_aligned(a.channel_mask, 4) || !is_aligned(a.union_mask, 4) || !is_aligned(a.s, 4))
+      return Status::kErrorMisalignedPointer;
+    return Status::kSuccess;
+  }
+  static bool same_shape(const Args& a, const Args& b) noexcept { return a.d_model == b.d_model && a.d_ff == b.d_ff; }
+  static Status check_options(const Options& o) noexcept {
+    return o.grid_blocks < 0 ? Status::kErrorInvalidArgument : Status::kSuccess;
+  }
+  static WorkspaceNeeds workspace_needs(const Args&) noexcept { return {}; }
+  template <class P>
+  static Status configure(const Args&, const Options& o, const DeviceInfo& d, LaunchConfig* lc) noexcept {
+    lc->grid = dim3(static_cast<unsigned>(o.grid_blocks > 0 ? o.grid_blocks : d.sm_count * P::kMinBlocks));
+    lc->block = dim3(P::kThreads);
+    return Status::kSuccess;
+  }
+  template <class P>
+  static Status launch(const Args& a, const LaunchConfig& lc, const OpWorkspace& ws, cudaStream_t stream) noexcept {
+    return detail::launch_kernel(batched_glu_gemv_kernel<P, T, Act>, lc, stream, a, ws);
+  }
+};
+
+// ================================================================ Stage 2: down
+/**
+ * @brief Arguments of the batched sparse down GEMV. All pointers are device pointers.
+ */
+template <class T>
+struct BatchedDownGemvArgs {
+  const float* s = nullptr;  //!< [tokens][d_ff]: each token's s, +0 where it did not select the channel
+  const std::uint32_t* union_mask = nullptr;  //!< [d_ff/32] the rows to read
+  const T* w_down_t = nullptr;                //!< [d_ff][d_model] = W_down^T, 16-byte aligned
+  int tokens = 0;                             //!< 1..the op's kTokens
+  int d_model = 0;                            //!< a multiple of 8, 8..2^20
+  int d_ff = 0;                               //!< a multiple of 32, 32..2^20
+  T* y = nullptr;                             //!< out [tokens][d_model]; every element written
+};
+
+/**
+ * @brief Policy of the batched down GEMV: 128-output tiles (16 threads x 8 outputs per row), Chunk
+ * channels per block (split-K), Unroll rows in flight per thread; each thread accumulates its 8
+ * outputs for every token (8 x Tokens fp32).
+ */
+template <int Tokens, int Threads, int Chunk, int Unroll, int MinBlocks>
+struct BatchedDownPolicy {
+  static constexpr int kTokens = Tokens;
+  static constexpr int kThreads = Threads;
+  static constexpr int kTile = 128;
+  static constexpr int kChunk = Chunk;
+  static constexpr int kUnroll = Unroll;
+  static constexpr int kMinBlocks = MinBlocks;
+  static_assert(Chunk % 32 == 0 && Threads % 16 == 0, "policy shape");
+  static std::string name() {
+    return "bdown_b" + std::to_string(Tokens) + "_t" + std::to_string(Threads) + "_c" + std::to_string(Chunk) + "_u" +
+           std::to_string(Unroll) + "_m" + std::to_string(MinBlocks);
+  }
+};
+
+template <int Tokens>
+struct BatchedDownPoliciesFor {
+  using type = PolicyList<BatchedDownPolicy<Tokens, 256, 512, 4, 2>>;
+};
+template <>
+struct BatchedDownPoliciesFor<8> {
+  using type = PolicyList<BatchedDownPolicy<8, 256, 256, 2, 2>>;
+};
+
+template <class Policy, class T>
+PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void batched_down_gemv_kernel(
+    const BatchedDownGemvArgs<T> a, const OpWorkspace ws) {
+  constexpr int kB = Policy::kTokens;
+  constexpr int kThreads = Policy::kThreads;
+  constexpr int kTile = Policy::kTile;
+  constexpr int kChunk = Policy::kChunk;
+  constexpr int kU = Policy::kUnroll;
+  constexpr int kTn = kTile / 8;
+  constexpr int kGroups = kThreads / kTn;
+  using Reducer = detail::TileReducer<kThreads, kTn, 8, kB>;
+  constexpr int kPer = (kChunk + kThreads - 1) / kThreads;
+
+  __shared__ int s_rows[kChunk];
+  __shared__ float s_val[kB][kChunk];
+  __shared__ int s_warp[kPer * (kThreads / kWarpSize)];
+  __shared__ typename Reducer::Storage s_red;
+
+  const int tid = static_cast<int>(threadIdx.x);
+  const int tile = static_cast<int>(blockIdx.x);
+  const int chunk = static_cast<int>(blockIdx.y);
+  const int d0 = tile * kTile;
+  const int c0 = chunk * kChunk;
+  const int tokens = a.tokens;
+  pdl_wait();
+  pdl_launch_dependents();
+  const detail::HeaderWords header = detail::workspace_header(ws.guard, blockIdx.x + blockIdx.y);
+
+  bool sel[kPer];
+  float val[kB][kPer];
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int t = i * kThreads + tid;
+    const int j = c0 + t;
+    const bool in = t < kChunk && j < a.d_ff;
+    const std::uint32_t word = in ? a.union_mask[j / kWarpSize] : 0u;
+    sel[i] = (word >> (j % kWarpSize)) & 1u;
+#pragma unroll
+    for (int b = 0; b < kB; ++b) val[b][i] = in && b < tokens ? a.s[static_cast<std::size_t>(b) * a.d_ff + j] : 0.0f;
+  }
+  int pos[kPer];
+  int totals[kPer];
+  block_compact_positions<kThreads, kPer>(sel, s_warp, pos, totals);
+  int count = 0;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    if (sel[i]) {
+      s_rows[count + pos[i]] = c0 + i * kThreads + tid;
+#pragma unroll
+      for (int b = 0; b < kB; ++b) s_val[b][count + pos[i]] = val[b][i];
+    }
+    count += totals[i];
+  }
+  __syncthreads();
+  const bool ready = detail::workspace_ready(header, ws.guard);
+
+  float acc[kB][8];
+#pragma unroll
+  for (int b = 0; b < kB; ++b) {
+#pragma unroll
+    for (int c = 0; c < 8; ++c) acc[b][c] = 0.0f;
+  }
+  const int slot = tid % kTn;
+  const int group = tid / kTn;
+  const int d = d0 + slot * 8;
+  const bool col_ok = d < a.d_model;
+  const std::size_t ld = static_cast<std::size_t>(a.d_model);
+  const T* base = a.w_down_t + d;
+  struct Step {
+    uint4 v[kU];
+  };
+  const int steps = (count + kGroups * kU - 1) / (kGroups * kU);
+  const auto load_step = [&](int it, Step& st) {
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int r = group + (it * kU + u) * kGroups;
+      const bool ok = col_ok && r < count;
+      st.v[u] = ld_stream_16(base + static_cast<std::size_t>(s_rows[ok ? r : 0]) * ld, ok);
+    }
+  };
+  const auto compute_step = [&](int it, const Step& st) {
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int r = group + (it * kU + u) * kGroups;
+      float w[8];
+      unpack8<T>(st.v[u], w);
+#pragma unroll
+      for (int b = 0; b < kB; ++b) {
+        const float sv = r < count ? s_val[b][r] : 0.0f;
+#pragma unroll
+        for (int c = 0; c < 8; ++c) acc[b][c] = fmaf(sv, w[c], acc[b][c]);
+      }
+    }
+  };
+  Step b0;
+  Step b1;
+  load_step(0, b0);
+  int it = 0;
+#pragma unroll 1
+  for (; it + 1 < steps; it += 2) {
+    load_step(it + 1, b1);
+    compute_step(it, b0);
+    load_step(it + 2, b0);
+    compute_step(it + 1, b1);
+  }
+  if (it < steps) compute_step(it, b0);
+
+  Reducer::reduce(s_red, acc);
+  const int ncols = min(kTile, a.d_model - d0);
+  if (!ready) {  // not initialized: counters not used; zeroed for the next launch, y = NaN, flagged
+    if (tid == 0) detail::flag_dirty(ws.guard);
+    detail::grid_zero(ws.sync, static_cast<int>(detail::tile_counter_bytes<detail::kMinTileWidth>(a.d_model) / 4));
+    if (chunk != 0) return;
+    for (int i = tid; i < tokens * ncols; i += kThreads)
+      a.y[static_cast<std::size_t>(i / ncols) * a.d_model + d0 + i % ncols] = from_float<T>(__int_as_float(0x7fc00000));
+    return;
+  }
+  if (!Reducer::split_k(s_red, static_cast<float*>(ws.scratch), ws.sync + tile, a.d_model, d0, ncols, chunk,
+                        static_cast<int>(gridDim.y))) {
+    return;
+  }
+  for (int i = tid; i < tokens * ncols; i += kThreads) {
+    const int b = i / ncols;
+    const int ch = i % ncols;
+    a.y[static_cast<std::size_t>(b) * a.d_model + d0 + ch] = from_float<T>(Reducer::at(s_red, b, ch));
+  }
+}
+
+/**
+ * @brief The batched sparse down GEMV as a planned op (operator.cuh's contract).
+ */
+template <class T, int Tokens = 2>
+struct BatchedDownGemvOp {
+  static constexpr const char* kName = "batched_down_gemv";
+  static constexpr int kTokens = Tokens;
+  using Args = BatchedDownGemvArgs<T>;
+  using Policies = typename BatchedDownPoliciesFor<Tokens>::type;
+  struct Options {
+    bool pdl = false;  //!< launch with PDL (sm_90+)
+  };
+  template <class P>
+  static constexpr int num_tiles(int d_model) noexcept {
+    return ceil_div(d_model, P::kTile);
+  }
+  template <class P>
+  static constexpr int num_chunks(int d_ff) noexcept {
+    return ceil_div(d_ff, P::kChunk);
+  }
+  //! DownGemvOp's rules, tokens in [1, Tokens].
+  static Status can_implement(const Args& a) noexcept {
+    if (a.s == nullptr || a.union_mask == nullptr || a.w_down_t == nullptr || a.y == nullptr)
+      return Status::kErrorNullPointer;
+    if (a.tokens < 1 || a.tokens > Tokens) return Status::kErrorInvalidArgument;
+    PROX_RETURN_IF_ERROR(check_ffn_shape(a.d_model, a.d_ff));
+    if (!is_aligned(a.w_down_t, 16) || !is_aligned(a.s, 4) || !is_aligned(a.union_mask, 4) ||
+        !is_aligned(a.y, sizeof(T)))
+      return Status::kErrorMisalignedPointer;
+    return Status::kSuccess;
+  }
+  static bool same_shape(const Args& a, const Args& b) noexcept { return a.d_model == b.d_model && a.d_ff == b.d_ff; }
+  static Status check_options(const Options&) noexcept { return Status::kSuccess; }
+  //! Tile counters in DownGemvOp's region, and the split-K partials (chunks x Tokens x d_model).
+  static WorkspaceNeeds workspace_needs(const Args& a) noexcept {
+    WorkspaceNeeds w;
+    w.sync = detail::tile_counter_bytes<detail::kMinTileWidth>(a.d_model);
+    for_each_policy<Policies>([&](auto p, int) {
+      const int chunks = num_chunks<decltype(p)>(a.d_ff);
+      const std::size_t parts =
+          chunks > 1 ? sizeof(float) * static_cast<std::size_t>(chunks) * Tokens * a.d_model : 0;
+      w.scratch = parts > w.scratch ? parts : w.scratch;
+    });
+    return w;
+  }
+  template <class P>
+  static Status configure(const Args& a, const Options&, const DeviceInfo&, LaunchConfig* lc) noexcept {
+    lc->grid = dim3(static_cast<unsigned>(num_tiles<P>(a.d_model)), static_cast<unsigned>(num_chunks<P>(a.d_ff)));
+    lc->block = dim3(P::kThreads);
+    return lc->grid.y > 65535u ? Status::kErrorInvalidShape : Status::kSuccess;
+  }
+  template <class P>
+  static Status launch(const Args& a, const LaunchConfig& lc, const OpWorkspace& ws, cudaStream_t stream) noexcept {
+    return detail::launch_kernel(batched_down_gemv_kernel<P, T>, lc, stream, a, ws);
+  }
+};
+
+PROX_NAMESPACE_END

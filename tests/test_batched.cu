@@ -1,0 +1,349 @@
+// SPDX-License-Identifier: Apache-2.0
+//! @file test_batched.cu  Batched decode (SparseFfn::run_batch, batched.cuh) on the GPU: every token of a
+//! batch against its own batch-1 run and the float64 reference (channel set exact but for channels within
+//! rounding of tau_s; y within the reference bound on the device's channel set), per-token and union
+//! counters, every element written and nothing past the batch, boundary densities, determinism, graph
+//! replay, a dirty workspace, and bad input.
+#include "catch.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <vector>
+
+#include <prox/prox.cuh>
+
+#include "ffn_instances.hpp"
+#include "gpu_fixture.hpp"
+
+using namespace prox_test;
+
+namespace {
+
+//! A layer planned for batches of up to kMax tokens, with token-major buffers of kMax tokens.
+template <class T, class A>
+struct BatchRig {
+  using Ffn = prox::SparseFfn<T, A>;
+  static constexpr int kMax = prox::kMaxBatchTokens;
+  BatchRig(int K, int N, std::uint64_t seed)
+      : L(make_host_layer<T>(K, N, seed)),
+        D(L),
+        x(static_cast<std::size_t>(kMax) * K),
+        y(static_cast<std::size_t>(kMax) * K),
+        x1(K),
+        y1(K),
+        mask(static_cast<std::size_t>(kMax) * (N / 32)),
+        mask1(N / 32),
+        s(static_cast<std::size_t>(kMax) * N),
+        cnt(kMax + 1) {}
+
+  void plan(float tau_x, float tau_s, int max_tokens = kMax) {
+    typename Ffn::Config c{L.K, L.N, tau_x, tau_s};
+    c.max_tokens = max_tokens;
+    PROX_TEST_OK(ffn.plan(c, ffn_weights<A>(D)));
+    REQUIRE(ffn.workspace_bytes() == Ffn::workspace_bytes(L.K, L.N, max_tokens));
+    REQUIRE(ffn.workspace_bytes() >= Ffn::workspace_bytes(L.K, L.N));
+    ws = DeviceBuffer<char>(ffn.workspace_bytes());
+    PROX_TEST_OK(prox::initialize_workspace(ws.get(), ws.bytes(), nullptr));
+  }
+
+  prox::Status run(int tokens, cudaStream_t stream = nullptr) {
+    typename Ffn::BatchOutputs out;
+    out.channel_mask = mask.get();
+    out.s = s.get();
+    out.counters = cnt.get();
+    return ffn.run_batch(x.get(), y.get(), tokens, ws.get(), ws.bytes(), stream, out);
+  }
+
+  //! y's bits and the masks of a batch (x already uploaded).
+  std::vector<std::uint32_t> run_bits(int tokens) {
+    y.poison();
+    REQUIRE(run(tokens) == prox::Status::kSuccess);
+    PROX_TEST_CUDA(cudaDeviceSynchronize());
+    std::vector<std::uint32_t> out;
+    for (T v : y.download()) out.push_back(bits16(v));
+    for (std::uint32_t w : mask.download()) out.push_back(w);
+    return out;
+  }
+
+  HostLayer<T> L;
+  DeviceLayer<T> D;
+  DeviceBuffer<T> x, y, x1, y1;  // x1, y1: one token (batch-1 runs)
+  DeviceBuffer<std::uint32_t> mask, mask1;
+  DeviceBuffer<float> s;
+  DeviceBuffer<prox::SparsityCounters> cnt;
+  DeviceBuffer<char> ws;
+  Ffn ffn;
+};
+
+//! Tokens of a batch: independent normals, or (correlated) a shared component plus per-token noise.
+template <class T>
+std::vector<T> make_tokens(int K, int tokens, std::uint64_t seed, bool correlated) {
+  std::vector<T> xs(static_cast<std::size_t>(BatchRig<T, prox::SiLU>::kMax) * K, prox::from_float<T>(0.0f));
+  const auto shared = normal_vector<T>(K, seed, 1.0);
+  for (int b = 0; b < tokens; ++b) {
+    const auto own = normal_vector<T>(K, seed + 1 + b, 1.0);
+    for (int k = 0; k < K; ++k) {
+      const float v = correlated ? 0.8f * prox::to_float(shared[k]) + 0.6f * prox::to_float(own[k])
+                                 : prox::to_float(own[k]);
+      xs[static_cast<std::size_t>(b) * K + k] = prox::from_float<T>(v);
+    }
+  }
+  return xs;
+}
+
+struct BatchStats {
+  int flipped_vs_single = 0;  //!< channels the batch decided differently from batch 1 (all ambiguous)
+  int ambiguous = 0;
+};
+
+//! Run `tokens` tokens of `xs` as one batch and check each against the reference and its batch-1 run.
+template <class T, class A>
+BatchStats check_batch(BatchRig<T, A>& r, const std::vector<T>& xs, int tokens, const char* label) {
+  const int K = r.L.K, N = r.L.N, W = N / 32;
+  const auto& cfg = r.ffn.config();
+  r.x.upload(xs);
+  r.y.poison();
+  r.mask.poison();
+  r.s.poison();
+  PROX_TEST_CUDA(cudaMemset(r.cnt.get(), 0, sizeof(prox::SparsityCounters) * (BatchRig<T, A>::kMax + 1)));
+  REQUIRE(r.run(tokens) == prox::Status::kSuccess);
+  PROX_TEST_CUDA(cudaDeviceSynchronize());
+  const auto y = r.y.download();
+  const auto mask = r.mask.download();
+  const auto s = r.s.download();
+  const auto cnt = r.cnt.download();
+  BatchStats st;
+  std::vector<std::uint8_t> kept_union(K, 0);
+  std::vector<std::uint32_t> sel_union(W, 0u);
+  double worst_all = 0.0;
+  for (int b = 0; b < tokens; ++b) {
+    CAPTURE(label, K, N, tokens, b);
+    const std::vector<T> xt(xs.begin() + static_cast<std::ptrdiff_t>(b) * K,
+                            xs.begin() + static_cast<std::ptrdiff_t>(b + 1) * K);
+    const auto dxv = prox_ref::to_double(xt);
+    const auto st1 =
+        prox_ref::stage1_int4(dxv, K, N, cfg.tau_x, cfg.tau_s, r.L.qg, r.L.sg, r.L.qu, r.L.su, ref_act<A>());
+    const std::vector<std::uint32_t> mb(mask.begin() + static_cast<std::ptrdiff_t>(b) * W,
+                                        mask.begin() + static_cast<std::ptrdiff_t>(b + 1) * W);
+    const MaskCompare c = compare_mask(mb, st1);
+    CHECK(c.mismatches == 0);
+    st.ambiguous += c.ambiguous;
+    // Stage 2 on the token's own channel set: s (zero off the set) and y within the reference bound.
+    const auto flags = mask_to_flags(mb, N);
+    const auto st2 = prox_ref::stage2(dxv, r.L.dwg, r.L.dwu, r.L.dwdt, K, N, flags, ref_act<A>());
+    const std::vector<float> sb(s.begin() + static_cast<std::ptrdiff_t>(b) * N,
+                                s.begin() + static_cast<std::ptrdiff_t>(b + 1) * N);
+    const SCompare sc = compare_s(sb, flags, st2.s);
+    CHECK(sc.bad == 0);
+    CHECK(sc.untouched_bad == 0);
+    const std::vector<T> yb(y.begin() + static_cast<std::ptrdiff_t>(b) * K,
+                            y.begin() + static_cast<std::ptrdiff_t>(b + 1) * K);
+    double worst = 0.0;
+    CHECK(count_out_of_bound(yb, st2.y, &worst) == 0);
+    worst_all = std::max(worst_all, worst);
+    // The token alone (batch 1): the same channel set but for ambiguous channels.
+    r.x1.upload(xt);
+    typename BatchRig<T, A>::Ffn::Outputs o1;
+    o1.channel_mask = r.mask1.get();
+    REQUIRE(r.ffn.run(r.x1.get(), r.y1.get(), r.ws.get(), r.ws.bytes(), nullptr, o1) == prox::Status::kSuccess);
+    PROX_TEST_CUDA(cudaDeviceSynchronize());
+    const auto m1 = r.mask1.download();
+    for (int j = 0; j < N; ++j) {
+      if (mask_bit(m1, j) != mask_bit(mb, j)) {
+        ++st.flipped_vs_single;
+        CHECK(st1.ambiguous[j]);
+      }
+    }
+    // Counters: the token's own.
+    CHECK(cnt[b].calls == 1u);
+    CHECK(cnt[b].kept_inputs == st1.kept.size());
+    CHECK(cnt[b].selected_channels == static_cast<unsigned long long>(c.selected_gpu));
+    for (int k : st1.kept) kept_union[k] = 1;
+    for (int w = 0; w < W; ++w) sel_union[w] |= mb[w];
+  }
+  // Nothing past the batch is written.
+  for (std::size_t i = static_cast<std::size_t>(tokens) * K; i < y.size(); ++i) REQUIRE(bits16(y[i]) == 0xFFFFu);
+  // The union's counters (tokens >= 2; a single token runs the batch-1 kernels).
+  if (tokens >= 2) {
+    unsigned long long kept = 0, sel = 0;
+    for (auto f : kept_union) kept += f;
+    for (auto w : sel_union) sel += static_cast<unsigned long long>(__builtin_popcount(w));
+    CHECK(cnt[tokens].calls == 1u);
+    CHECK(cnt[tokens].kept_inputs == kept);
+    CHECK(cnt[tokens].selected_channels == sel);
+  }
+  std::printf("[batch]  %-10s %-5s %-9s K=%-5d N=%-5d B=%d ambiguous=%d flipped_vs_b1=%d y_err/bound=%.3f\n", label,
+              prox::DTypeTraits<T>::kName, A::kName, K, N, tokens, st.ambiguous, st.flipped_vs_single, worst_all);
+  return st;
+}
+
+template <class T, class A>
+void batch_shape(int K, int N, std::uint64_t seed, std::initializer_list<int> token_counts, bool boundaries) {
+  BatchRig<T, A> r(K, N, seed);
+  const auto x0 = normal_vector<T>(K, seed + 100, 1.0);
+  // e = 60 %: (s1, s2) = (55 %, 70 %) on one token, as test_ffn.cu.
+  const auto dx0 = prox_ref::to_double(x0);
+  const float tau_x = quantile_abs(dx0, 0.55);
+  const auto probe = prox_ref::stage1_int4(dx0, K, N, tau_x, 0.0f, r.L.qg, r.L.sg, r.L.qu, r.L.su, ref_act<A>());
+  const float tau_s = quantile_abs(values_of(probe.s), 0.70);
+  r.plan(tau_x, tau_s);
+  for (int tokens : token_counts) {
+    check_batch(r, make_tokens<T>(K, tokens, seed + 10 * tokens, false), tokens, "independent");
+    check_batch(r, make_tokens<T>(K, tokens, seed + 10 * tokens + 5, true), tokens, "correlated");
+  }
+  if (boundaries) {
+    const auto xs = make_tokens<T>(K, 5, seed + 77, false);
+    r.plan(0.0f, 0.0f);  // everything kept: the dense FFN
+    check_batch(r, xs, 5, "dense");
+    r.plan(tau_x, prox_test::kInf);  // no channel: y = 0
+    check_batch(r, xs, 3, "empty");
+    for (T v : r.y.download()) {
+      const std::uint16_t b = bits16(v);
+      CHECK((b == 0u || b == 0xFFFFu));
+    }
+    r.plan(prox_test::kInf, 0.0f);  // no input: s~ = 0, |0| >= 0 keeps every channel
+    check_batch(r, xs, 2, "noinput");
+  }
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("Batched FFN: each token as its batch-1 run, small and odd shapes, both activations",
+                   "[batched][gpu]", __half, __nv_bfloat16) {
+  using T = TestType;
+  batch_shape<T, prox::SiLU>(200, 96, 1, {2, 3, 8}, true);
+  batch_shape<T, prox::GeluTanh>(8, 32, 2, {2, 5}, true);
+  batch_shape<T, prox::GeluTanh>(136, 224, 3, {4, 7}, false);
+  batch_shape<T, prox::SiLU>(1000, 2016, 4, {2, 4, 6, 8}, false);
+  batch_shape<T, prox::GeluTanh>(2520, 608, 8, {3, 8}, false);
+}
+
+TEMPLATE_TEST_CASE("Batched FFN: Qwen3-1.7B shape", "[batched][gpu][large]", __half, __nv_bfloat16) {
+  using T = TestType;
+  batch_shape<T, prox::SiLU>(2048, 6144, 5, {2, 4, 8}, false);
+}
+
+TEST_CASE("Batched FFN: tokens = 1 runs the batch-1 kernels and gives run()'s bits", "[batched][gpu]") {
+  BatchRig<__half, prox::SiLU> r(520, 1056, 11);
+  r.plan(0.5f, 0.05f);
+  const auto xs = make_tokens<__half>(520, 1, 12, false);
+  r.x.upload(xs);
+  const auto batched = r.run_bits(1);
+  r.y1.poison();
+  REQUIRE(r.ffn.run(r.x.get(), r.y1.get(), r.ws.get(), r.ws.bytes(), nullptr) == prox::Status::kSuccess);
+  PROX_TEST_CUDA(cudaDeviceSynchronize());
+  const auto y1 = r.y1.download();
+  for (int k = 0; k < 520; ++k) CHECK(batched[k] == bits16(y1[k]));
+}
+
+TEST_CASE("Batched FFN: deterministic, and a captured graph replays on new tokens", "[batched][gpu][determinism]") {
+  BatchRig<__nv_bfloat16, prox::SiLU> r(1000, 2016, 21);
+  r.plan(0.6f, 0.04f);
+  for (int tokens : {2, 3, 8}) {
+    CAPTURE(tokens);
+    const auto xs = make_tokens<__nv_bfloat16>(1000, tokens, 22 + tokens, false);
+    r.x.upload(xs);
+    const auto first = r.run_bits(tokens);
+    for (int rep = 0; rep < 3; ++rep) REQUIRE(r.run_bits(tokens) == first);
+  }
+  // Capture a batch of 3, replay it on other tokens: the eager run's bits.
+  cudaStream_t stream;
+  PROX_TEST_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  PROX_TEST_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  const prox::Status st = r.run(3, stream);
+  PROX_TEST_CUDA(cudaStreamEndCapture(stream, &graph));
+  REQUIRE(st == prox::Status::kSuccess);
+  PROX_TEST_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  for (int t = 0; t < 3; ++t) {
+    const auto xs = make_tokens<__nv_bfloat16>(1000, 3, 300 + t, t == 1);
+    r.x.upload(xs);
+    const auto eager = r.run_bits(3);
+    r.y.poison();
+    PROX_TEST_CUDA(cudaGraphLaunch(exec, stream));
+    PROX_TEST_CUDA(cudaStreamSynchronize(stream));
+    std::vector<std::uint32_t> replay;
+    for (auto v : r.y.download()) replay.push_back(bits16(v));
+    for (std::uint32_t w : r.mask.download()) replay.push_back(w);
+    CHECK(replay == eager);
+  }
+  PROX_TEST_CUDA(cudaGraphExecDestroy(exec));
+  PROX_TEST_CUDA(cudaGraphDestroy(graph));
+  PROX_TEST_CUDA(cudaStreamDestroy(stream));
+}
+
+TEST_CASE("Batched FFN: a workspace never initialized gives the exact dense FFN, flagged", "[batched][gpu]") {
+  BatchRig<__half, prox::GeluTanh> r(136, 224, 31);
+  r.plan(0.7f, 0.05f, 4);
+  // Garbage in place of the header: the first batch is dense and flags it; the next is sparse.
+  std::vector<char> junk(r.ws.bytes());
+  for (std::size_t i = 0; i < junk.size(); ++i) junk[i] = static_cast<char>(i * 131 + 7);
+  r.ws.upload(junk);
+  const auto xs = make_tokens<__half>(136, 4, 32, false);
+  r.x.upload(xs);
+  r.y.poison();
+  REQUIRE(r.run(4) == prox::Status::kSuccess);
+  PROX_TEST_CUDA(cudaDeviceSynchronize());
+  const auto y = r.y.download();
+  const auto mask = r.mask.download();
+  for (std::size_t w = 0; w < 4 * 224 / 32; ++w) CHECK(mask[w] == 0xffffffffu);
+  for (int b = 0; b < 4; ++b) {
+    const std::vector<__half> xt(xs.begin() + b * 136, xs.begin() + (b + 1) * 136);
+    const auto ref = prox_ref::stage2(prox_ref::to_double(xt), r.L.dwg, r.L.dwu, r.L.dwdt, 136, 224,
+                                      std::vector<std::uint8_t>(224, 1), prox_ref::Act::kGeluTanh);
+    const std::vector<__half> yb(y.begin() + b * 136, y.begin() + (b + 1) * 136);
+    CHECK(count_out_of_bound(yb, ref.y) == 0);
+  }
+  prox::Status flag = prox::Status::kSuccess;
+  PROX_TEST_OK(prox::read_workspace_status(r.ws.get(), nullptr, &flag));
+  CHECK(flag == prox::Status::kErrorDirtyWorkspace);
+  check_batch(r, xs, 4, "after");  // sparse again, each token right
+}
+
+TEST_CASE("Batched FFN: bad input is refused before any launch", "[batched][gpu][validation]") {
+  using Ffn = prox::SparseFfn<__half, prox::SiLU>;
+  BatchRig<__half, prox::SiLU> r(200, 96, 41);
+  r.plan(0.5f, 0.05f, 4);
+  char* ws = r.ws.get();
+  const std::size_t bytes = r.ws.bytes();
+  const __half* x = r.x.get();
+  __half* y = r.y.get();
+  CHECK(r.ffn.run_batch(x, y, 0, ws, bytes, nullptr) == prox::Status::kErrorInvalidArgument);
+  CHECK(r.ffn.run_batch(x, y, 5, ws, bytes, nullptr) == prox::Status::kErrorInvalidArgument);  // > max_tokens
+  CHECK(r.ffn.run_batch(nullptr, y, 2, ws, bytes, nullptr) == prox::Status::kErrorNullPointer);
+  CHECK(r.ffn.run_batch(x, nullptr, 2, ws, bytes, nullptr) == prox::Status::kErrorNullPointer);
+  CHECK(r.ffn.run_batch(x + 1, y, 2, ws, bytes, nullptr) == prox::Status::kErrorMisalignedPointer);
+  CHECK(r.ffn.run_batch(x, y + 4, 2, ws, bytes, nullptr) == prox::Status::kErrorMisalignedPointer);
+  // The batch-1 size is too small for a plan of 4 tokens.
+  CHECK(r.ffn.run_batch(x, y, 2, ws, Ffn::workspace_bytes(200, 96), nullptr) ==
+        prox::Status::kErrorWorkspaceTooSmall);
+  Ffn::BatchOutputs out;
+  out.counters = reinterpret_cast<prox::SparsityCounters*>(ws + 4);
+  CHECK(r.ffn.run_batch(x, y, 2, ws, bytes, nullptr, out) == prox::Status::kErrorMisalignedPointer);
+  // max_tokens outside [1, 8]; the A1 ablation (fp16 proxies) is batch-1 only.
+  Ffn f;
+  Ffn::Config c{200, 96, 0.5f, 0.05f};
+  c.max_tokens = 9;
+  CHECK(f.plan(c, ffn_weights<prox::SiLU>(r.D)) == prox::Status::kErrorInvalidArgument);
+  c.max_tokens = 0;
+  CHECK(f.plan(c, ffn_weights<prox::SiLU>(r.D)) == prox::Status::kErrorInvalidArgument);
+  using DenseFfn = prox::SparseFfn<__half, prox::SiLU, prox::DenseWeights<__half>>;
+  DenseFfn d;
+  DenseFfn::Weights dw;
+  dw.gate = r.D.wg.get();
+  dw.up = r.D.wu.get();
+  dw.down_t = r.D.wdt.get();
+  dw.proxy_gate = {r.D.wg_t.get(), nullptr};
+  dw.proxy_up = {r.D.wu_t.get(), nullptr};
+  DenseFfn::Config dc{200, 96, 0.5f, 0.05f};
+  dc.max_tokens = 2;
+  CHECK(d.plan(dc, dw) == prox::Status::kErrorInvalidArgument);
+  dc.max_tokens = 1;
+  CHECK(d.plan(dc, dw) == prox::Status::kSuccess);
+  CHECK(d.run_batch(x, y, 2, ws, bytes, nullptr) == prox::Status::kErrorInvalidArgument);
+  // An unplanned layer.
+  CHECK(Ffn{}.run_batch(x, y, 2, ws, bytes, nullptr) == prox::Status::kErrorNotPlanned);
+}
