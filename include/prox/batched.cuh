@@ -110,15 +110,24 @@ struct BatchedProxyPolicy {
   }
 };
 
-//! The candidates of a token capacity (index 0 is the default). B = 8 runs 128-thread blocks: the
-//! block reduction of 8 tokens x 2 matrices x 128 channels then fits the 48 KB of static shared memory.
+//! The candidates of a token capacity (dispatch.cuh picks the fewest waves, then the most blocks). Long
+//! chunks: with 512-input chunks at B = 2 a block streamed its ~260 union rows in 4 steps, and the
+//! Qwen3-8B grid took 3 waves; Stage 1 ran at 25 % of DRAM bandwidth (H100, ncu). B = 8 runs 128-thread
+//! blocks: the block reduction of 8 tokens x 2 matrices x 128 channels then fits 48 KB of static shared
+//! memory.
 template <int Tokens>
-struct BatchedProxyPoliciesFor {
-  using type = PolicyList<BatchedProxyPolicy<Tokens, 256, 512, 2, 2>>;
+struct BatchedProxyPoliciesFor;
+template <>
+struct BatchedProxyPoliciesFor<2> {
+  using type = PolicyList<BatchedProxyPolicy<2, 256, 2048, 2, 2>, BatchedProxyPolicy<2, 256, 512, 2, 2>>;
+};
+template <>
+struct BatchedProxyPoliciesFor<4> {
+  using type = PolicyList<BatchedProxyPolicy<4, 256, 1024, 2, 2>, BatchedProxyPolicy<4, 256, 512, 2, 2>>;
 };
 template <>
 struct BatchedProxyPoliciesFor<8> {
-  using type = PolicyList<BatchedProxyPolicy<8, 128, 256, 2, 3>>;
+  using type = PolicyList<BatchedProxyPolicy<8, 128, 512, 2, 3>, BatchedProxyPolicy<8, 128, 256, 2, 3>>;
 };
 
 namespace detail {
@@ -398,6 +407,10 @@ struct BatchedProxyGemvOp {
   template <class P>
   static constexpr int num_chunks(int d_model) noexcept {
     return ceil_div(d_model, P::kChunk);
+  }
+  template <class P>
+  static constexpr long num_blocks(int d_model, int d_ff) noexcept {
+    return static_cast<long>(num_tiles<P>(d_ff)) * num_chunks<P>(d_model);
   }
 
   /**
@@ -707,9 +720,17 @@ struct BatchedDownPolicy {
   }
 };
 
+//! Candidates per token capacity (dispatch.cuh: the fewest waves, then the most blocks): long chunks, so
+//! that a block streams its union rows in more than a few steps (as Stage 1's, measured with ncu).
 template <int Tokens>
-struct BatchedDownPoliciesFor {
-  using type = PolicyList<BatchedDownPolicy<Tokens, 256, 512, 4, 2>>;
+struct BatchedDownPoliciesFor;
+template <>
+struct BatchedDownPoliciesFor<2> {
+  using type = PolicyList<BatchedDownPolicy<2, 256, 2048, 4, 2>, BatchedDownPolicy<2, 256, 512, 4, 2>>;
+};
+template <>
+struct BatchedDownPoliciesFor<4> {
+  using type = PolicyList<BatchedDownPolicy<4, 256, 1024, 4, 2>, BatchedDownPolicy<4, 256, 512, 4, 2>>;
 };
 template <>
 struct BatchedDownPoliciesFor<8> {
@@ -863,6 +884,10 @@ struct BatchedDownGemvOp {
   template <class P>
   static constexpr int num_chunks(int d_ff) noexcept {
     return ceil_div(d_ff, P::kChunk);
+  }
+  template <class P>
+  static constexpr long num_blocks(int d_model, int d_ff) noexcept {
+    return static_cast<long>(num_tiles<P>(d_model)) * num_chunks<P>(d_ff);
   }
   //! DownGemvOp's rules, tokens in [1, Tokens].
   static Status can_implement(const Args& a) noexcept {

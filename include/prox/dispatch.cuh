@@ -8,6 +8,7 @@
 #include "core/config.hpp"
 #include "core/device.hpp"
 #include "core/policy.hpp"
+#include "batched.cuh"
 #include "down_gemv.cuh"
 #include "glu_down_gemv.cuh"
 #include "glu_gemv.cuh"
@@ -121,6 +122,21 @@ int default_policy(GluDownGemvOp<T, Act>, const DeviceInfo&, const GluDownGemvAr
     }
   });
   return best;
+}
+
+//! Batched Stage 1 and batched down GEMV: the fewest waves, then the most blocks, as the batch-1 ops
+//! (detail::default_fewest_waves). The batched GLU GEMV: the fallback (a one-wave grid, rows by rank).
+template <class T, class Act, int B>
+int default_policy(BatchedProxyGemvOp<T, Act, B>, const DeviceInfo& d, const BatchedProxyGemvArgs<T>& a) noexcept {
+  using Op = BatchedProxyGemvOp<T, Act, B>;
+  return detail::default_fewest_waves<typename Op::Policies>(
+      d.sm_count, [&](auto p) { return Op::template num_blocks<decltype(p)>(a.d_model, a.d_ff); });
+}
+template <class T, int B>
+int default_policy(BatchedDownGemvOp<T, B>, const DeviceInfo& d, const BatchedDownGemvArgs<T>& a) noexcept {
+  using Op = BatchedDownGemvOp<T, B>;
+  return detail::default_fewest_waves<typename Op::Policies>(
+      d.sm_count, [&](auto p) { return Op::template num_blocks<decltype(p)>(a.d_model, a.d_ff); });
 }
 
 PROX_NAMESPACE_END

@@ -2,8 +2,9 @@
 //! @file bindings.cpp  prox's torch custom ops (namespace `prox`): schemas, CUDA kernels and the
 //! plan cache. The fake (meta) kernels live in Python (prox/_ops.py, torch.library.register_fake),
 //! so torch.compile can trace the ops; every CUDA kernel here validates its inputs before launching
-//! anything, allocates only its outputs (torch's caching allocator, graph-safe), never synchronizes
-//! and runs on the current stream, so the FFN op can be captured in a CUDA graph.
+//! anything, allocates only its outputs (torch's caching allocator, graph-safe; a batch summing its
+//! counters into a [4] tensor adds a [B+1, 4] temporary), never synchronizes and runs on the current
+//! stream, so the FFN op can be captured in a CUDA graph.
 //!
 //! The workspace is declared mutable (Tensor(a!)): the kernels write its scratch regions (mask, s,
 //! split-K partials) and stamp its header, though they leave its sync words as they found them.
@@ -136,21 +137,21 @@ FfnDesc describe(const at::Tensor& w_gate, const at::Tensor& w_up, const at::Ten
   return d;
 }
 
-void check_x(const at::Tensor& x, const FfnDesc& d, const at::Tensor& w_gate, bool tokens_allowed) {
+//! The tokens x holds ([d_model]: 1, [tokens, d_model]: tokens). `one_call`: sparse_ffn's limit, one
+//! run() or one run_batch() of at most kMaxTokens tokens.
+int64_t check_x(const at::Tensor& x, const FfnDesc& d, const at::Tensor& w_gate, bool one_call) {
   check_tensor(x, "x", w_gate.device(), w_gate.scalar_type(), 16);
-  const bool one =
-      (x.dim() == 1 && x.size(0) == d.d_model) || (x.dim() == 2 && x.size(0) == 1 && x.size(1) == d.d_model);
-  if (tokens_allowed) {
-    TORCH_CHECK_VALUE(one || (x.dim() == 2 && x.size(1) == d.d_model),
-                      "prox: x must be [d_model] or [tokens, d_model] with d_model = ", d.d_model, " (it is ",
-                      x.sizes(), ")");
-  } else {
-    TORCH_CHECK_VALUE(x.dim() != 2 || x.size(0) == 1 || x.size(1) != d.d_model,
-                      "prox: sparse_ffn runs one token (batch-1 decoding); x has ", x.size(0),
-                      " rows: pass [d_model] or [1, d_model] (run several tokens one at a time)");
-    TORCH_CHECK_VALUE(one, "prox: x must be [d_model] or [1, d_model] with d_model = ", d.d_model, " (it is ",
-                      x.sizes(), ")");
+  TORCH_CHECK_VALUE((x.dim() == 1 || x.dim() == 2) && x.size(-1) == d.d_model,
+                    "prox: x must be [d_model] or [tokens, d_model] with d_model = ", d.d_model, " (it is ",
+                    x.sizes(), ")");
+  const int64_t tokens = x.dim() == 1 ? 1 : x.size(0);
+  if (one_call) {
+    TORCH_CHECK_VALUE(tokens >= 1, "prox: x has no rows: sparse_ffn runs 1 to ", kMaxTokens, " tokens");
+    TORCH_CHECK_VALUE(tokens <= kMaxTokens, "prox: sparse_ffn runs at most ", kMaxTokens,
+                      " tokens per call (batched decoding, prox::kMaxBatchTokens); x has ", tokens,
+                      " rows: run them in calls of at most ", kMaxTokens, " tokens");
   }
+  return tokens;
 }
 
 void check_workspace(const at::Tensor& ws, const FfnDesc& d, const at::Device& dev) {
@@ -160,10 +161,27 @@ void check_workspace(const at::Tensor& ws, const FfnDesc& d, const at::Device& d
                     " bytes; this layer needs ", need, " (prox.workspace_bytes(", d.d_model, ", ", d.d_ff, "))");
 }
 
+//! The token capacity (Config::max_tokens) of the plan a batch of `tokens` runs: the most tokens the
+//! workspace holds, not `tokens`, so that every batch size a workspace serves shares one plan (a plan
+//! of capacity m runs any batch up to m, and needs workspace_bytes(d_model, d_ff, m)).
+int plan_capacity(const at::Tensor& ws, const FfnDesc& d, const at::Device& dev, int64_t tokens) {
+  check_tensor(ws, "workspace", dev, at::kByte, 16);
+  const std::size_t have = static_cast<std::size_t>(ws.numel());
+  for (int m = kMaxTokens; m >= tokens; --m) {
+    if (workspace_bytes(d.d_model, d.d_ff, m) <= have) return m;
+  }
+  TORCH_CHECK_VALUE(false, "prox: workspace has ", have, " bytes; a call of ", tokens, " tokens needs ",
+                    workspace_bytes(d.d_model, d.d_ff, static_cast<int>(tokens)), " (prox.workspace_bytes(",
+                    d.d_model, ", ", d.d_ff, ", max_tokens=", tokens,
+                    ")): size the workspace for the most tokens one call runs (max_tokens <= ", kMaxTokens, ")");
+  return 0;  // unreachable
+}
+
 // ---------------------------------------------------------------- plan cache
 
-//! Everything plan() reads: device, type, shape, pointers and options. A plan found under a key is
-//! valid for it whatever happened to the tensors since (it stores only these pointers and values).
+//! Everything plan() reads: device, type, shape, pointers, options and token capacity. A plan found
+//! under a key is valid for it whatever happened to the tensors since (it stores only these pointers
+//! and values).
 using Key = std::array<std::uintptr_t, 20>;
 
 Key key_of(const FfnDesc& d, int device) {
@@ -175,7 +193,7 @@ Key key_of(const FfnDesc& d, int device) {
   auto i = [](int v) { return static_cast<std::uintptr_t>(static_cast<std::intptr_t>(v)); };
   return Key{i(device), i(static_cast<int>(d.dtype)), i(static_cast<int>(d.act)), i(d.d_model), i(d.d_ff),
              u(d.gate), u(d.up), u(d.down_t), u(d.proxy_gate), u(d.scale_gate), u(d.proxy_up), u(d.scale_up),
-             u(d.thresholds), bits, i(f.proxy), i(f.glu), i(f.down), i(f.glu_down), 0, 0};
+             u(d.thresholds), bits, i(f.proxy), i(f.glu), i(f.down), i(f.glu_down), i(d.max_tokens), 0};
 }
 
 struct KeyHash {
@@ -209,8 +227,9 @@ class PlanCache {
     cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
     TORCH_CHECK(cudaStreamIsCapturing(stream, &cs) == cudaSuccess, "prox: cudaStreamIsCapturing failed");
     TORCH_CHECK(cs == cudaStreamCaptureStatusNone,
-                "prox: this layer has no plan yet and the stream is being captured; plan it before capture "
-                "(prox.PlannedFfn plans at construction, or run it once eagerly)");
+                "prox: this layer has no plan yet (max_tokens ", d.max_tokens,
+                ") and the stream is being captured; plan it before capture (prox.PlannedFfn plans at "
+                "construction, SparseMLP.plan() plans, or run the call once eagerly)");
     std::unique_ptr<FfnPlan> p;
     check_status(make_plan(d, &p), "SparseFfn::plan");
     std::shared_ptr<const FfnPlan> sp(std::move(p));
@@ -302,31 +321,67 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sparse_ffn_cuda(
     const at::Tensor& scale_up, const at::Tensor& thresholds, const at::Tensor& workspace, int64_t act,
     at::IntArrayRef options, bool return_mask, bool return_s_proxy, bool return_s,
     const std::optional<at::Tensor>& counters) {
-  const FfnDesc d = describe(w_gate, w_up, w_down_t, proxy_gate, scale_gate, proxy_up, scale_up, thresholds, act,
-                             options);
+  FfnDesc d = describe(w_gate, w_up, w_down_t, proxy_gate, scale_gate, proxy_up, scale_up, thresholds, act,
+                       options);
   const at::Device dev = w_gate.device();
-  check_x(x, d, w_gate, false);
-  check_workspace(workspace, d, dev);
+  // One token ([d_model] or [1, d_model]) runs run() with its batch-1 shapes; 2..kMaxTokens tokens run
+  // run_batch(), and every output gains a leading token dimension.
+  const int64_t tokens = check_x(x, d, w_gate, true);
+  const bool batched = tokens > 1;
+  if (batched) {
+    d.max_tokens = plan_capacity(workspace, d, dev, tokens);
+  } else {
+    check_workspace(workspace, d, dev);
+  }
+  // A batch takes counters [4] (each token counted as a call, as batch 1 would: the per-token entries
+  // run_batch() writes, summed into it) or [tokens + 1, 4] (run_batch()'s entries as they are: each
+  // token's, then their union's).
+  bool sum_counters = false;
   if (counters.has_value()) {
     check_tensor(*counters, "counters", dev, at::kLong, 8);
-    check_shape(*counters, "counters", {4});
+    if (!batched) {
+      check_shape(*counters, "counters", {4});
+    } else {
+      const at::Tensor& c = *counters;
+      sum_counters = c.dim() == 1 && c.size(0) == 4;
+      TORCH_CHECK_VALUE(sum_counters || (c.dim() == 2 && c.size(0) == tokens + 1 && c.size(1) == 4),
+                        "prox: counters must have shape [4] (summed over the tokens) or [", tokens + 1,
+                        ", 4] (each token's, then their union's) for ", tokens, " tokens (it has ", c.sizes(), ")");
+    }
   }
   const c10::cuda::CUDAGuard guard(dev);
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream(dev.index());
   const std::shared_ptr<const FfnPlan> plan = cache().get(d, dev.index(), stream);
   const at::TensorOptions f32 = w_gate.options().dtype(at::kFloat);
+  const auto shape = [&](bool wanted, int64_t n) {
+    if (!wanted) return std::vector<int64_t>{0};
+    return batched ? std::vector<int64_t>{tokens, n} : std::vector<int64_t>{n};
+  };
   at::Tensor y = at::empty_like(x);
-  at::Tensor mask = at::empty({return_mask ? d.d_ff / 32 : 0}, w_gate.options().dtype(at::kInt));
-  at::Tensor s_proxy = at::empty({return_s_proxy ? d.d_ff : 0}, f32);
-  at::Tensor s = at::empty({return_s ? d.d_ff : 0}, f32);
+  at::Tensor mask = at::empty(shape(return_mask, d.d_ff / 32), w_gate.options().dtype(at::kInt));
+  at::Tensor s_proxy = at::empty(shape(return_s_proxy, d.d_ff), f32);
+  at::Tensor s = at::empty(shape(return_s, d.d_ff), f32);
   FfnOutputs out;
-  out.counters = counters.has_value() ? counters->data_ptr() : nullptr;
   out.mask = return_mask ? static_cast<std::uint32_t*>(mask.data_ptr()) : nullptr;
   out.s_proxy = return_s_proxy ? s_proxy.data_ptr<float>() : nullptr;
   out.s = return_s ? s.data_ptr<float>() : nullptr;
-  check_status(plan->run(x.data_ptr(), y.data_ptr(), workspace.data_ptr(), static_cast<std::size_t>(workspace.numel()),
-                         stream, out),
-               "SparseFfn::run");
+  const std::size_t bytes = static_cast<std::size_t>(workspace.numel());
+  if (!batched) {
+    out.counters = counters.has_value() ? counters->data_ptr() : nullptr;
+    check_status(plan->run(x.data_ptr(), y.data_ptr(), workspace.data_ptr(), bytes, stream, out), "SparseFfn::run");
+    return {y, mask, s_proxy, s};
+  }
+  at::Tensor entries;  // run_batch()'s tokens + 1 counters
+  if (sum_counters) {
+    entries = at::zeros({tokens + 1, 4}, counters->options());
+  } else if (counters.has_value()) {
+    entries = *counters;
+  }
+  out.counters = entries.defined() ? entries.data_ptr() : nullptr;
+  check_status(plan->run_batch(x.data_ptr(), y.data_ptr(), static_cast<int>(tokens), workspace.data_ptr(), bytes,
+                               stream, out),
+               "SparseFfn::run_batch");
+  if (sum_counters) counters->add_(entries.narrow(0, 0, tokens).sum(0));
   return {y, mask, s_proxy, s};
 }
 
@@ -337,7 +392,7 @@ at::Tensor proxy_values_cuda(const at::Tensor& x, const at::Tensor& w_gate, cons
   const FfnDesc d = describe(w_gate, w_up, w_down_t, proxy_gate, scale_gate, proxy_up, scale_up, thresholds, act,
                              options);
   const at::Device dev = w_gate.device();
-  check_x(x, d, w_gate, true);
+  check_x(x, d, w_gate, false);
   check_workspace(workspace, d, dev);
   const c10::cuda::CUDAGuard guard(dev);
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream(dev.index());
@@ -355,12 +410,22 @@ at::Tensor proxy_values_cuda(const at::Tensor& x, const at::Tensor& w_gate, cons
   return s;
 }
 
+int check_max_tokens(int64_t max_tokens) {
+  TORCH_CHECK_VALUE(max_tokens >= 1 && max_tokens <= kMaxTokens, "prox: max_tokens must be in [1, ", kMaxTokens,
+                    "] (prox::kMaxBatchTokens), got ", max_tokens);
+  return static_cast<int>(max_tokens);
+}
+
+//! max_tokens: the plan's token capacity. A batched sparse_ffn call uses the capacity its workspace
+//! holds (plan_capacity()), so plan that one before capturing batched calls.
 std::vector<int64_t> plan_ffn_cuda(const at::Tensor& w_gate, const at::Tensor& w_up, const at::Tensor& w_down_t,
                                    const at::Tensor& proxy_gate, const at::Tensor& scale_gate,
                                    const at::Tensor& proxy_up, const at::Tensor& scale_up,
-                                   const at::Tensor& thresholds, int64_t act, at::IntArrayRef options) {
-  const FfnDesc d = describe(w_gate, w_up, w_down_t, proxy_gate, scale_gate, proxy_up, scale_up, thresholds, act,
-                             options);
+                                   const at::Tensor& thresholds, int64_t act, at::IntArrayRef options,
+                                   int64_t max_tokens) {
+  FfnDesc d = describe(w_gate, w_up, w_down_t, proxy_gate, scale_gate, proxy_up, scale_up, thresholds, act,
+                       options);
+  d.max_tokens = check_max_tokens(max_tokens);
   const at::Device dev = w_gate.device();
   const c10::cuda::CUDAGuard guard(dev);
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream(dev.index());
@@ -406,18 +471,19 @@ at::Tensor proxy_values_cpu(const at::Tensor&, const at::Tensor&, const at::Tens
 }
 std::vector<int64_t> plan_ffn_cpu(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                   const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t,
-                                  at::IntArrayRef) {
+                                  at::IntArrayRef, int64_t) {
   needs_cuda("plan_ffn");
 }
 void initialize_workspace_cpu(const at::Tensor&) { needs_cuda("initialize_workspace"); }
 bool workspace_dirty_cpu(const at::Tensor&) { needs_cuda("workspace_dirty"); }
 
-int64_t workspace_bytes_op(int64_t d_model, int64_t d_ff) {
+int64_t workspace_bytes_op(int64_t d_model, int64_t d_ff, int64_t max_tokens) {
   TORCH_CHECK_VALUE(d_model >= 8 && d_model % 8 == 0 && d_model <= (1 << 20),
                     "prox: d_model must be a multiple of 8 in [8, 2^20], got ", d_model);
   TORCH_CHECK_VALUE(d_ff >= 32 && d_ff % 32 == 0 && d_ff <= (1 << 20),
                     "prox: d_ff must be a multiple of 32 in [32, 2^20], got ", d_ff);
-  return static_cast<int64_t>(workspace_bytes(static_cast<int>(d_model), static_cast<int>(d_ff)));
+  return static_cast<int64_t>(
+      workspace_bytes(static_cast<int>(d_model), static_cast<int>(d_ff), check_max_tokens(max_tokens)));
 }
 
 std::tuple<double, double> allocate_sparsity_op(double e) {
@@ -450,10 +516,10 @@ TORCH_LIBRARY(prox, m) {
       "Tensor proxy_up, Tensor scale_up, Tensor thresholds, Tensor(a!) workspace, int act, int[] options) -> Tensor");
   m.def(
       "plan_ffn(Tensor w_gate, Tensor w_up, Tensor w_down_t, Tensor proxy_gate, Tensor scale_gate, "
-      "Tensor proxy_up, Tensor scale_up, Tensor thresholds, int act, int[] options) -> int[]");
+      "Tensor proxy_up, Tensor scale_up, Tensor thresholds, int act, int[] options, int max_tokens=1) -> int[]");
   m.def("initialize_workspace(Tensor(a!) workspace) -> ()");
   m.def("workspace_dirty(Tensor workspace) -> bool");
-  m.def("workspace_bytes(int d_model, int d_ff) -> int", &prox_ext::workspace_bytes_op);
+  m.def("workspace_bytes(int d_model, int d_ff, int max_tokens=1) -> int", &prox_ext::workspace_bytes_op);
   m.def("allocate_sparsity(float e) -> (float, float)", &prox_ext::allocate_sparsity_op);
   m.def("int4_layout() -> str", &prox_ext::int4_layout_op);
   m.def("plan_cache_size() -> int", &prox_ext::plan_cache_size_op);

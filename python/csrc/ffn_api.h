@@ -17,6 +17,9 @@
 namespace prox_ext {
 
 enum class DType : int { kHalf = 0, kBFloat16 = 1 };
+
+//! Most tokens one batched call runs (prox::kMaxBatchTokens; offline.cu checks that they agree).
+constexpr int kMaxTokens = 8;
 enum class Act : int { kSiLU = 0, kGeluTanh = 1 };
 
 //! SparseFfn::PlanOptions, flattened (bit flags + the four policy indices, -1 = default).
@@ -30,9 +33,9 @@ struct PlanFlags {
   int proxy = -1, glu = -1, down = -1, glu_down = -1;
 };
 
-//! One layer as SparseFfn<T, Act, Int4Weights>::plan() sees it: device pointers, shape, options.
-//! Thresholds are always read from the device (Config::thresholds), so one plan serves every
-//! sparsity target.
+//! One layer as SparseFfn<T, Act, Int4Weights>::plan() sees it: device pointers, shape, options and
+//! token capacity. Thresholds are always read from the device (Config::thresholds), so one plan
+//! serves every sparsity target.
 struct FfnDesc {
   DType dtype = DType::kHalf;
   Act act = Act::kSiLU;
@@ -47,11 +50,15 @@ struct FfnDesc {
   const float* scale_up = nullptr;
   const float* thresholds = nullptr;  //!< device float[2] {tau_x, tau_s}
   PlanFlags flags{};
+  //! Config::max_tokens, 1..kMaxTokens: a plan of capacity m runs every batch of up to m tokens, and
+  //! every call needs workspace_bytes(d_model, d_ff, m) (its layout has room for m tokens).
+  int max_tokens = 1;
 };
 
-//! SparseFfn::Outputs (device pointers, null = not wanted).
+//! SparseFfn::Outputs / BatchOutputs (device pointers, null = not wanted). For a batch of B tokens
+//! every array is token-major ([B][d_ff/32], [B][d_ff]) and counters holds B + 1 entries.
 struct FfnOutputs {
-  void* counters = nullptr;  //!< prox::SparsityCounters (4 x uint64)
+  void* counters = nullptr;  //!< prox::SparsityCounters (4 x uint64) per entry
   std::uint32_t* mask = nullptr;
   float* s_proxy = nullptr;
   float* s = nullptr;
@@ -63,6 +70,9 @@ class FfnPlan {
   virtual ~FfnPlan() = default;
   virtual prox::Status run(const void* x, void* y, void* workspace, std::size_t bytes, cudaStream_t stream,
                            const FfnOutputs& out) const noexcept = 0;
+  //! SparseFfn::run_batch: x, y [tokens][d_model], tokens in [1, max_tokens].
+  virtual prox::Status run_batch(const void* x, void* y, int tokens, void* workspace, std::size_t bytes,
+                                 cudaStream_t stream, const FfnOutputs& out) const noexcept = 0;
   virtual prox::Status run_proxy_values(const void* x, float* s_proxy, void* workspace, std::size_t bytes,
                                         cudaStream_t stream) const noexcept = 0;
   //! The policies plan() fixed: proxy, glu, down, glu_down (-1 where that Stage 2 is not planned).
@@ -79,7 +89,8 @@ prox::Status make_plan_bf16_silu(const FfnDesc& d, std::unique_ptr<FfnPlan>* out
 prox::Status make_plan_bf16_gelu(const FfnDesc& d, std::unique_ptr<FfnPlan>* out);
 
 // Offline helpers and workspace (offline.cu).
-std::size_t workspace_bytes(int d_model, int d_ff) noexcept;
+//! SparseFfn::workspace_bytes(d_model, d_ff, max_tokens); max_tokens = 1 is the batch-1 size.
+std::size_t workspace_bytes(int d_model, int d_ff, int max_tokens = 1) noexcept;
 prox::Status pack_int4(DType t, const void* w, int d_model, int d_ff, std::uint32_t* packed, float* scales,
                        cudaStream_t stream);
 prox::Status transpose(DType t, const void* in, int rows, int cols, void* out, cudaStream_t stream) noexcept;

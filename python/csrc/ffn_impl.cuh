@@ -21,6 +21,7 @@ class FfnPlanImpl final : public FfnPlan {
     cfg.tau_x = 0.0f;  // unused: every run reads d.thresholds
     cfg.tau_s = 0.0f;
     cfg.thresholds = d.thresholds;
+    cfg.max_tokens = d.max_tokens;
     typename Ffn::Weights w;
     w.gate = static_cast<const T*>(d.gate);
     w.up = static_cast<const T*>(d.up);
@@ -49,6 +50,16 @@ class FfnPlanImpl final : public FfnPlan {
     o.s_proxy = out.s_proxy;
     o.s = out.s;
     return ffn_.run(static_cast<const T*>(x), static_cast<T*>(y), workspace, bytes, stream, o);
+  }
+
+  prox::Status run_batch(const void* x, void* y, int tokens, void* workspace, std::size_t bytes,
+                         cudaStream_t stream, const FfnOutputs& out) const noexcept override {
+    typename Ffn::BatchOutputs o;
+    o.counters = static_cast<prox::SparsityCounters*>(out.counters);
+    o.channel_mask = out.mask;
+    o.s_proxy = out.s_proxy;
+    o.s = out.s;
+    return ffn_.run_batch(static_cast<const T*>(x), static_cast<T*>(y), tokens, workspace, bytes, stream, o);
   }
 
   prox::Status run_proxy_values(const void* x, float* s_proxy, void* workspace, std::size_t bytes,

@@ -7,6 +7,8 @@
 
 PROX_SPARSE_FFN_EXTERN(__half, prox::SiLU, prox::Int4Weights)
 
+static_assert(prox_ext::kMaxTokens == prox::kMaxBatchTokens, "ffn_api.h's kMaxTokens is prox's batch limit");
+
 namespace prox_ext {
 
 prox::Status make_plan(const FfnDesc& d, std::unique_ptr<FfnPlan>* out) {
@@ -17,9 +19,9 @@ prox::Status make_plan(const FfnDesc& d, std::unique_ptr<FfnPlan>* out) {
   return prox::Status::kErrorInvalidArgument;
 }
 
-std::size_t workspace_bytes(int d_model, int d_ff) noexcept {
+std::size_t workspace_bytes(int d_model, int d_ff, int max_tokens) noexcept {
   // The same for every T, activation, policy and device (sparse_ffn.cuh).
-  return prox::SparseFfn<__half, prox::SiLU, prox::Int4Weights>::workspace_bytes(d_model, d_ff);
+  return prox::SparseFfn<__half, prox::SiLU, prox::Int4Weights>::workspace_bytes(d_model, d_ff, max_tokens);
 }
 
 prox::Status pack_int4(DType t, const void* w, int d_model, int d_ff, std::uint32_t* packed, float* scales,

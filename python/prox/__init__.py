@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""prox for PyTorch: the Prox sparse FFN (training-free activation sparsity for batch-1 decoding) as torch
-custom ops (``torch.ops.prox``), a planned layer object, a drop-in sparse MLP and sequential calibration.
+"""prox for PyTorch: the Prox sparse FFN (training-free activation sparsity for decoding: one token, or a
+batch of up to 8) as torch custom ops (``torch.ops.prox``), a planned layer object, a drop-in sparse MLP and
+sequential calibration.
 
     import prox
     cfg = prox.sparsify(model, 0.5, calib_ids)          # calibrate layer by layer, swap the MLPs
@@ -10,9 +11,9 @@ custom ops (``torch.ops.prox``), a planned layer object, a drop-in sparse MLP an
 The pure-Python parts (allocation rule, calibration rule, torch reference, thresholds file) work without
 the compiled extension; the ops need it (prox.ops_available()).
 """
-from ._ops import (ACTS, FfnOutputs, PlanOptions, allocate_sparsity_native, available as ops_available,
-                   clear_plan_cache, initialize_workspace, int4_layout, new_workspace, pack_int4, plan_cache_size,
-                   transpose, workspace_bytes, workspace_dirty)
+from ._ops import (ACTS, MAX_TOKENS, FfnOutputs, PlanOptions, allocate_sparsity_native,
+                   available as ops_available, clear_plan_cache, initialize_workspace, int4_layout, new_workspace,
+                   pack_int4, plan_cache_size, transpose, workspace_bytes, workspace_dirty, workspace_tokens)
 from .allocation import (ALPHA, StageSparsity, allocate_sparsity, effective_sparsity, max_effective_sparsity,
                          split_candidates)
 from .calibration import Calibrator, LayerThresholds, ThresholdResult, calibrate_layer, quantile_threshold
@@ -25,11 +26,12 @@ from . import reference
 __version__ = "0.1.0"
 
 __all__ = [
-    "ACTS", "ALPHA", "Calibrator", "FfnOutputs", "LayerRecord", "LayerThresholds", "PlanOptions", "PlannedFfn",
-    "SparseMLP", "StageSparsity", "ThresholdConfig", "ThresholdResult", "allocate_sparsity",
+    "ACTS", "ALPHA", "Calibrator", "FfnOutputs", "LayerRecord", "LayerThresholds", "MAX_TOKENS", "PlanOptions",
+    "PlannedFfn", "SparseMLP", "StageSparsity", "ThresholdConfig", "ThresholdResult", "allocate_sparsity",
     "allocate_sparsity_native", "apply_thresholds", "calibrate_layer", "clear_plan_cache", "counters_report",
     "effective_sparsity", "find_config", "find_mlps", "initialize_workspace", "int4_layout", "load_thresholds",
     "max_effective_sparsity", "memory_report", "new_counters", "new_workspace", "ops_available", "pack_int4",
     "plan_cache_size", "quantile_threshold", "reference", "save_thresholds", "set_mode", "sparsify",
     "sparsity_report", "split_candidates", "swap_mlps", "transpose", "workspace_bytes", "workspace_dirty",
+    "workspace_tokens",
 ]

@@ -6,10 +6,15 @@ The CUDA kernels are in csrc/bindings.cpp. Every op validates its inputs (dtype,
 contiguity, alignment) before launching anything and raises TypeError / ValueError with the tensor's
 name; ``sparse_ffn`` allocates only its outputs (torch's caching allocator, which is graph-safe),
 never synchronizes, and runs on the current stream, so it can be captured in a CUDA graph.
+
+``sparse_ffn`` runs one token (x [d_model] or [1, d_model]: SparseFfn::run) or a batch of 2 to
+MAX_TOKENS tokens (x [B, d_model]: SparseFfn::run_batch, each token what batch 1 would give it within
+rounding); a batch needs a workspace of workspace_bytes(d_model, d_ff, max_tokens=B) bytes or more.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import NamedTuple, Optional
 
 import torch
@@ -34,6 +39,9 @@ def _require() -> None:
             "`pip install ./python --no-build-isolation` against this torch"
         ) from _IMPORT_ERROR
 
+
+#: Most tokens one sparse_ffn call runs (prox::kMaxBatchTokens).
+MAX_TOKENS = 8
 
 #: Activation codes of the ops (SparseFfn's Act template argument).
 ACTS = {"silu": 0, "gelu_tanh": 1}
@@ -89,11 +97,15 @@ if available():
                          workspace, act, options, return_mask=False, return_s_proxy=False, return_s=False,
                          counters=None):
         d_ff = w_gate.shape[0]
+        # A batch ([B, d_model], B >= 2) gives each output a leading B; one token keeps batch-1 shapes.
+        lead = (x.shape[0],) if x.dim() == 2 and x.shape[0] != 1 else ()
+
+        def out(wanted, n, dtype):
+            return w_gate.new_empty(lead + (n,) if wanted else (0,), dtype=dtype)
+
         y = torch.empty_like(x)
-        mask = w_gate.new_empty((d_ff // 32 if return_mask else 0,), dtype=torch.int32)
-        s_proxy = w_gate.new_empty((d_ff if return_s_proxy else 0,), dtype=torch.float32)
-        s = w_gate.new_empty((d_ff if return_s else 0,), dtype=torch.float32)
-        return y, mask, s_proxy, s
+        return (y, out(return_mask, d_ff // 32, torch.int32), out(return_s_proxy, d_ff, torch.float32),
+                out(return_s, d_ff, torch.float32))
 
     @torch.library.register_fake("prox::proxy_values")
     def _proxy_values_fake(x, w_gate, w_up, w_down_t, proxy_gate, scale_gate, proxy_up, scale_up, thresholds,
@@ -110,16 +122,32 @@ if available():
 # ---------------------------------------------------------------- wrappers
 
 
-def workspace_bytes(d_model: int, d_ff: int) -> int:
-    """Bytes of workspace a layer of this shape needs (the same for fp16/bf16, SiLU/GeLU, any device)."""
+def workspace_bytes(d_model: int, d_ff: int, max_tokens: int = 1) -> int:
+    """Bytes of workspace a layer of this shape needs for calls of up to ``max_tokens`` tokens (1..MAX_TOKENS;
+    the same for fp16/bf16, SiLU/GeLU, any device). It grows with max_tokens: a batch holds every token's
+    mask and s, and the batched kernels' split-K partials."""
     _require()
-    return int(torch.ops.prox.workspace_bytes(d_model, d_ff))
+    return int(torch.ops.prox.workspace_bytes(d_model, d_ff, max_tokens))
 
 
-def new_workspace(d_model: int, d_ff: int, device: torch.device | str = "cuda") -> torch.Tensor:
-    """A workspace for layers of shape (d_model, d_ff), initialized (asynchronously, on the current stream).
-    One workspace serves every layer of that shape that runs on one stream."""
-    ws = torch.empty(workspace_bytes(d_model, d_ff), dtype=torch.uint8, device=device)
+@functools.lru_cache(maxsize=None)
+def _workspace_sizes(d_model: int, d_ff: int) -> tuple[int, ...]:
+    return tuple(workspace_bytes(d_model, d_ff, m) for m in range(1, MAX_TOKENS + 1))
+
+
+def workspace_tokens(d_model: int, d_ff: int, nbytes: int) -> int:
+    """The most tokens one sparse_ffn call of a (d_model, d_ff) layer can run with a workspace of ``nbytes``
+    (0: not even one). A batch runs the plan of this many tokens (one plan serves every batch size the
+    workspace holds), so it is the ``max_tokens`` to give plan_ffn before capturing batched calls."""
+    return sum(1 for b in _workspace_sizes(d_model, d_ff) if b <= nbytes)
+
+
+def new_workspace(d_model: int, d_ff: int, device: torch.device | str = "cuda", *,
+                  max_tokens: int = 1) -> torch.Tensor:
+    """A workspace for layers of shape (d_model, d_ff) and calls of up to ``max_tokens`` tokens, initialized
+    (asynchronously, on the current stream). One workspace serves every layer of that shape that runs on one
+    stream."""
+    ws = torch.empty(workspace_bytes(d_model, d_ff, max_tokens), dtype=torch.uint8, device=device)
     initialize_workspace(ws)
     return ws
 
@@ -162,6 +190,8 @@ def write_thresholds(thresholds: torch.Tensor, tau_x: float, tau_s: float) -> No
 
 
 class FfnOutputs(NamedTuple):
+    """The op's outputs; for a batch of B >= 2 tokens each has a leading B (one row per token)."""
+
     y: torch.Tensor
     mask: Optional[torch.Tensor]  #: [d_ff/32] int32: bit j%32 of word j/32 = channel j selected
     s_proxy: Optional[torch.Tensor]  #: [d_ff] float32: Stage 1's s~ of every channel

@@ -4,9 +4,12 @@ Qwen2/Qwen3, Mistral: SwiGLU; Gemma: GeGLU with tanh-GELU), and the helpers that
 describe them in a model.
 
 A decode step (one token) runs Prox: the CUDA op on fp16/bf16 CUDA tensors, or the torch reference of
-the method elsewhere. Several tokens (prefill) run the dense MLP through torch on the same weights
-(``prefill="dense"``, what a server does), or Prox on every token (``prefill="sparse"``: how the paper
-scores perplexity, and how calibration runs the layers it has finalized).
+the method elsewhere. 2 to 8 tokens on the op's path (a small decode batch, speculative verification) run
+Prox as one batched call (``batched=True``, the default: each token what batch 1 gives it, within rounding,
+with every weight row read once per call). Other multi-token calls (prefill) run the dense MLP through
+torch on the same weights (``prefill="dense"``, what a server does), or Prox on every token, one op call
+each (``prefill="sparse"``: how the paper scores perplexity, and how calibration runs the layers it has
+finalized).
 
 Memory: the INT4 proxies of W_gate and W_up (d_model d_ff / 2 bytes each, + d_ff float32 scales) and
 W_down^T ([d_ff, d_model], the layout the sparse down GEMV reads). W_down itself is dropped unless
@@ -66,12 +69,12 @@ _SHARED_WORKSPACES: dict = {}
 
 
 def shared_workspace(d_model: int, d_ff: int, device: torch.device) -> torch.Tensor:
-    """One initialized workspace per (device, d_model, d_ff): prox lets every layer of a shape running on one
-    stream share it."""
+    """One initialized workspace per (device, d_model, d_ff), sized for batches of MAX_TOKENS tokens: prox lets
+    every layer of a shape running on one stream share it, whatever each call's token count."""
     key = (str(device), d_model, d_ff)
     ws = _SHARED_WORKSPACES.get(key)
     if ws is None:
-        ws = _SHARED_WORKSPACES[key] = _ops.new_workspace(d_model, d_ff, device)
+        ws = _SHARED_WORKSPACES[key] = _ops.new_workspace(d_model, d_ff, device, max_tokens=_ops.MAX_TOKENS)
     return ws
 
 
@@ -85,16 +88,20 @@ class SparseMLP(nn.Module):
         act: "silu" or "gelu_tanh".
         backend: "op" (CUDA op), "torch" (reference implementation, any device) or "auto" (the op for
             fp16/bf16 CUDA tensors when the extension is loaded, else torch).
-        prefill: "dense" or "sparse" (what several tokens at once run).
+        prefill: "dense" or "sparse" (what several tokens at once run when they do not run as one batch).
         tau_x, tau_s: thresholds; they live in the device tensor ``thresholds`` (set_thresholds()).
         options: the op's PlanOptions.
-        track_sparsity: accumulate runtime sparsity counters (sparsity_report()).
+        workspace: the op's workspace; default: the one shared by the layers of this shape on the device,
+            sized for 8 tokens. A given one serves the batches it holds (prox.workspace_tokens()).
+        track_sparsity: accumulate runtime sparsity counters (sparsity_report(); a batch counts each token).
+        batched: 2..8 tokens on the op's path run as one batched op call, whatever ``prefill`` says; False:
+            they follow ``prefill``, as more tokens do.
     """
 
     def __init__(self, gate_proj: nn.Linear, up_proj: nn.Linear, down_proj: nn.Linear, act: str = "silu", *,
                  backend: str = "auto", prefill: str = "dense", keep_down: bool = False, tau_x: float = 0.0,
                  tau_s: float = 0.0, options: PlanOptions = PlanOptions(), workspace: Optional[torch.Tensor] = None,
-                 track_sparsity: bool = False):
+                 track_sparsity: bool = False, batched: bool = True):
         super().__init__()
         if backend not in ("auto", "op", "torch"):
             raise ValueError(f"prox: backend must be 'auto', 'op' or 'torch', got {backend!r}")
@@ -111,6 +118,9 @@ class SparseMLP(nn.Module):
         self.act = act
         self.backend = backend
         self.prefill = prefill
+        self.batched = bool(batched)
+        # Workspace bytes for 1..MAX_TOKENS tokens, read by forward() (a plain tuple: torch.compile traces it).
+        self._ws_sizes = _ops._workspace_sizes(self.d_model, self.d_ff) if _ops.available() else None
         self.options = options
         self._options = options.encode()
         self.act_code = _ops.act_code(act)
@@ -150,7 +160,7 @@ class SparseMLP(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"d_model={self.d_model}, d_ff={self.d_ff}, act={self.act}, backend={self.backend}, "
-                f"prefill={self.prefill}, keep_down={self.keep_down}")
+                f"prefill={self.prefill}, batched={self.batched}, keep_down={self.keep_down}")
 
     # ------------------------------------------------------------ state
 
@@ -183,10 +193,16 @@ class SparseMLP(nn.Module):
         return float(t[0]), float(t[1])
 
     def plan(self) -> Optional[list[int]]:
-        """Plan the op for the current tensors (outside graph capture; the first op call also plans)."""
+        """Plan the op for the current tensors (outside graph capture; the first op call also plans): batch 1
+        and, with batched=True, the batched plan of as many tokens as the workspace holds (what every batch
+        runs). Returns batch 1's policies."""
         if not self._use_op(self.gate_proj.weight):
             return None
-        return list(torch.ops.prox.plan_ffn(*self._tensors(), self.act_code, self._options))
+        policies = list(torch.ops.prox.plan_ffn(*self._tensors(), self.act_code, self._options))
+        m = _ops.workspace_tokens(self.d_model, self.d_ff, self.workspace.numel()) if self.workspace is not None else 0
+        if self.batched and m >= 2:
+            torch.ops.prox.plan_ffn(*self._tensors(), self.act_code, self._options, m)
+        return policies
 
     def reset_counters(self) -> None:
         if self.counters is not None:
@@ -246,12 +262,24 @@ class SparseMLP(nn.Module):
             c[2] += mask.sum()
         return y
 
+    def _batches(self, x2: torch.Tensor) -> bool:
+        """Whether x2's tokens run as one batched op call: 2..MAX_TOKENS of them, batched=True, the op's path,
+        and a workspace that holds them."""
+        n = x2.shape[0]
+        return (self.batched and 2 <= n <= _ops.MAX_TOKENS and self.backend != "torch" and x2.is_cuda
+                and x2.dtype in (torch.float16, torch.bfloat16) and self.workspace is not None
+                and self._ws_sizes is not None and self.workspace.numel() >= self._ws_sizes[n - 1])
+
     def sparse_op(self, x2: torch.Tensor) -> torch.Tensor:
-        """Prox on every row of x2 [tokens, d_model] through the CUDA op (one token per launch pair)."""
+        """Prox on every row of x2 [tokens, d_model] through the CUDA op: one call for one token or a batch
+        (_batches()), else one call per token."""
         tensors = self._tensors()
+        if x2.shape[0] == 1 or self._batches(x2):
+            return torch.ops.prox.sparse_ffn(x2, *tensors, self.workspace, self.act_code, self._options,
+                                             False, False, False, self.counters)[0]
         rows = [torch.ops.prox.sparse_ffn(x2[t], *tensors, self.workspace, self.act_code, self._options,
                                           False, False, False, self.counters)[0] for t in range(x2.shape[0])]
-        return rows[0].unsqueeze(0) if len(rows) == 1 else torch.stack(rows)
+        return torch.stack(rows)
 
     def proxy_values(self, x2: torch.Tensor, tau_x: float) -> torch.Tensor:
         """Stage 1's s~ (float32 [tokens, d_ff]) under tau_x: the op's values mode, or the torch reference."""
@@ -268,7 +296,7 @@ class SparseMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, self.d_model)
-        if x2.shape[0] > 1 and self.prefill == "dense":
+        if x2.shape[0] > 1 and self.prefill == "dense" and not self._batches(x2):
             return self.dense(x)
         if not x2.is_contiguous():
             x2 = x2.contiguous()
@@ -301,9 +329,12 @@ def sparse_mlps(model: nn.Module) -> Iterator[tuple[str, SparseMLP]]:
             yield n, m
 
 
-def set_mode(model: nn.Module, *, prefill: Optional[str] = None, backend: Optional[str] = None) -> None:
-    """Set every SparseMLP's prefill mode and/or backend."""
+def set_mode(model: nn.Module, *, prefill: Optional[str] = None, backend: Optional[str] = None,
+             batched: Optional[bool] = None) -> None:
+    """Set every SparseMLP's prefill mode, backend and/or batched flag."""
     for _, m in sparse_mlps(model):
+        if batched is not None:
+            m.batched = bool(batched)
         if prefill is not None:
             if prefill not in ("dense", "sparse"):
                 raise ValueError(f"prox: prefill must be 'dense' or 'sparse', got {prefill!r}")

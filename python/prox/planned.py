@@ -4,9 +4,9 @@
 It holds references to the exact weights, the derived forms prox reads (INT4 proxies, W_down^T), the
 thresholds as a device tensor (so a server can change a layer's sparsity between requests, or between
 replays of a captured graph, without re-planning or re-capturing), the workspace, and the plan
-(cached by the extension under the layer's pointers, shape, dtype, activation and options, so a call
-does no planning). run() launches two kernels on the current stream and can be captured in a CUDA
-graph or traced by torch.compile.
+(cached by the extension under the layer's pointers, shape, dtype, activation, options and token
+capacity, so a call does no planning). run() launches two kernels on the current stream (three for a
+batch of 2 to 8 tokens) and can be captured in a CUDA graph or traced by torch.compile.
 """
 from __future__ import annotations
 
@@ -40,16 +40,18 @@ class PlannedFfn:
         act: "silu" (SwiGLU) or "gelu_tanh" (GeGLU).
         tau_x, tau_s: initial thresholds (changeable later with set_thresholds()).
         thresholds: optional device float32 [2] tensor to read the thresholds from (shared with the caller).
-        workspace: optional workspace (uint8, >= prox.workspace_bytes(d_model, d_ff)), shared by layers of
-            the same shape running on one stream; a new one is made and initialized otherwise.
+        workspace: optional workspace (uint8, >= prox.workspace_bytes(d_model, d_ff, max_tokens)), shared by
+            layers of the same shape running on one stream; a new one is made and initialized otherwise.
         proxies: optional ((packed_gate, scale_gate), (packed_up, scale_up)) already packed (pack_int4).
         options: PlanOptions.
+        max_tokens: the most tokens one run() takes (1..8), what a new workspace is sized for. Batches run the
+            plan of as many tokens as the workspace holds; plan() plans it along with the batch-1 plan.
     """
 
     def __init__(self, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: Optional[torch.Tensor] = None, *,
                  w_down_t: Optional[torch.Tensor] = None, act: str = "silu", tau_x: float = 0.0, tau_s: float = 0.0,
                  thresholds: Optional[torch.Tensor] = None, workspace: Optional[torch.Tensor] = None,
-                 proxies=None, options: PlanOptions = PlanOptions()):
+                 proxies=None, options: PlanOptions = PlanOptions(), max_tokens: int = 1):
         _ops._require()
         if w_gate.dim() != 2:
             raise ValueError(f"prox: w_gate must be [d_ff, d_model], got {tuple(w_gate.shape)}")
@@ -61,6 +63,8 @@ class PlannedFfn:
         self.dtype, self.device = w_gate.dtype, w_gate.device
         self.act = act
         self.act_code = _ops.act_code(act)
+        if not 1 <= max_tokens <= _ops.MAX_TOKENS:
+            raise ValueError(f"prox: max_tokens must be in [1, {_ops.MAX_TOKENS}], got {max_tokens}")
         self.options = options
         self._options = options.encode()
         _check_weight("w_up", w_up, (self.d_ff, self.d_model), self.dtype, self.device)
@@ -83,7 +87,7 @@ class PlannedFfn:
             thresholds = torch.tensor([float(tau_x), float(tau_s)], dtype=torch.float32, device=self.device)
         self.thresholds = thresholds
         if workspace is None:
-            workspace = _ops.new_workspace(self.d_model, self.d_ff, self.device)
+            workspace = _ops.new_workspace(self.d_model, self.d_ff, self.device, max_tokens=max_tokens)
         self.workspace = workspace
         self.policies = self.plan()
 
@@ -93,10 +97,19 @@ class PlannedFfn:
         return (self.w_gate, self.w_up, self.w_down_t, self.proxy_gate, self.scale_gate, self.proxy_up,
                 self.scale_up, self.thresholds)
 
+    @property
+    def max_tokens(self) -> int:
+        """The most tokens one run() takes with this layer's workspace (0: too small even for one)."""
+        return _ops.workspace_tokens(self.d_model, self.d_ff, self.workspace.numel())
+
     def plan(self) -> list[int]:
-        """Plan (or find the cached plan of) this layer; returns the policies chosen [proxy, glu, down,
-        glu_down]. Outside graph capture only; the constructor calls it."""
-        return list(torch.ops.prox.plan_ffn(*self._tensors(), self.act_code, self._options))
+        """Plan (or find the cached plans of) this layer: batch 1 and, when the workspace holds a batch, the
+        batched plan that batches run. Returns the policies chosen [proxy, glu, down, glu_down] (batch 1's).
+        Outside graph capture only; the constructor calls it."""
+        policies = list(torch.ops.prox.plan_ffn(*self._tensors(), self.act_code, self._options))
+        if self.max_tokens >= 2:
+            torch.ops.prox.plan_ffn(*self._tensors(), self.act_code, self._options, self.max_tokens)
+        return policies
 
     def set_thresholds(self, tau_x: float, tau_s: float) -> None:
         """Write new thresholds into the device tensor every run reads (two fills on the current stream:
@@ -110,9 +123,13 @@ class PlannedFfn:
 
     def run(self, x: torch.Tensor, *, return_mask: bool = False, return_s_proxy: bool = False,
             return_s: bool = False, counters: Optional[torch.Tensor] = None):
-        """y = FFN(x) for one token: x is [d_model] or [1, d_model] (batch-1 decoding). With any return_*
-        flag, returns FfnOutputs(y, mask, s_proxy, s) (None for what was not asked for). ``counters``
-        (prox.new_counters()) accumulates runtime sparsity statistics."""
+        """y = FFN(x): x is one token, [d_model] or [1, d_model] (batch-1 decoding), or a batch [B, d_model] of
+        2 <= B <= max_tokens tokens (each token what batch 1 gives it, within rounding), y is shaped like x.
+        With any return_* flag, returns FfnOutputs(y, mask, s_proxy, s) (None for what was not asked for;
+        a batch's have a leading B). ``counters`` accumulates runtime sparsity statistics: prox.new_counters()
+        (int64 [4]; a batch counts each token as a call), or for a batch of B an int64 [B + 1, 4] tensor
+        that gets each token's counts, then their union's (the inputs any token kept, the channels any
+        token selected)."""
         y, mask, s_proxy, s = torch.ops.prox.sparse_ffn(x, *self._tensors(), self.workspace, self.act_code,
                                                          self._options, return_mask, return_s_proxy, return_s,
                                                          counters)

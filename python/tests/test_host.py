@@ -166,6 +166,25 @@ def test_workspace_bytes():
 
 
 @requires_ext
+@pytest.mark.parametrize("shape", [(8, 32), (576, 1536), (4096, 12288)])
+def test_workspace_bytes_max_tokens(shape):
+    """A batch's workspace holds every token's mask and s and the batched partials: it grows with max_tokens,
+    and max_tokens=1 (the default) is the batch-1 size. workspace_tokens() inverts it."""
+    d_model, d_ff = shape
+    sizes = [prox.workspace_bytes(d_model, d_ff, m) for m in range(1, prox.MAX_TOKENS + 1)]
+    assert prox.MAX_TOKENS == 8
+    assert sizes[0] == prox.workspace_bytes(d_model, d_ff) == torch.ops.prox.workspace_bytes(d_model, d_ff)
+    assert all(a <= b for a, b in zip(sizes, sizes[1:])) and sizes[-1] > sizes[0]
+    for m, b in enumerate(sizes, 1):
+        assert prox.workspace_tokens(d_model, d_ff, b) >= m > prox.workspace_tokens(d_model, d_ff, b - 1)
+    assert prox.workspace_tokens(d_model, d_ff, 0) == 0
+    assert prox.workspace_tokens(d_model, d_ff, 2 * sizes[-1]) == prox.MAX_TOKENS
+    for bad in (0, -1, 9):
+        with pytest.raises(ValueError, match="max_tokens"):
+            prox.workspace_bytes(d_model, d_ff, bad)
+
+
+@requires_ext
 def test_fake_kernels_shapes():
     from torch._subclasses.fake_tensor import FakeTensorMode
     with FakeTensorMode():
@@ -180,6 +199,14 @@ def test_fake_kernels_shapes():
                                                  True, False, True)
         assert y.shape == (1, 64) and y.dtype == torch.bfloat16
         assert m.shape == (4,) and sp.shape == (0,) and st.shape == (128,)
+        y, m, sp, st = torch.ops.prox.sparse_ffn(x[0], w, w, w, p, s, p, s, th, ws, 1, prox.PlanOptions().encode(),
+                                                 True, True, False)
+        assert y.shape == (64,) and m.shape == (4,) and sp.shape == (128,) and st.shape == (0,)
+        xb = torch.empty(3, 64, dtype=torch.bfloat16, device="cuda")  # a batch: a leading 3 on every output
+        y, m, sp, st = torch.ops.prox.sparse_ffn(xb, w, w, w, p, s, p, s, th, ws, 1, prox.PlanOptions().encode(),
+                                                 True, False, True)
+        assert y.shape == (3, 64) and m.shape == (3, 4) and m.dtype == torch.int32
+        assert sp.shape == (0,) and st.shape == (3, 128) and st.dtype == torch.float32
         v = torch.ops.prox.proxy_values(torch.empty(5, 64, dtype=torch.bfloat16, device="cuda"), w, w, w, p, s, p, s,
                                         th, ws, 0, prox.PlanOptions().encode())
         assert v.shape == (5, 128) and v.dtype == torch.float32
@@ -276,6 +303,21 @@ def test_sparse_mlp_decode_and_prefill_cpu():
             assert torch.allclose(rows[0, t], sp(x[:, t:t + 1])[0, 0], atol=1e-6)
     r = sp.memory_bytes()
     assert r["proxies"] == 2 * 64 * 128 // 2 and r["scales"] == 2 * 128 * 4 and r["w_down_t"] == 128 * 64 * 4
+
+
+def test_sparse_mlp_batched_flag_cpu():
+    """Off CUDA a few tokens are a prefill as before (the batched op is CUDA's); batched is an option and a
+    set_mode switch."""
+    m = _tiny_llama(1)
+    sp = prox.SparseMLP.from_mlp(m.model.layers[0].mlp, tau_x=0.5, tau_s=0.01, track_sparsity=True)
+    assert sp.batched and "batched=True" in repr(sp)
+    x = torch.randn(1, 3, 64)
+    with torch.no_grad():
+        assert not sp._batches(x.reshape(3, 64))
+        assert torch.equal(sp(x), sp.dense(x)) and int(sp.counters[0]) == 0
+    prox.set_mode(torch.nn.ModuleList([sp]), batched=False)
+    assert not sp.batched
+    assert not prox.SparseMLP.from_mlp(_tiny_llama(1).model.layers[0].mlp, batched=False).batched
 
 
 def test_sparse_mlp_keeps_float32_buffers_on_dtype_change():

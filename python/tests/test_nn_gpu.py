@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """SparseMLP and sparsify on the GPU with small transformers models: the decode path (the op) against the
-torch reference, decode vs prefill, sequential calibration with realized sparsity near the targets, the
-thresholds file round trip, generate(), GeGLU (Gemma) and Qwen3 MLPs."""
+torch reference, decode vs prefill, small batches (one batched op call) vs their tokens one at a time,
+sequential calibration with realized sparsity near the targets, the thresholds file round trip, generate(),
+GeGLU (Gemma) and Qwen3 MLPs."""
 import copy
 
 import pytest
@@ -37,7 +38,7 @@ def tiny(kind="llama", dtype=torch.float16, layers=2, seed=0, device="cuda"):
 def test_decode_op_vs_reference_and_prefill(kind, dtype):
     m = tiny(kind, dtype)
     mlp = m.model.layers[0].mlp
-    x = torch.randn(1, 6, 256, device="cuda", dtype=dtype)
+    x = torch.randn(1, 12, 256, device="cuda", dtype=dtype)  # more than 8 tokens: a prefill, not a batch
     with torch.no_grad():
         dense = mlp(x)
         sp = prox.SparseMLP.from_mlp(mlp, keep_down=True)
@@ -52,8 +53,46 @@ def test_decode_op_vs_reference_and_prefill(kind, dtype):
         assert rel < 2e-2, rel  # fp32 reference: only channels within rounding of tau_s may differ
         sp.prefill = "sparse"  # every token through the op: bit for bit the decode path, token by token
         rows = sp(x)
-        for t in range(6):
+        for t in range(12):
             assert torch.equal(rows[:, t:t + 1], sp(x[:, t:t + 1]))
+
+
+@pytest.mark.parametrize("kind", ["llama", "gemma"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_batch_of_three_tokens(kind, dtype):
+    """3 tokens (a small decode batch, speculative verification) run Prox as one batched op call, whatever
+    prefill says: each token within rounding of its own decode step, counted as 3 calls."""
+    m = tiny(kind, dtype)
+    mlp = m.model.layers[0].mlp
+    x = torch.randn(1, 3, 256, device="cuda", dtype=dtype)
+    with torch.no_grad():
+        sp = prox.SparseMLP.from_mlp(mlp, keep_down=True, tau_x=0.5, tau_s=0.01, track_sparsity=True)
+        assert sp.workspace.numel() == prox.workspace_bytes(256, 768, prox.MAX_TOKENS)
+        sp.plan()  # batch 1 and the batched plan: a batch then plans nothing
+        n = prox.plan_cache_size()
+        y = sp(x)
+        assert prox.plan_cache_size() == n
+        assert sp.counters.tolist()[0] == 3  # the sparse path (dense counts nothing), one call per token
+        assert torch.equal(y.reshape(3, 256), torch.ops.prox.sparse_ffn(x.reshape(3, 256), *sp._tensors(),
+                                                                         sp.workspace, sp.act_code, sp._options)[0])
+        for t in range(3):
+            one = sp(x[:, t:t + 1])  # the token as its own decode step (batch 1)
+            rel = (y[:, t:t + 1].float() - one.float()).norm() / one.float().norm()
+            assert rel < 2e-2, rel  # channels within rounding of tau_s may differ, and the rounding
+        sp.prefill = "sparse"
+        assert torch.equal(sp(x), y)  # the same batched call
+        sp.batched = False  # 3 tokens follow prefill again: one op call per token, or dense
+        rows = sp(x)
+        for t in range(3):
+            assert torch.equal(rows[:, t:t + 1], sp(x[:, t:t + 1]))
+        sp.prefill = "dense"
+        assert torch.equal(sp(x), sp.dense(x))
+        sp.batched = True
+        x9 = torch.randn(1, 9, 256, device="cuda", dtype=dtype)
+        assert torch.equal(sp(x9), sp.dense(x9))  # more than 8 tokens: prefill
+        ws1 = prox.new_workspace(256, 768)  # a given workspace for one token: batches follow prefill
+        sp1 = prox.SparseMLP.from_mlp(mlp, keep_down=True, tau_x=0.5, tau_s=0.01, workspace=ws1)
+        assert not sp1._batches(x.reshape(3, 256)) and torch.equal(sp1(x), sp1.dense(x))
 
 
 def test_sparsify_on_gpu_realized_sparsity_and_roundtrip(tmp_path):

@@ -2,7 +2,8 @@
 """The ops on the GPU against torch references: INT4 packing and the transpose bit for bit, the FFN against
 the float64 reference of Prox on the device's own channel mask (with fp32 error bounds), boundary
 densities, counters, the workspace contract, bad inputs (a clear error and nothing launched), CUDA-graph
-capture with thresholds changed between replays, torch.compile, and torch.library.opcheck."""
+capture with thresholds changed between replays, torch.compile, and torch.library.opcheck; batches of 2 to
+8 tokens (run_batch) against the same reference and against each token run alone."""
 import math
 
 import pytest
@@ -205,7 +206,8 @@ def _bad_cases(d_model, d_ff):
     return [
         (dict(x=torch.randn(d_model, device="cuda")), TypeError, "x must be"),
         (dict(x=torch.randn(d_model).half()), ValueError, "x must be a CUDA tensor"),
-        (dict(x=torch.randn(2, d_model, device="cuda").half()), ValueError, "one token"),
+        (dict(x=torch.randn(9, d_model, device="cuda").half()), ValueError, "at most 8"),
+        (dict(x=torch.randn(2, d_model, device="cuda").half()), ValueError, "max_tokens=2"),  # 1-token workspace
         (dict(x=torch.randn(d_model + 8, device="cuda").half()), ValueError, "x must be"),
         (dict(x=big[: 2 * d_model: 2]), ValueError, "contiguous"),
         (dict(x=big[1:1 + d_model]), ValueError, "aligned"),
@@ -353,3 +355,159 @@ def test_opcheck():
                           test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
     torch.library.opcheck(torch.ops.prox.pack_int4.default, (wg,), test_utils=("test_schema", "test_faketensor"))
     torch.library.opcheck(torch.ops.prox.transpose.default, (wd,), test_utils=("test_schema", "test_faketensor"))
+
+
+# ---------------------------------------------------------------- batches of 2..8 tokens (run_batch)
+
+
+@pytest.mark.parametrize("act", ACTS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("tokens", [2, 3, 8])
+def test_batch_matches_float64_reference(tokens, shape, dtype, act):
+    """Each token of a batch against the float64 reference on its own channel mask (as the batch-1 test), and
+    against its batch-1 run: the same channel set but for channels within rounding of tau_s."""
+    d_model, d_ff = shape
+    wg, wu, wd = make_layer(d_model, d_ff, dtype, seed=11)
+    ffn = prox.PlannedFfn(wg, wu, wd, act=act, max_tokens=prox.MAX_TOKENS)
+    torch.manual_seed(12)
+    x = torch.randn(tokens, d_model, device="cuda").to(dtype)
+    tau_x, tau_s = thresholds_for(x[0], wg, wu, ffn, act, 0.55, 0.7)  # thresholds are per layer: one pair
+    ffn.set_thresholds(tau_x, tau_s)
+    out = ffn.run(x, return_mask=True, return_s_proxy=True, return_s=True)
+    assert out.y.shape == (tokens, d_model) and out.y.dtype == dtype
+    assert out.mask.shape == (tokens, d_ff // 32) and out.s_proxy.shape == out.s.shape == (tokens, d_ff)
+    for b in range(tokens):
+        xb = x[b]
+        mask = reference.mask_words_to_bool(out.mask[b], d_ff)
+        sp_ref, sp_err = refs.stage1(xb, ffn.proxy_gate, ffn.scale_gate, ffn.proxy_up, ffn.scale_up, tau_x, act)
+        assert ((out.s_proxy[b].double() - sp_ref).abs() <= sp_err + 1e-30).all()
+        assert torch.equal(mask, out.s_proxy[b].abs() >= tau_s)
+        clear = ((sp_ref.abs() - tau_s).abs() > sp_err)
+        assert torch.equal(mask[clear], (sp_ref.abs() >= tau_s)[clear])
+        s_ref, s_err, y_ref, y_err = refs.stage2(xb, wg, wu, ffn.w_down_t, mask, act)
+        assert ((out.s[b].double() - s_ref).abs() <= s_err + 1e-30).all()
+        assert (out.s[b][~mask] == 0).all()
+        tol = y_err + refs.store_rel(dtype) * y_ref.abs() + 1e-30
+        assert ((out.y[b].double() - y_ref).abs() <= tol).all(), float(((out.y[b].double() - y_ref).abs() - tol).max())
+        alone = reference.mask_words_to_bool(ffn.run(xb, return_mask=True).mask, d_ff)
+        assert torch.equal(alone[clear], mask[clear])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_batch_deterministic_and_counters(dtype):
+    d_model, d_ff = 576, 1536
+    tau_x = 0.5
+    ffn = prox.PlannedFfn(*make_layer(d_model, d_ff, dtype, seed=13), tau_x=tau_x, tau_s=0.05, max_tokens=8)
+    torch.manual_seed(14)
+    for tokens in (2, 3, 5, 8):
+        x = torch.randn(tokens, d_model, device="cuda").to(dtype)
+        per_token = torch.zeros(tokens + 1, 4, dtype=torch.int64, device="cuda")
+        a = ffn.run(x, return_mask=True, return_s_proxy=True, return_s=True, counters=per_token)
+        b = ffn.run(x, return_mask=True, return_s_proxy=True, return_s=True)
+        for u, v in zip(a, b):
+            assert torch.equal(u, v)  # bit for bit
+        masks = [reference.mask_words_to_bool(a.mask[t], d_ff) for t in range(tokens)]
+        kept = [x[t].float().abs() >= tau_x for t in range(tokens)]
+        want = [[1, int(kept[t].sum()), int(masks[t].sum())] for t in range(tokens)]
+        union = [1, int(torch.stack(kept).any(0).sum()), int(torch.stack(masks).any(0).sum())]
+        assert per_token[:, :3].tolist() == want + [union]  # each token's, then the union's
+        summed = prox.new_counters()
+        ffn.run(x, counters=summed)  # [4]: each token counted as a call, as batch 1 counts
+        assert summed.tolist()[:3] == [tokens, sum(w[1] for w in want), sum(w[2] for w in want)]
+
+
+def test_batch_bad_inputs_raise_before_launch():
+    d_model, d_ff = 576, 1536
+    wg, wu, wd = make_layer(d_model, d_ff, torch.float16, seed=15)
+    small = prox.PlannedFfn(wg, wu, wd)  # a workspace for one token
+    big = prox.PlannedFfn(wg, wu, wd, max_tokens=8)
+    assert small.max_tokens == 1 and big.max_tokens == 8
+    x = torch.randn(9, d_model, device="cuda").half()
+    cases = [
+        (big, x, prox.new_counters(), ValueError, "at most 8"),
+        (big, x[:0], prox.new_counters(), ValueError, "no rows"),
+        (small, x[:2], prox.new_counters(), ValueError, "max_tokens=2"),
+        (big, x[:3], torch.zeros(3, 4, dtype=torch.int64, device="cuda"), ValueError, "counters"),  # needs [4, 4]
+        (big, x[:3], torch.zeros(4, 4, dtype=torch.int32, device="cuda"), TypeError, "counters"),
+        (big, x[:3].float(), prox.new_counters(), TypeError, "x must be"),
+    ]
+    for ffn, xb, c, exc, text in cases:
+        torch.cuda.synchronize()
+        with pytest.raises(exc, match=text):
+            ffn.run(xb, counters=c)
+        torch.cuda.synchronize()  # no asynchronous error either
+        assert int(c.sum()) == 0, f"{text}: a kernel ran"
+    with pytest.raises(ValueError, match="max_tokens"):
+        prox.PlannedFfn(wg, wu, wd, max_tokens=9)
+    # A workspace for 4 tokens serves batches of up to 4.
+    mid = prox.PlannedFfn(wg, wu, wd, workspace=prox.new_workspace(d_model, d_ff, max_tokens=4))
+    assert mid.max_tokens == 4
+    assert mid.run(x[:4]).shape == (4, d_model)
+    with pytest.raises(ValueError, match="max_tokens=5"):
+        mid.run(x[:5])
+
+
+def test_batch_plans_made_at_construction():
+    """PlannedFfn plans batch 1 and the batched plan of its workspace: no batch size plans again."""
+    d_model, d_ff = 576, 1536
+    ffn = prox.PlannedFfn(*make_layer(d_model, d_ff, torch.bfloat16, seed=16), tau_x=0.3, tau_s=0.02, max_tokens=8)
+    n = prox.plan_cache_size()
+    for tokens in range(1, 9):
+        ffn.run(torch.randn(tokens, d_model, device="cuda").bfloat16())
+    ffn.run(torch.randn(d_model, device="cuda").bfloat16())
+    assert prox.plan_cache_size() == n
+    assert not prox.workspace_dirty(ffn.workspace)  # batch 1 and batches share the workspace
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_batch_cuda_graph_replay_with_changing_thresholds(dtype):
+    d_model, d_ff = 2048, 6144
+    ffn = prox.PlannedFfn(*make_layer(d_model, d_ff, dtype, seed=17), max_tokens=8)
+    x = torch.randn(5, d_model, device="cuda").to(dtype)
+    settings = [(0.0, 0.0), (0.5, 0.02), (1.0, 0.05), (0.2, math.inf)]
+    eager = []
+    for t in settings:
+        ffn.set_thresholds(*t)
+        eager.append(ffn.run(x, return_mask=True))
+    c = prox.new_counters()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):  # warm-up on a side stream, as torch.cuda.graph recommends
+        ffn.run(x, counters=c)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = ffn.run(x, return_mask=True, counters=c)  # [4] counters: the per-token sum is captured too
+    c.zero_()
+    for t, e in zip(settings, eager):
+        ffn.set_thresholds(*t)
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out.y, e.y) and torch.equal(out.mask, e.mask)
+    assert int(c[0]) == 5 * len(settings)
+
+
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
+def test_torch_compile_fullgraph_batch(mode):
+    torch._dynamo.reset()
+    mod = _Decoder(_sparse_mlp(1024, 2816, torch.bfloat16))
+    h = torch.randn(1, 4, 1024, device="cuda", dtype=torch.bfloat16)  # 4 tokens: one batched call
+    with torch.no_grad():
+        want = mod(h)
+        comp = torch.compile(mod, fullgraph=True, mode=mode)
+        for _ in range(3):
+            got = comp(h)
+    torch.cuda.synchronize()
+    assert torch.equal(got, want)
+    assert mod.mlp._batches(h.reshape(-1, 1024))
+
+
+def test_opcheck_batch():
+    d_model, d_ff = 72, 160
+    ffn = prox.PlannedFfn(*make_layer(d_model, d_ff, torch.float16, seed=18), tau_x=0.3, tau_s=0.01, max_tokens=8)
+    x = torch.randn(3, d_model, device="cuda").half()
+    for c in (prox.new_counters(), torch.zeros(4, 4, dtype=torch.int64, device="cuda")):
+        args = (x, *ffn._tensors(), ffn.workspace, 0, ffn._options, True, True, True, c)
+        torch.library.opcheck(torch.ops.prox.sparse_ffn.default, args,
+                              test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
