@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <stdexcept>
@@ -255,6 +256,70 @@ inline std::string join_argv(int argc, char** argv) {
 }
 
 // ---------------------------------------------------------------- device memory
+// ---------------------------------------------------------------- command lines of the Google Benchmark tools
+//! The suite's --prox_shapes, --prox_dtypes and --prox_targets (prox_bench, prox_batch_bench), each value
+//! checked while the flags are parsed, before any device work.
+inline void add_layer_flags(CLI::App& app, std::string* shapes, std::string* dtypes, std::string* targets) {
+  namespace cli = prox_support::cli;
+  app.add_option("--prox_shapes", *shapes, "shapes (1.7B,4B,8B,14B,32B)")
+      ->type_name("LIST")
+      ->capture_default_str()
+      ->check(cli::list_check(shape_name_test()));
+  app.add_option("--prox_dtypes", *dtypes, "f16,bf16")
+      ->type_name("LIST")
+      ->capture_default_str()
+      ->check(cli::list_check([](const std::string& v) { return cli::one_of({"f16", "bf16"})(lower(v)); }));
+  app.add_option("--prox_targets", *targets, "target effective sparsity, percent")
+      ->type_name("LIST")
+      ->capture_default_str()
+      ->check(cli::list_check([](const std::string& v) -> std::string {
+        prox::StageSparsity st;
+        if (cli::number_in(0, 93, true)(v).empty() &&
+            prox::allocate_sparsity(std::stoi(v) / 100.0, &st) == prox::Status::kSuccess)
+          return {};
+        return "not a target the allocation reaches (an integer percent, 0 to 93)";
+      }));
+}
+
+//! Whether an argument of argv starts with `prefix`.
+inline bool has_arg(int argc, char** argv, const char* prefix) {
+  for (int i = 1; i < argc; ++i)
+    if (std::strncmp(argv[i], prefix, std::strlen(prefix)) == 0) return true;
+  return false;
+}
+
+//! Whether argv asks Google Benchmark only to list the benches (--benchmark_list_tests, not =false/=0).
+inline bool list_only(int argc, char** argv) {
+  return has_arg(argc, argv, "--benchmark_list_tests") && !has_arg(argc, argv, "--benchmark_list_tests=false") &&
+         !has_arg(argc, argv, "--benchmark_list_tests=0");
+}
+
+/**
+ * @brief Consume the --prox_* flags `app` defines from argv and leave the rest, in order, for Google
+ * Benchmark. A bad flag or value, or an unknown --prox_ flag, ends the process: one error line, exit
+ * code 2 (prox_support::cli::parse).
+ */
+inline void parse_own_flags(CLI::App& app, int* argc, char** argv) {
+  app.allow_extras();
+  if (const auto rc = prox_support::cli::parse(app, *argc, argv)) std::exit(*rc);
+  // app.remaining() holds the arguments CLI11 did not take, as given and in order: keep those argv
+  // entries (matched in order, so the pointers stay argv's own).
+  const std::vector<std::string> rest = app.remaining();
+  int out = 1;
+  std::size_t k = 0;
+  for (int i = 1; i < *argc && k < rest.size(); ++i) {
+    if (rest[k] != argv[i]) continue;
+    if (rest[k].rfind("--prox_", 0) == 0) {
+      prox_support::cli::print_error(app, "unknown flag " + rest[k] + " (--help lists them)");
+      std::exit(2);
+    }
+    argv[out++] = argv[i];
+    ++k;
+  }
+  *argc = out;
+  argv[out] = nullptr;
+}
+
 //! Owning device allocation (cudaMalloc is 256-byte aligned, more than any prox op needs); throws.
 using DeviceBuffer = ::prox_support::DeviceBuffer;
 

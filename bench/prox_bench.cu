@@ -958,24 +958,7 @@ void add_flags(CLI::App* app) {
   const auto count = [](int lo) { return cli::value_check(cli::number_in(lo, 1e9, true)); };
   const auto positive = cli::value_check(cli::positive_number());
   const auto zero_one = cli::value_check(cli::one_of({"0", "1"}));
-  app->add_option("--prox_shapes", g_opt.shapes, "shapes (1.7B,4B,8B,14B,32B)")
-      ->type_name("LIST")
-      ->capture_default_str()
-      ->check(cli::list_check(prox_bench::shape_name_test()));
-  app->add_option("--prox_dtypes", g_opt.dtypes, "f16,bf16")
-      ->type_name("LIST")
-      ->capture_default_str()
-      ->check(cli::list_check([](const std::string& v) { return cli::one_of({"f16", "bf16"})(prox_bench::lower(v)); }));
-  app->add_option("--prox_targets", g_opt.targets, "target effective sparsity, percent")
-      ->type_name("LIST")
-      ->capture_default_str()
-      ->check(cli::list_check([](const std::string& v) -> std::string {
-        prox::StageSparsity st;
-        if (cli::number_in(0, 93, true)(v).empty() &&
-            prox::allocate_sparsity(std::stoi(v) / 100.0, &st) == prox::Status::kSuccess)
-          return {};
-        return "not a target the allocation reaches (an integer percent, 0 to 93)";
-      }));
+  prox_bench::add_layer_flags(*app, &g_opt.shapes, &g_opt.dtypes, &g_opt.targets);
   app->add_option("--prox_iterations", g_opt.iterations, "timed graph replays per benchmark")
       ->type_name("N")
       ->capture_default_str()
@@ -1051,51 +1034,26 @@ void usage() {
   std::fputs(app.help().c_str(), stdout);
 }
 
-//! Consume the --prox_* flags from argv and leave the rest, in order, for Google Benchmark. A bad
-//! flag or value ends the process: one error line, exit code 2 (prox_support::cli::parse).
+//! The --prox_* flags out of argv, the rest left for Google Benchmark (prox_bench::parse_own_flags).
 void parse_flags(int* argc, char** argv) {
   CLI::App app{kDescription, "prox_bench"};
   add_flags(&app);
-  app.allow_extras();
-  if (const auto rc = prox_support::cli::parse(app, *argc, argv)) std::exit(*rc);
-  // app.remaining() holds the arguments CLI11 did not take, as given and in order: keep those argv
-  // entries (matched in order, so the pointers stay argv's own).
-  const std::vector<std::string> rest = app.remaining();
-  int out = 1;
-  std::size_t k = 0;
-  for (int i = 1; i < *argc && k < rest.size(); ++i) {
-    if (rest[k] != argv[i]) continue;
-    if (rest[k].rfind("--prox_", 0) == 0) {
-      prox_support::cli::print_error(app, "unknown flag " + rest[k] + " (--help lists them)");
-      std::exit(2);
-    }
-    argv[out++] = argv[i];
-    ++k;
-  }
-  *argc = out;
-  argv[out] = nullptr;
+  prox_bench::parse_own_flags(app, argc, argv);
 }
 
-bool has_arg(int argc, char** argv, const char* prefix) {
-  for (int i = 1; i < argc; ++i)
-    if (std::strncmp(argv[i], prefix, std::strlen(prefix)) == 0) return true;
-  return false;
-}
 
 }  // namespace
 
 int main(int argc, char** argv) {
   const std::string command = prox_bench::join_argv(argc, argv);
   try {
-    if (has_arg(argc, argv, "--help") || has_arg(argc, argv, "-h")) {
+    if (prox_bench::has_arg(argc, argv, "--help") || prox_bench::has_arg(argc, argv, "-h")) {
       usage();
       return 0;
     }
     parse_flags(&argc, argv);
     // Listing needs no GPU: register and let Google Benchmark print the names.
-    const bool list_only = has_arg(argc, argv, "--benchmark_list_tests") &&
-                           !has_arg(argc, argv, "--benchmark_list_tests=false") &&
-                           !has_arg(argc, argv, "--benchmark_list_tests=0");
+    const bool list_only = prox_bench::list_only(argc, argv);
     benchmark::Initialize(&argc, argv);
     if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
     register_all();

@@ -40,7 +40,9 @@
 #include "core/workspace.cuh"
 #include "detail/rank_range.cuh"
 #include "detail/tile_reduce.cuh"
+#include "down_gemv.cuh"
 #include "int4.cuh"
+#include "proxy_gemv.cuh"
 #include "stats.cuh"
 #include "threshold.cuh"
 
@@ -323,9 +325,7 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void batched
     // Not initialized or another layout: the counters cannot be trusted. Zero them and the next
     // kernel's sync words, flag the header; the chunk-0 block of each tile selects every channel of
     // every token (Stage 2 then computes the exact dense FFN) and writes NaN s~.
-    if (tid == 0) detail::flag_dirty(ws.guard);
-    detail::grid_zero(ws.sync, static_cast<int>(detail::tile_counter_bytes<detail::kMinTileWidth>(a.d_ff) / 4));
-    detail::grid_zero(ws.guard.reset, ws.guard.reset_words);
+    detail::proxy_not_ready<kTile>(ws, a.d_ff, n0, ncols, chunk, /*select_all=*/false, nullptr, nullptr, nullptr);
     if (chunk != 0) return;
     for (int i = tid; i < (tokens + 1) * ncols; i += kThreads) {
       const int b = i / ncols;  // b == tokens: the union
@@ -847,11 +847,11 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void batched
   Reducer::reduce(s_red, acc);
   const int ncols = min(kTile, a.d_model - d0);
   if (!ready) {  // not initialized: counters not used; zeroed for the next launch, y = NaN, flagged
-    if (tid == 0) detail::flag_dirty(ws.guard);
-    detail::grid_zero(ws.sync, static_cast<int>(detail::tile_counter_bytes<detail::kMinTileWidth>(a.d_model) / 4));
+    detail::down_not_ready<kTile>(ws, a.d_model, d0, ncols, chunk, a.y);  // token 0's y
     if (chunk != 0) return;
-    for (int i = tid; i < tokens * ncols; i += kThreads)
-      a.y[static_cast<std::size_t>(i / ncols) * a.d_model + d0 + i % ncols] = from_float<T>(__int_as_float(0x7fc00000));
+    for (int i = tid; i < (tokens - 1) * ncols; i += kThreads)
+      a.y[static_cast<std::size_t>(1 + i / ncols) * a.d_model + d0 + i % ncols] =
+          from_float<T>(__int_as_float(0x7fc00000));
     return;
   }
   if (!Reducer::split_k(s_red, static_cast<float*>(ws.scratch), ws.sync + tile, a.d_model, d0, ncols, chunk,

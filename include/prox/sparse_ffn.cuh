@@ -265,17 +265,6 @@ class SparseFfn {
     Operator<BatchedGluGemvOp<T, Act, B>> glu{};
     Operator<BatchedDownGemvOp<T, B>> down{};
   };
-  template <int B>
-  const BatchStages<B>& batch_stages() const noexcept {
-    static_assert(B == 2 || B == 4 || B == 8, "capacities 2, 4, 8");
-    if constexpr (B == 2) {
-      return batch2_;
-    } else if constexpr (B == 4) {
-      return batch4_;
-    } else {
-      return batch8_;
-    }
-  }
   //! Whether this layer's proxy format has the batched path (INT4 only).
   static constexpr bool kBatched = std::is_same_v<ProxyFmt, Int4Weights>;
 

@@ -264,11 +264,12 @@ def test_bad_shapes_planned_ffn():
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_cuda_graph_replay_with_changing_thresholds(dtype):
+@pytest.mark.parametrize("tokens", [1, 5])  # 5: the batched kernels (run_batch)
+def test_cuda_graph_replay_with_changing_thresholds(dtype, tokens):
     d_model, d_ff = 2048, 6144
     wg, wu, wd = make_layer(d_model, d_ff, dtype, seed=8)
-    ffn = prox.PlannedFfn(wg, wu, wd, tau_x=0.0, tau_s=0.0)
-    x = torch.randn(1, d_model, device="cuda").to(dtype)
+    ffn = prox.PlannedFfn(wg, wu, wd, tau_x=0.0, tau_s=0.0, max_tokens=tokens)
+    x = torch.randn(tokens, d_model, device="cuda").to(dtype)
     settings = [(0.0, 0.0), (0.5, 0.02), (1.0, 0.05), (0.2, math.inf)]
     eager = []
     for t in settings:
@@ -278,17 +279,18 @@ def test_cuda_graph_replay_with_changing_thresholds(dtype):
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):  # warm-up on a side stream, as torch.cuda.graph recommends
-        ffn.run(x)
+        ffn.run(x, counters=c)
     torch.cuda.current_stream().wait_stream(s)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        out = ffn.run(x, return_mask=True, counters=c)
+        out = ffn.run(x, return_mask=True, counters=c)  # [4] counters: a batch's per-token sum is captured too
+    c.zero_()
     for t, e in zip(settings, eager):
         ffn.set_thresholds(*t)  # written into device memory: the captured graph reads it
         g.replay()
         torch.cuda.synchronize()
         assert torch.equal(out.y, e.y) and torch.equal(out.mask, e.mask)
-    assert int(c[0]) == len(settings)
+    assert int(c[0]) == tokens * len(settings)
     x.copy_(torch.randn_like(x))  # new input through the same graph
     ffn.set_thresholds(0.5, 0.02)
     g.replay()
@@ -458,34 +460,6 @@ def test_batch_plans_made_at_construction():
     ffn.run(torch.randn(d_model, device="cuda").bfloat16())
     assert prox.plan_cache_size() == n
     assert not prox.workspace_dirty(ffn.workspace)  # batch 1 and batches share the workspace
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_batch_cuda_graph_replay_with_changing_thresholds(dtype):
-    d_model, d_ff = 2048, 6144
-    ffn = prox.PlannedFfn(*make_layer(d_model, d_ff, dtype, seed=17), max_tokens=8)
-    x = torch.randn(5, d_model, device="cuda").to(dtype)
-    settings = [(0.0, 0.0), (0.5, 0.02), (1.0, 0.05), (0.2, math.inf)]
-    eager = []
-    for t in settings:
-        ffn.set_thresholds(*t)
-        eager.append(ffn.run(x, return_mask=True))
-    c = prox.new_counters()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):  # warm-up on a side stream, as torch.cuda.graph recommends
-        ffn.run(x, counters=c)
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        out = ffn.run(x, return_mask=True, counters=c)  # [4] counters: the per-token sum is captured too
-    c.zero_()
-    for t, e in zip(settings, eager):
-        ffn.set_thresholds(*t)
-        g.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(out.y, e.y) and torch.equal(out.mask, e.mask)
-    assert int(c[0]) == 5 * len(settings)
 
 
 @pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
