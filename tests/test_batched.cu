@@ -36,7 +36,16 @@ struct BatchRig {
         mask(static_cast<std::size_t>(kMax) * (N / 32)),
         mask1(N / 32),
         s(static_cast<std::size_t>(kMax) * N),
-        cnt(kMax + 1) {}
+        cnt(kMax + 1) {
+    // Every byte defined from the start: tests download whole kMax-token buffers after shorter batches
+    // (initcheck), and batch-1 runs accumulate into the counters.
+    for (auto* b : {&y, &y1}) b->poison();
+    mask.poison();
+    mask1.poison();
+    s.poison();
+    x.upload(std::vector<T>(x.size(), prox::from_float<T>(0.0f)));
+    PROX_TEST_CUDA(cudaMemset(cnt.get(), 0, cnt.bytes()));
+  }
 
   void plan(float tau_x, float tau_s, int max_tokens = kMax) {
     typename Ffn::Config c{L.K, L.N, tau_x, tau_s};
