@@ -81,89 +81,79 @@ struct BatchedProxyGemvArgs {
 };
 
 /**
- * @brief Policy of the batched Stage 1 (vocabulary: core/policy.hpp). A thread owns one 8-byte INT4
- * piece (16 channels) of a row for kTokensPerThread = 2 tokens (64 fp32 accumulators for gate and up);
- * kTokens / 2 token groups sit side by side in a warp and load the same piece (one request serves them:
- * the bytes are read once). The tile is 128 channels.
+ * @brief Policy of the batched Stage 1 (vocabulary: core/policy.hpp). Each warp streams 16 union rows of a
+ * 128-channel tile per step and multiplies them on the tensor cores (m16n8k16, fp16 in, fp32 accumulate):
+ * the INT4 decode is done once for all tokens. The result is laid out per token group of 2 tokens and
+ * 8 slots of 16 channels (the reduction's columns).
  * @tparam Tokens    token capacity (2, 4, 8)
  * @tparam Threads   threads per block
- * @tparam Chunk     input coordinates per block (split-K)
- * @tparam Unroll    kept rows per thread and step (<= Int4Weights::kMaxStepRows)
+ * @tparam Chunk     input coordinates per block (split-K), a multiple of 16
  * @tparam MinBlocks __launch_bounds__ minimum resident blocks per SM
  */
-template <int Tokens, int Threads, int Chunk, int Unroll, int MinBlocks>
+template <int Tokens, int Threads, int Chunk, int MinBlocks>
 struct BatchedProxyPolicy {
   static constexpr int kTokens = Tokens;
   static constexpr int kThreads = Threads;
   static constexpr int kChunk = Chunk;
-  static constexpr int kUnroll = Unroll;
   static constexpr int kMinBlocks = MinBlocks;
   static constexpr int kTokensPerThread = 2;
   static constexpr int kTokenGroups = Tokens / kTokensPerThread;
-  static constexpr int kSlots = 8;             //!< threads along one token group's tile (8 x 16 channels)
+  static constexpr int kSlots = 8;             //!< 16-channel slots of a tile (one per lane group of 4)
   static constexpr int kTile = kSlots * Int4Weights::kChannelsPerVec;  //!< 128 channels
-  static constexpr int kTn = kSlots * kTokenGroups;  //!< threads along a row (all token groups)
+  static constexpr int kTn = kSlots * kTokenGroups;  //!< reduction column blocks of 16 channels
   static_assert(Tokens % 2 == 0 && Tokens <= kMaxBatchTokens, "token capacity 2, 4 or 8");
   static_assert(kTn <= kWarpSize && Threads % kTn == 0 && Threads % kWarpSize == 0, "policy shape");
-  static_assert(Unroll >= 1 && Unroll <= Int4Weights::kMaxStepRows, "fp16 step rows");
+  static_assert(Chunk % 16 == 0, "the tensor-core steps take 16 rows");
   static std::string name() {
     return "bproxy_b" + std::to_string(Tokens) + "_t" + std::to_string(Threads) + "_k" + std::to_string(Chunk) +
-           "_u" + std::to_string(Unroll) + "_m" + std::to_string(MinBlocks);
+           "_m" + std::to_string(MinBlocks);
   }
 };
 
 //! The candidates of a token capacity (dispatch.cuh picks the fewest waves, then the most blocks). Long
 //! chunks: with 512-input chunks at B = 2 a block streamed its ~260 union rows in 4 steps, and the
-//! Qwen3-8B grid took 3 waves; Stage 1 ran at 25 % of DRAM bandwidth (H100, ncu). B = 8 runs 128-thread
-//! blocks: the block reduction of 8 tokens x 2 matrices x 128 channels then fits 48 KB of static shared
-//! memory.
+//! Qwen3-8B grid took 3 waves. B = 8 runs 128-thread blocks with 256- or 512-input chunks: the block
+//! reduction of 8 tokens x 2 matrices x 128 channels then fits 48 KB of static shared memory.
 template <int Tokens>
 struct BatchedProxyPoliciesFor;
 template <>
 struct BatchedProxyPoliciesFor<2> {
-  using type = PolicyList<BatchedProxyPolicy<2, 256, 2048, 2, 2>, BatchedProxyPolicy<2, 256, 512, 2, 2>>;
+  using type = PolicyList<BatchedProxyPolicy<2, 128, 1024, 4>, BatchedProxyPolicy<2, 128, 2048, 4>>;
 };
 template <>
 struct BatchedProxyPoliciesFor<4> {
-  using type = PolicyList<BatchedProxyPolicy<4, 256, 1024, 2, 2>, BatchedProxyPolicy<4, 256, 512, 2, 2>>;
+  using type = PolicyList<BatchedProxyPolicy<4, 128, 1024, 4>, BatchedProxyPolicy<4, 128, 2048, 4>>;
 };
 template <>
 struct BatchedProxyPoliciesFor<8> {
-  using type = PolicyList<BatchedProxyPolicy<8, 128, 512, 2, 3>, BatchedProxyPolicy<8, 128, 256, 2, 3>>;
+  using type = PolicyList<BatchedProxyPolicy<8, 128, 512, 3>, BatchedProxyPolicy<8, 128, 256, 3>>;
 };
 
 namespace detail {
 
-//! One INT4 step for a thread's kTpt tokens: acc[m * kTpt + t][c] += sum_u x[t][u] q_{u,c} (m = 0 gate,
-//! 1 up), the decode shared by the tokens, the kU-row sums in fp16 pairs as Int4Weights::fma_step.
-template <int kU, int kTpt>
-PROX_DEVICE PROX_FORCEINLINE void batched_int4_step(float (&acc)[2 * kTpt][16], const Piece<8> (&vg)[kU],
-                                                    const Piece<8> (&vu)[kU], const __half2 (&x2)[kTpt][kU]) {
-#pragma unroll
-  for (int m = 0; m < 2; ++m) {
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {  // 32-bit words of the piece
-      __half2 q[kU][4];
-#pragma unroll
-      for (int u = 0; u < kU; ++u) int4::dequant_word(m == 0 ? vg[u].w[i] : vu[u].w[i], q[u]);
-#pragma unroll
-      for (int t = 0; t < kTpt; ++t) {
-        __half2 h[4];
-#pragma unroll
-        for (int u = 0; u < kU; ++u) {
-#pragma unroll
-          for (int c = 0; c < 4; ++c) h[c] = u == 0 ? __hmul2(x2[t][u], q[u][c]) : __hfma2(x2[t][u], q[u][c], h[c]);
-        }
-#pragma unroll
-        for (int c = 0; c < 4; ++c) {
-          const float2 f = __half22float2(h[c]);
-          float* a = acc[m * kTpt + t];
-          a[8 * i + 2 * c] = fmaf(f.x, Int4Weights::kXUnscale, a[8 * i + 2 * c]);
-          a[8 * i + 2 * c + 1] = fmaf(f.y, Int4Weights::kXUnscale, a[8 * i + 2 * c + 1]);
-        }
-      }
-    }
-  }
+/**
+ * @brief d += A B for one m16n8k16 tensor-core tile (sm_80+): A 16 x 16 fp16 (row-major fragment: a[0] rows
+ * g, k 2t..2t+1; a[1] rows g+8; a[2] rows g, k 2t+8..2t+9; a[3] rows g+8), B 16 x 8 fp16 (b.x: k 2t..2t+1,
+ * column g; b.y: k 2t+8..2t+9), fp32 accumulators d (rows g and g+8, columns 2t and 2t+1), where g is
+ * lane / 4 and t is lane % 4 (PTX ISA, "Matrix Fragments for mma.m16n8k16").
+ */
+PROX_DEVICE PROX_FORCEINLINE void mma_16816(float (&d)[4], const __half2 (&a)[4], uint2 b) {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ < 800)
+  // sm_75 (a fat binary's older target; plan() refuses the device) has no m16n8k16: two m16n8k8
+  // over k 0..7 (a0, a1, b.x) and k 8..15 (a2, a3, b.y) give the same sums.
+  asm("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(pair_bits(a[0])), "r"(pair_bits(a[1])), "r"(b.x));
+  asm("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(pair_bits(a[2])), "r"(pair_bits(a[3])), "r"(b.y));
+#else
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(pair_bits(a[0])), "r"(pair_bits(a[1])), "r"(pair_bits(a[2])), "r"(pair_bits(a[3])), "r"(b.x),
+        "r"(b.y));
+#endif
 }
 
 }  // namespace detail
@@ -175,10 +165,8 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void batched
   constexpr int kTpt = Policy::kTokensPerThread;
   constexpr int kThreads = Policy::kThreads;
   constexpr int kChunk = Policy::kChunk;
-  constexpr int kU = Policy::kUnroll;
   constexpr int kTile = Policy::kTile;  // channels of a tile
   constexpr int kTn = Policy::kTn;
-  constexpr int kGroups = kThreads / kTn;
   constexpr int kMats = 2 * kTpt;
   constexpr int kWarps = kThreads / kWarpSize;
   // Reducer columns: token group g's channel ch is column g * kTile + ch.
@@ -187,7 +175,7 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void batched
   constexpr int kXPer = (kChunk + kThreads - 1) / kThreads;
 
   __shared__ int s_rows[kChunk];
-  __shared__ __half s_x[kB][kChunk];  // x 2^-6 of each token on each kept row (0 where it did not keep it)
+  __shared__ __align__(16) __half s_x[kB][kChunk];  // x 2^-6 of each token on each kept row (0 where not kept)
   __shared__ int s_warp[kXPer * kWarps];
   __shared__ typename Reducer::Storage s_red;
   __shared__ std::uint32_t s_union[kTile / kWarpSize];
@@ -241,6 +229,14 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void batched
     }
     count += total[i];
   }
+  {
+    // The tensor-core steps take 16 rows: x is 0 on the rows past the union up to the next multiple of 16
+    // (their weight loads are predicated off and decode to 0; 0 x stale shared memory could be NaN).
+    for (int i = tid; i < kB * 16; i += kThreads) {
+      const int r = count + i % 16;
+      if (r < ((count + 15) & ~15)) s_x[i / 16][r] = __float2half_rn(0.0f);
+    }
+  }
   if (tid == 0) s_ready = detail::workspace_ready(header, ws.guard);
   __syncthreads();
   const bool ready = s_ready != 0;
@@ -265,62 +261,102 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void batched
     }
   }
 
-  // 2. Stream the union's rows of this tile. Thread: slot (16 channels), token group, row group.
-  const int slot = tid % Policy::kSlots;
-  const int tgroup = (tid / Policy::kSlots) % Policy::kTokenGroups;
-  const int group = tid / kTn;
-  const int n = n0 + slot * 16;
-  const bool col_ok = n < a.d_ff;
-  const std::size_t row_bytes = Int4Weights::row_bytes(a.d_ff);
-  const char* gate = static_cast<const char*>(Int4Weights::data(a.gate)) + Int4Weights::col_bytes(n);
-  const char* up = static_cast<const char*>(Int4Weights::data(a.up)) + Int4Weights::col_bytes(n);
-  float acc[kMats][16];
+  // 2. Stream the union's rows of this tile, and 3. reduce over the block's row groups.
+  {
+    // Tensor cores: per step a warp takes 16 union rows of the 128-channel tile, one m16n8k16 tile per
+    // 2 x 8 channels and matrix: A = the decoded INT4 weights (16 channels x 16 rows), B = x (16 rows x 8
+    // tokens; tokens past kB are 0), fp32 accumulators. Lane (g, t) = (lane / 4, lane % 4) loads 8 bytes
+    // (channels n0 + 16 g .. + 15) of the step's rows 4t .. 4t+3 of gate and up: the reduction's order
+    // within a step is free, so these 4 rows are the fragment's k = 2t, 2t+1, 2t+8, 2t+9, and a byte
+    // permute pairs two rows' nibbles of one channel before the usual decode. Lane (g, t) ends with
+    // channels n0 + 16 g .. + 15 of tokens 2t, 2t+1 (token group t). The decode is done once for all
+    // tokens and the products run on the tensor cores (docs/history.md: a CUDA-core version decoded
+    // per 2 tokens and was compute-bound at 24 % of DRAM bandwidth at B = 2, Qwen3-8B, H100).
+    const int lane = tid % kWarpSize;
+    const int warp = tid / kWarpSize;
+    const int g = lane >> 2;
+    const int t = lane & 3;
+    const int n = n0 + g * 16;
+    const bool col_ok = n < a.d_ff;
+    const std::size_t row_bytes = Int4Weights::row_bytes(a.d_ff);
+    const char* gate = static_cast<const char*>(Int4Weights::data(a.gate)) + Int4Weights::col_bytes(n);
+    const char* up = static_cast<const char*>(Int4Weights::data(a.up)) + Int4Weights::col_bytes(n);
+    float c[2][8][4];
 #pragma unroll
-  for (int m = 0; m < kMats; ++m) {
+    for (int m = 0; m < 2; ++m) {
 #pragma unroll
-    for (int c = 0; c < 16; ++c) acc[m][c] = 0.0f;
-  }
-  struct Step {
-    Piece<8> vg[kU];
-    Piece<8> vu[kU];
-  };
-  const int steps = (count + kGroups * kU - 1) / (kGroups * kU);
-  const auto load_step = [&](int it, Step& d) {
+      for (int i = 0; i < 8; ++i) {
 #pragma unroll
-    for (int u = 0; u < kU; ++u) {
-      const int r = group + (it * kU + u) * kGroups;
-      const bool ok = col_ok && r < count;
-      const std::size_t off = static_cast<std::size_t>(s_rows[ok ? r : 0]) * row_bytes;
-      d.vg[u] = ld_stream_piece<8>(gate + off, ok, Int4Weights::kFill);
-      d.vu[u] = ld_stream_piece<8>(up + off, ok, Int4Weights::kFill);
+        for (int e = 0; e < 4; ++e) c[m][i][e] = 0.0f;
+      }
     }
-  };
-  const auto compute_step = [&](int it, const Step& d) {
-    __half2 x2[kTpt][kU];
+    struct Step {
+      Piece<8> w[2][4];  // [gate, up][row 4t + j]
+    };
+    const int steps = (count + 15) / 16;
+    const auto load_step = [&](int st, Step& d) {
 #pragma unroll
-    for (int u = 0; u < kU; ++u) {
-      const int r = group + (it * kU + u) * kGroups;
+      for (int j = 0; j < 4; ++j) {
+        const int r = st * 16 + 4 * t + j;
+        const bool ok = col_ok && r < count;
+        const std::size_t off = static_cast<std::size_t>(s_rows[ok ? r : 0]) * row_bytes;
+        d.w[0][j] = ld_stream_piece<8>(gate + off, ok, Int4Weights::kFill);
+        d.w[1][j] = ld_stream_piece<8>(up + off, ok, Int4Weights::kFill);
+      }
+    };
+    const auto compute_step = [&](int st, const Step& d) {
+      uint2 xb = make_uint2(0u, 0u);
+      if (g < kB) xb = *reinterpret_cast<const uint2*>(&s_x[g < kB ? g : 0][st * 16 + 4 * t]);
 #pragma unroll
-      for (int t = 0; t < kTpt; ++t)
-        x2[t][u] = __half2half2(r < count ? s_x[tgroup * kTpt + t][r] : __float2half_rn(0.0f));
-    }
-    detail::batched_int4_step<kU, kTpt>(acc, d.vg, d.vu, x2);
-  };
-  Step b0;
-  Step b1;
-  load_step(0, b0);
-  int it = 0;
+      for (int m = 0; m < 2; ++m) {
+#pragma unroll
+        for (int w = 0; w < 2; ++w) {
+          __half2 ev01[4], od01[4], ev23[4], od23[4];  // even / odd channels, rows (4t, 4t+1) / (4t+2, 4t+3)
+          int4::dequant_word(__byte_perm(d.w[m][0].w[w], d.w[m][1].w[w], 0x5410u), ev01);
+          int4::dequant_word(__byte_perm(d.w[m][0].w[w], d.w[m][1].w[w], 0x7632u), od01);
+          int4::dequant_word(__byte_perm(d.w[m][2].w[w], d.w[m][3].w[w], 0x5410u), ev23);
+          int4::dequant_word(__byte_perm(d.w[m][2].w[w], d.w[m][3].w[w], 0x7632u), od23);
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const __half2 af[4] = {ev01[j], od01[j], ev23[j], od23[j]};  // A rows g: channel 2j, g+8: 2j+1
+            detail::mma_16816(c[m][4 * w + j], af, xb);
+          }
+        }
+      }
+    };
+    Step b0;
+    Step b1;
+    int st = warp;
+    load_step(st, b0);
 #pragma unroll 1
-  for (; it + 1 < steps; it += 2) {
-    load_step(it + 1, b1);
-    compute_step(it, b0);
-    load_step(it + 2, b0);
-    compute_step(it + 1, b1);
+    for (; st + kWarps < steps; st += 2 * kWarps) {
+      load_step(st + kWarps, b1);
+      compute_step(st, b0);
+      load_step(st + 2 * kWarps, b0);
+      compute_step(st + kWarps, b1);
+    }
+    if (st < steps) compute_step(st, b0);
+    // Word w, pair j: A row g is channel 8w + 2j of the slot, row g + 8 channel 8w + 2j + 1; C columns are
+    // tokens 2t, 2t + 1. Scaled back by 2^6 (exact) into the reducer's layout: token group t's column
+    // block t * kSlots + g.
+    if (t < Policy::kTokenGroups) {
+      const int col = (t * Policy::kSlots + g) * 16;
+#pragma unroll
+      for (int m = 0; m < 2; ++m) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          const int ch = 8 * (i / 4) + 2 * (i % 4);
+          s_red.red[warp][2 * m][Reducer::pad(col + ch)] = c[m][i][0] * Int4Weights::kXUnscale;
+          s_red.red[warp][2 * m + 1][Reducer::pad(col + ch)] = c[m][i][1] * Int4Weights::kXUnscale;
+          s_red.red[warp][2 * m][Reducer::pad(col + ch + 1)] = c[m][i][2] * Int4Weights::kXUnscale;
+          s_red.red[warp][2 * m + 1][Reducer::pad(col + ch + 1)] = c[m][i][3] * Int4Weights::kXUnscale;
+        }
+      }
+    }
+    Reducer::combine_warps(s_red);
   }
-  if (it < steps) compute_step(it, b0);
 
-  // 3. Block reduction over row groups, then the split-K combine across chunks.
-  Reducer::reduce(s_red, acc);
+  // 4. The split-K combine across chunks.
   if (!ready) {
     // Not initialized or another layout: the counters cannot be trusted. Zero them and the next
     // kernel's sync words, flag the header; the chunk-0 block of each tile selects every channel of
@@ -347,7 +383,7 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void batched
     return;
   }
 
-  // 4. Epilogue: each warp takes whole 32-channel words of one token: rescale, s~, threshold, ballot.
+  // 5. Epilogue: each warp takes whole 32-channel words of one token: rescale, s~, threshold, ballot.
   const Act act{};
   constexpr int kPairs = kB * kTile;
 #pragma unroll 1

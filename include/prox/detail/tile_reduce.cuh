@@ -159,6 +159,12 @@ struct TileReducer {
         }
       }
     }
+    combine_warps(st);
+  }
+  //! The second half of reduce(), for kernels that store each warp's column sums themselves: every
+  //! warp w has written st.red[w][m][pad(ch)] for all of its kMats x kTile values; add them in warp
+  //! order into at(). Contains __syncthreads(); call from all threads.
+  PROX_DEVICE static void combine_warps(Storage& st) {
     __syncthreads();
     for (int v = static_cast<int>(threadIdx.x); v < kMats * kTile; v += kThreads) {
       const int m = v / kTile;
