@@ -397,13 +397,8 @@ int main(int argc, char** argv) {
     g.copy = prox_bench::measure_copy_bandwidth(g.stream);
     const std::string commit = prox_bench::resolve_commit(g_opt.commit);
     std::fprintf(stderr, "[batch_bench] copy bandwidth: %.1f GB/s; commit %s\n", g.copy.GBps, commit.c_str());
-    char buf[64];
-    benchmark::AddCustomContext("gpu", g.dev.name);
-    std::snprintf(buf, sizeof(buf), "%.2f", g.copy.GBps);
-    benchmark::AddCustomContext("copy_GBps", buf);
-    benchmark::AddCustomContext("prox_version", PROX_VERSION_STRING);
-    benchmark::AddCustomContext("prox_commit", commit);
-    benchmark::AddCustomContext("prox_command", command);
+    for (const auto& [key, value] : prox_bench::run_context(g.dev, g.copy.GBps, commit, command))
+      benchmark::AddCustomContext(key, value);
     benchmark::RunSpecifiedBenchmarks();
     benchmark::Shutdown();
     cudaStreamSynchronize(g.stream);

@@ -239,6 +239,31 @@ inline std::string resolve_commit(const std::string& flag) {
   return git_commit();
 }
 
+//! The provenance a Google Benchmark program records in its JSON context (benchmark::AddCustomContext, in
+//! this order): the device, the CUDA versions, the copy bandwidth of the run, prox's version and commit, the
+//! command. bench/report.py's provenance lines read these keys.
+inline std::vector<std::pair<std::string, std::string>> run_context(const DeviceFacts& dev, double copy_gbps,
+                                                                    const std::string& commit,
+                                                                    const std::string& command) {
+  char buf[64];
+  std::vector<std::pair<std::string, std::string>> c;
+  c.emplace_back("gpu", dev.name);
+  c.emplace_back("gpu_arch", dev.sm());
+  c.emplace_back("gpu_sms", std::to_string(dev.sm_count));
+  std::snprintf(buf, sizeof(buf), "%.1f", dev.l2_bytes / 1e6);
+  c.emplace_back("gpu_l2_MB", buf);
+  std::snprintf(buf, sizeof(buf), "%.1f", dev.total_mem / 1e9);
+  c.emplace_back("gpu_mem_GB", buf);
+  c.emplace_back("cuda_runtime", std::to_string(dev.runtime_version));
+  c.emplace_back("cuda_driver", std::to_string(dev.driver_version));
+  std::snprintf(buf, sizeof(buf), "%.2f", copy_gbps);
+  c.emplace_back("copy_GBps", buf);
+  c.emplace_back("prox_version", PROX_VERSION_STRING);
+  c.emplace_back("prox_commit", commit);
+  c.emplace_back("prox_command", command);
+  return c;
+}
+
 //! argv joined with spaces (arguments with spaces or quotes are single-quoted), for provenance.
 inline std::string join_argv(int argc, char** argv) {
   std::string out;

@@ -1072,21 +1072,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "[prox_bench] copy bandwidth (D2D 1 GiB, read + write): %.1f GB/s; commit %s\n", g.copy.GBps,
                  commit.c_str());
 
-    char buf[64];
-    benchmark::AddCustomContext("gpu", g.dev.name);
-    benchmark::AddCustomContext("gpu_arch", g.dev.sm());
-    benchmark::AddCustomContext("gpu_sms", std::to_string(g.dev.sm_count));
-    std::snprintf(buf, sizeof(buf), "%.1f", g.dev.l2_bytes / 1e6);
-    benchmark::AddCustomContext("gpu_l2_MB", buf);
-    std::snprintf(buf, sizeof(buf), "%.1f", g.dev.total_mem / 1e9);
-    benchmark::AddCustomContext("gpu_mem_GB", buf);
-    benchmark::AddCustomContext("cuda_runtime", std::to_string(g.dev.runtime_version));
-    benchmark::AddCustomContext("cuda_driver", std::to_string(g.dev.driver_version));
-    std::snprintf(buf, sizeof(buf), "%.2f", g.copy.GBps);
-    benchmark::AddCustomContext("copy_GBps", buf);
-    benchmark::AddCustomContext("prox_version", PROX_VERSION_STRING);
-    benchmark::AddCustomContext("prox_commit", commit);
-    benchmark::AddCustomContext("prox_command", command);
+    for (const auto& [key, value] : prox_bench::run_context(g.dev, g.copy.GBps, commit, command))
+      benchmark::AddCustomContext(key, value);
     if (!g_opt.tuning.empty()) {
       prox::tuning::CacheOptions co;
       co.path = g_opt.tuning;

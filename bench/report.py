@@ -5,13 +5,15 @@ and the plots of docs/benchmarks.md.
 
 Tables are written between marker comments in the document:
     <!-- BEGIN prox-report:SECTION -->  ...  <!-- END prox-report:SECTION -->
-for SECTION in provenance, dense, ffn, budget, kernels, targets, alpha, plots. Text outside the markers
+for SECTION in provenance, dense, ffn, budget, kernels, targets, alpha, fixed, batch, plots. Text outside the markers
 is never touched. Every generated table starts with the GPU, the commit and the command that
 produced its figures, taken from the JSON context (--commit overrides the commit).
 
 Usage:
     python3 bench/report.py --bench out/bench.json [more.json ...] --alpha out/alpha.json \
-        --doc docs/benchmarks.md [--img-dir docs/img] [--commit SHA] [--no-plots] [--stdout]
+        [--fixed out/fixed.json] [--batch out/batch.json] --doc docs/benchmarks.md [--img-dir docs/img] \
+        [--commit SHA] [--no-plots] [--stdout]
+(--batch: prox_batch_bench's JSON, the section "batch" and its plot.)
 The tables need the standard library only. The plots (SVG, under --img-dir, default <doc dir>/img) need
 matplotlib (Debian/Ubuntu python3-matplotlib, or pip); without it report.py stops before writing anything
 unless --no-plots is given, which leaves the plots and the plots section as they are.
@@ -28,10 +30,20 @@ import sys
 MODELS = ["Qwen3-1.7B", "Qwen3-4B", "Qwen3-8B", "Qwen3-14B", "Qwen3-32B"]
 DTYPES = ["f16", "bf16"]
 TARGETS = [40, 50, 60, 70]
+# prox_batch_bench's mask models: independent random tokens (the worst case) and correlated tokens (a shared
+# component plus per-token noise), and the batch targets of issue 23 (H100): the FFN speed-up reaches
+# BATCH_FLOOR_FRAC of the union byte floor's at B = 2 and 4; the union bytes stream at >= BATCH_COPY_FRAC of
+# copy bandwidth on the 8B and 14B shapes.
+BATCH_MASKS = ["indep", "corr"]
+BATCH_MASK_TEXT = {"indep": "independent tokens", "corr": "correlated tokens"}
+BATCH_FLOOR_FRAC = 0.85
+BATCH_FLOOR_BATCHES = [2, 4]
+BATCH_COPY_FRAC = 0.85
+BATCH_COPY_MODELS = ["Qwen3-8B", "Qwen3-14B"]
 # The weight-streaming kernels the >= 85 % target is about: Stage 1, the GLU and down ops, and the fused
 # Stage 2 the FFN runs. The threshold op reads only x (kilobytes) and is latency-bound: not judged.
 KERNEL_OPS = ["proxy_int4", "glu", "down", "prox_stage2"]
-SECTIONS = ["provenance", "dense", "ffn", "budget", "kernels", "targets", "alpha", "fixed", "plots"]
+SECTIONS = ["provenance", "dense", "ffn", "budget", "kernels", "targets", "alpha", "fixed", "batch", "plots"]
 
 # The project's H100 performance targets, as listed in docs/benchmarks.md, "Targets" (set by the project,
 # not by the paper): speed-up per target e on the 8B and 14B shapes, fraction of copy bandwidth per shape,
@@ -147,6 +159,53 @@ def merge_rows(rows):
         vals = [c[k] for c in cs if k in c]
         out[k] = statistics.median(vals) if all(isinstance(v, (int, float)) for v in vals) else vals[-1]
     return out
+
+
+class BatchRun:
+    """prox_batch_bench's JSON: rows keyed by (model, dtype, e, B, mask) from names such as
+    'batch_ffn/Qwen3-8B/f16/e70/b2/indep/iterations:20/manual_time'."""
+
+    def __init__(self, path, commit_override=None):
+        with open(path) as f:
+            data = json.load(f)
+        self.path = path
+        self.context = data.get("context", {})
+        if commit_override:
+            self.context["prox_commit"] = commit_override
+        self.rows = {}
+        self.errors = []
+        samples = {}
+        for b in data.get("benchmarks", []):
+            run_name = b.get("run_name") or b.get("name", "")
+            parts = [p for p in run_name.split("/") if p and ":" not in p and p not in ("manual_time", "real_time")]
+            if (len(parts) != 6 or parts[0] != "batch_ffn" or not re.fullmatch(r"e\d+", parts[3])
+                    or not re.fullmatch(r"b\d+", parts[4])):
+                continue
+            key = (parts[1], parts[2], int(parts[3][1:]), int(parts[4][1:]), parts[5])
+            if b.get("error_occurred"):
+                self.errors.append((run_name, b.get("error_message", "")))
+            elif b.get("run_type") != "aggregate":
+                samples.setdefault(key, []).append(b)
+        for key, rows in samples.items():
+            self.rows[key] = merge_rows(rows)
+
+    def get(self, model, dtype, e, b, mask):
+        return self.rows.get((model, dtype, e, b, mask))
+
+    def models(self):
+        return sorted({k[0] for k in self.rows}, key=model_order)
+
+    def dtypes(self):
+        return [d for d in DTYPES if any(k[1] == d for k in self.rows)]
+
+    def targets(self):
+        return sorted({k[2] for k in self.rows})
+
+    def batches(self):
+        return sorted({k[3] for k in self.rows})
+
+    def masks(self):
+        return [m for m in BATCH_MASKS if any(k[4] == m for k in self.rows)]
 
 
 # ---------------------------------------------------------------- formatting
@@ -583,6 +642,106 @@ def section_alpha(alpha):
     return "\n".join(out)
 
 
+def batch_limit(br, m, d, e, mask):
+    """(the largest B of the run at which the Prox FFN beats cuBLAS dense at the same B, its speed-up), or
+    (None, None) when no B does."""
+    best = (None, None)
+    for b in br.batches():
+        x = br.get(m, d, e, b, mask)
+        if x and x.get("speedup_vs_dense", 0) > 1.0:
+            best = (b, x["speedup_vs_dense"])
+    return best
+
+
+def batch_rows(br, d, mask):
+    rows = []
+    for m in br.models():
+        for e in br.targets():
+            for b in br.batches():
+                x = br.get(m, d, e, b, mask)
+                if x is None:
+                    continue
+                rows.append([m, f"{e} %", b, fmt_us(x.get("t_us")), fmt_us(x.get("dense_us")),
+                             fmt_x(x.get("speedup_vs_dense")),
+                             f"{fmt_pct(x.get('in_token'))} / {fmt_pct(x.get('in_union'))}",
+                             f"{fmt_pct(x.get('ch_token'))} / {fmt_pct(x.get('ch_union'))}",
+                             fmt_x(x.get("floor_speedup")), fmt_pct(x.get("frac_floor")), fmt_pct(x.get("frac_copy"))])
+    return rows
+
+
+def section_batch(br):
+    """Batched decode: where Prox stops beating dense, the batch targets, and every row of the run."""
+    ctx = br.context
+    out = [provenance(ctx), ""]
+    if br.errors:
+        out += [f"{len(br.errors)} benchmark(s) reported errors: " +
+                "; ".join(f"`{n}`: {m}" for n, m in br.errors[:5]) + (" …" if len(br.errors) > 5 else ""), ""]
+    d0 = "f16" if "f16" in br.dtypes() else br.dtypes()[0]
+    others = [d for d in br.dtypes() if d != d0]
+    out += [f"**Where Prox stops beating dense.** The largest B at which the Prox FFN is faster than cuBLAS dense "
+            f"at the same B, and its speed-up there ({d0}"
+            + (f"; {', '.join(others)} in brackets where its B differs" if others else "") +
+            "). B = 1: batching never pays against dense; \"-\": not even batch 1 wins.", ""]
+    header = ["model", "tokens"] + [f"e = {e} %" for e in br.targets()]
+    rows = []
+    for m in br.models():
+        for mask in br.masks():
+            cells = []
+            for e in br.targets():
+                b, sp = batch_limit(br, m, d0, e, mask)
+                c = "-" if b is None else f"B = {b} ({fmt_x(sp)})"
+                for d in others:
+                    bo, _ = batch_limit(br, m, d, e, mask)
+                    if bo != b:
+                        c += f" [{d}: {'-' if bo is None else f'B = {bo}'}]"
+                cells.append(c)
+            rows.append([m, BATCH_MASK_TEXT.get(mask, mask)] + cells)
+    out += [table(header, rows), ""]
+
+    trows = []
+    tag = f"{ctx.get('gpu', '?')} @ `{ctx.get('prox_commit', '?')}`"
+    for mask in br.masks():
+        for where, models in (("all shapes", br.models()), ("8B, 14B", BATCH_COPY_MODELS)):
+            worst = None
+            for m in models:
+                for d in br.dtypes():
+                    for e in br.targets():
+                        for b in BATCH_FLOOR_BATCHES:
+                            x = br.get(m, d, e, b, mask)
+                            if x and x.get("frac_floor") is not None and (worst is None or x["frac_floor"] < worst[0]):
+                                worst = (x["frac_floor"], f"{m} {d} e{e} B{b}")
+            if worst:
+                trows.append([f"FFN speed-up ≥ {BATCH_FLOOR_FRAC * 100:.0f} % of the union byte floor's at B = "
+                              + " and ".join(str(b) for b in BATCH_FLOOR_BATCHES), f"{where}, {mask}",
+                              f"min {fmt_pct(worst[0])} ({worst[1]})", verdict(worst[0] >= BATCH_FLOOR_FRAC), tag])
+    for mask in br.masks():
+        for m in BATCH_COPY_MODELS:
+            worst = None
+            for d in br.dtypes():
+                for e in br.targets():
+                    for b in br.batches():
+                        x = br.get(m, d, e, b, mask)
+                        if b > 1 and x and x.get("frac_copy") is not None and (worst is None or x["frac_copy"] < worst[0]):
+                            worst = (x["frac_copy"], f"{d} e{e} B{b}")
+            if worst:
+                trows.append([f"union bytes at ≥ {BATCH_COPY_FRAC * 100:.0f} % of copy bandwidth (B ≥ 2)",
+                              f"{m}, {mask}", f"min {fmt_pct(worst[0])} ({worst[1]})",
+                              verdict(worst[0] >= BATCH_COPY_FRAC), tag])
+    if trows:
+        out += ["Targets (issue 23). \"of copy\" is the FFN's union bytes over its time, against the copy "
+                "bandwidth of the same run.", "", table(["target", "where", "measured", "verdict", "run"], trows), ""]
+
+    header = ["model", "e", "B", "Prox µs", "dense µs", "speed-up", "inputs kept: token / union",
+              "channels: token / union", "floor speed-up", "of floor", "of copy"]
+    for mask in br.masks():
+        for d in br.dtypes():
+            rows = batch_rows(br, d, mask)
+            if rows:
+                out += [f"<details><summary>All rows: {d}, {BATCH_MASK_TEXT.get(mask, mask)}</summary>", "",
+                        table(header, rows), "", "</details>", ""]
+    return "\n".join(out)
+
+
 # ---------------------------------------------------------------- plots
 # matplotlib is imported only when plots are drawn: the tables, and tests/check_docs.py (which imports this
 # module in CI), need the standard library alone. The SVGs are made reproducible for one matplotlib version
@@ -703,9 +862,57 @@ def plot_alpha(plt, alpha, path):
     return True
 
 
-def plot_list(runs, alpha):
-    """(title, file name, draw function, data) of every plot the inputs allow."""
+def plot_batch_speedup(plt, br, path):
+    """Speed-up over cuBLAS dense at the same B against B: a panel per shape and mask model, a line per e
+    (fp16), the union byte floor dotted in the same colour."""
+    models, masks, targets = br.models(), br.masks(), br.targets()
+    d = "f16" if "f16" in br.dtypes() else (br.dtypes() or ["f16"])[0]
+    if not models or not masks:
+        return False
+    fig, axes = plt.subplots(len(masks), len(models), figsize=(2.6 * len(models), 2.6 * len(masks)), sharex=True,
+                             sharey=True, squeeze=False)
+    for i, mask in enumerate(masks):
+        for j, m in enumerate(models):
+            ax = axes[i][j]
+            for k, e in enumerate(targets):
+                pts = [(b, x["speedup_vs_dense"], x.get("floor_speedup")) for b in br.batches()
+                       for x in [br.get(m, d, e, b, mask)] if x and x.get("speedup_vs_dense")]
+                if not pts:
+                    continue
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], "-", color=f"C{k}", marker="o", markersize=3,
+                        label=f"e = {e} %")
+                fl = [(p[0], p[2]) for p in pts if p[2]]
+                if fl:
+                    ax.plot(*zip(*fl), ":", color=f"C{k}", linewidth=1)
+            ax.axhline(1.0, color="#222222", linewidth=0.8)
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(br.batches())
+            ax.set_xticklabels([str(b) for b in br.batches()])
+            ax.set_title(f"{m.replace('Qwen3-', '')}, {BATCH_MASK_TEXT.get(mask, mask)}", fontsize=8)
+    for ax in axes[-1]:
+        ax.set_xlabel("tokens B")
+    for row in axes:
+        row[0].set_ylabel("speed-up over dense")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    handles.append(plt.Line2D([], [], linestyle=":", color="#222222"))
+    labels.append("union byte floor (dense / union bytes)")
+    fig.tight_layout(rect=(0, 0, 1, 0.9))
+    fig.legend(handles, labels, loc="lower center", bbox_to_anchor=(0.5, 0.9), ncol=len(labels), fontsize=8,
+               frameon=False)
+    fig.suptitle(f"Batched Prox FFN ({d}) over cuBLAS dense at the same B, {run_tag(br.context)}", y=0.98)
+    save(plt, fig, path)
+    return True
+
+
+BATCH_PLOT = ("Batched Prox FFN speed-up over cuBLAS dense against B", "prox_batch_speedup.svg")
+
+
+def plot_list(runs, alpha, batch=None):
+    """(title, file name, draw function, data) of every plot the inputs allow. The batch plot is linked from
+    the section "batch", the others from the section "plots"."""
     plots = []
+    if batch is not None and batch.rows:
+        plots.append(BATCH_PLOT + (plot_batch_speedup, batch))
     if runs and next(runs[0].each("prox_ffn"), None):
         plots += [("Prox FFN speed-up over cuBLAS dense", "prox_ffn_speedup.svg", plot_ffn_speedup, runs[0]),
                   ("Kernel bandwidth as a fraction of copy bandwidth", "prox_kernel_bandwidth.svg",
@@ -717,14 +924,14 @@ def plot_list(runs, alpha):
 
 def section_plots(runs, alpha, rel):
     """The plots section: one image link per plot, relative to the document (rel: the image directory)."""
-    links = [f"![{title}]({rel}/{name})" for title, name, _, _ in plot_list(runs, alpha)]
+    links = [f"![{title}]({rel}/{name})" for title, name, _, _ in plot_list(runs, alpha) if name != BATCH_PLOT[1]]
     return "\n\n".join(links) if links else "_Nothing to plot._"
 
 
-def make_plots(plt, runs, alpha, img_dir):
+def make_plots(plt, runs, alpha, img_dir, batch=None):
     """Writes every plot of plot_list under img_dir."""
     os.makedirs(img_dir, exist_ok=True)
-    for _, name, draw, data in plot_list(runs, alpha):
+    for _, name, draw, data in plot_list(runs, alpha, batch):
         draw(plt, data, os.path.join(img_dir, name))
 
 
@@ -751,15 +958,21 @@ def load_alpha(path, commit_override):
     return {"path": path, "context": ctx, "rows": data["rows"]}
 
 
-def render_sections(runs, alpha, rel="img", plots=True, fixed=None):
+def render_sections(runs, alpha, rel="img", plots=True, fixed=None, batch=None):
     """Every generated section report.py can fill from the inputs, by name; the plots section links images
     under rel (relative to the document). Standard library only: tests/check_docs.py calls it too. `fixed`
-    (a BenchRun of the fixed-cost and chained benches) fills the section "fixed" alone."""
-    if not runs and not alpha:
-        return {"fixed": section_fixed(fixed)} if fixed else {}
-    sections = {"provenance": section_provenance(runs, alpha)}
+    (a BenchRun of the fixed-cost and chained benches) fills the section "fixed" alone, `batch` (a BatchRun)
+    the section "batch" with its plot's link."""
+    extra = {}
     if fixed:
-        sections["fixed"] = section_fixed(fixed)
+        extra["fixed"] = section_fixed(fixed)
+    if batch is not None and batch.rows:
+        extra["batch"] = section_batch(batch)
+        if plots:
+            extra["batch"] += f"\n![{BATCH_PLOT[0]}]({rel}/{BATCH_PLOT[1]})\n"
+    if not runs and not alpha:
+        return extra
+    sections = dict({"provenance": section_provenance(runs, alpha)}, **extra)
     if runs:
         sections["dense"] = section_dense(runs)
         sections["ffn"] = section_ffn(runs)
@@ -778,6 +991,7 @@ def main(argv=None):
     ap.add_argument("--bench", nargs="*", default=[], help="prox_bench JSON (--benchmark_out_format=json)")
     ap.add_argument("--alpha", help="prox_alpha JSON (--json=...)")
     ap.add_argument("--fixed", help="prox_bench JSON of the ffn_empty, chain_* and related benches (section 'fixed')")
+    ap.add_argument("--batch", help="prox_batch_bench JSON (section 'batch' and its plot)")
     ap.add_argument("--doc", default=os.path.join(os.path.dirname(__file__), "..", "docs", "benchmarks.md"))
     ap.add_argument("--img-dir", default=None, help="where the SVG plots go (default: <doc dir>/img)")
     ap.add_argument("--commit", help="commit to record (overrides the JSON context)")
@@ -788,10 +1002,11 @@ def main(argv=None):
     runs = [BenchRun(p, args.commit) for p in args.bench]
     alpha = load_alpha(args.alpha, args.commit) if args.alpha else None
     fixed = BenchRun(args.fixed, args.commit) if args.fixed else None
-    if not runs and not alpha and not fixed:
-        ap.error("give --bench, --alpha and/or --fixed")
+    batch = BatchRun(args.batch, args.commit) if args.batch else None
+    if not runs and not alpha and not fixed and not batch:
+        ap.error("give --bench, --alpha, --fixed and/or --batch")
     plt = None
-    if not args.no_plots and not args.stdout and (runs or alpha):
+    if not args.no_plots and not args.stdout and (runs or alpha or batch):
         plt = pyplot()
         if plt is None:  # checked before anything is written, so a failed run changes nothing
             ap.error("the plots need matplotlib (Debian/Ubuntu: apt install python3-matplotlib; or pip install "
@@ -801,7 +1016,8 @@ def main(argv=None):
     doc_dir = os.path.dirname(doc_path)
     img_dir = os.path.abspath(args.img_dir) if args.img_dir else os.path.join(doc_dir, "img")
     rel = os.path.relpath(img_dir, doc_dir).replace(os.sep, "/")
-    sections = render_sections(runs, alpha, rel, plots=not args.no_plots and bool(runs or alpha), fixed=fixed)
+    sections = render_sections(runs, alpha, rel, plots=not args.no_plots and bool(runs or alpha or batch), fixed=fixed,
+                               batch=batch)
 
     if args.stdout:
         for k in SECTIONS:
@@ -809,7 +1025,7 @@ def main(argv=None):
                 print(f"## [{k}]\n{sections[k]}\n")
         return 0
     if plt is not None:
-        make_plots(plt, runs, alpha, img_dir)
+        make_plots(plt, runs, alpha, img_dir, batch)
     with open(doc_path, encoding="utf-8") as f:
         doc = f.read()
     for k in SECTIONS:

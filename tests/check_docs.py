@@ -3,7 +3,8 @@
 """@file check_docs.py  The measured numbers in the docs are the stored measurements (ctest docs_in_sync).
 
 1. docs/benchmarks.md: every section bench/report.py generates is what report.py renders from the stored
-   JSON (docs/data/bench-h100.json, docs/data/alpha-h100.json, docs/data/fixed-cost-h100.json): the same
+   JSON (docs/data/bench-h100.json, docs/data/alpha-h100.json, docs/data/fixed-cost-h100.json,
+   docs/data/batch-h100.json): the same
    text, and every number within the tolerance below. A hand edit inside a generated section, or a JSON replaced without re-running the
    report, fails.
 2. README.md, "Measured numbers": the provenance line (GPU, CUDA, commit, copy bandwidth) and every cell
@@ -74,10 +75,10 @@ def compare_text(where, have, want, errors):
         errors.append(f"{where}: {len(bad)} number(s) differ from the stored JSON beyond the tolerance: {shown}")
 
 
-def check_benchmarks_md(root, report, runs, alpha, fixed, errors):
+def check_benchmarks_md(root, report, runs, alpha, fixed, batch, errors):
     with open(os.path.join(root, "docs", "benchmarks.md"), encoding="utf-8") as f:
         have = sections(f.read())
-    want = report.render_sections(runs, alpha, rel="img", fixed=fixed)
+    want = report.render_sections(runs, alpha, rel="img", fixed=fixed, batch=batch)
     if not have:
         errors.append("docs/benchmarks.md: no generated sections found")
     for name, body in want.items():
@@ -188,8 +189,9 @@ def main():
     run = report.BenchRun(os.path.join(root, "docs", "data", "bench-h100.json"))
     alpha = report.load_alpha(os.path.join(root, "docs", "data", "alpha-h100.json"), None)
     fixed = report.BenchRun(os.path.join(root, "docs", "data", "fixed-cost-h100.json"))
+    batch = report.BatchRun(os.path.join(root, "docs", "data", "batch-h100.json"))
     errors = []
-    check_benchmarks_md(root, report, [run], alpha, fixed, errors)
+    check_benchmarks_md(root, report, [run], alpha, fixed, batch, errors)
     check_readme(root, report, run, errors)
     check_plots(root, errors)
     for e in errors:
