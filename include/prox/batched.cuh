@@ -25,6 +25,7 @@
 
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "activation.cuh"
 #include "core/config.hpp"
@@ -112,17 +113,20 @@ struct BatchedProxyPolicy {
 
 //! The candidates of a token capacity (dispatch.cuh picks the fewest waves, then the most blocks). Long
 //! chunks: with 512-input chunks at B = 2 a block streamed its ~260 union rows in 4 steps, and the
-//! Qwen3-8B grid took 3 waves. B = 8 runs 128-thread blocks with 256- or 512-input chunks: the block
-//! reduction of 8 tokens x 2 matrices x 128 channels then fits 48 KB of static shared memory.
+//! Qwen3-8B grid took 3 waves. The kernel is bound by load latency (ncu, Qwen3-8B B = 4: 2.8 active warps
+//! per scheduler at 128 registers, 57 % of the stalls on L1TEX). At B = 2 and 4, 256-thread blocks (2 per
+//! SM) beat 128-thread ones (4 per SM) by 9 % on the Qwen3-14B FFN at B = 4, within 1 % elsewhere (H100,
+//! docs/history.md); the 2048-input chunk then needs 58 KB of shared memory (dynamic, opt-in). B = 8
+//! stays at 128 threads: its 168 registers per thread would spill under 2 blocks of 256.
 template <int Tokens>
 struct BatchedProxyPoliciesFor;
 template <>
 struct BatchedProxyPoliciesFor<2> {
-  using type = PolicyList<BatchedProxyPolicy<2, 128, 1024, 4>, BatchedProxyPolicy<2, 128, 2048, 4>>;
+  using type = PolicyList<BatchedProxyPolicy<2, 256, 1024, 2>, BatchedProxyPolicy<2, 256, 2048, 2>>;
 };
 template <>
 struct BatchedProxyPoliciesFor<4> {
-  using type = PolicyList<BatchedProxyPolicy<4, 128, 1024, 4>, BatchedProxyPolicy<4, 128, 2048, 4>>;
+  using type = PolicyList<BatchedProxyPolicy<4, 256, 1024, 2>, BatchedProxyPolicy<4, 256, 2048, 2>>;
 };
 template <>
 struct BatchedProxyPoliciesFor<8> {
@@ -156,6 +160,16 @@ PROX_DEVICE PROX_FORCEINLINE void mma_16816(float (&d)[4], const __half2 (&a)[4]
 #endif
 }
 
+//! The batched Stage 1's large shared arrays, in dynamic shared memory (above 48 KB with 256-thread blocks:
+//! the block reduction holds a row of partial sums per warp); BatchedProxyGemvOp::configure sizes it.
+template <class Policy>
+struct BatchedProxySmem {
+  using Reducer = TileReducer<Policy::kThreads, Policy::kTn, 16, 2 * Policy::kTokensPerThread>;
+  typename Reducer::Storage red;
+  int rows[Policy::kChunk];                                     //!< the union's kept rows of the chunk
+  __align__(16) __half x[Policy::kTokens][Policy::kChunk];  //!< x 2^-6 per token and kept row (0: not kept)
+};
+
 }  // namespace detail
 
 template <class Policy, class T, class Act>
@@ -170,14 +184,18 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void batched
   constexpr int kMats = 2 * kTpt;
   constexpr int kWarps = kThreads / kWarpSize;
   // Reducer columns: token group g's channel ch is column g * kTile + ch.
-  using Reducer = detail::TileReducer<kThreads, kTn, 16, kMats>;
+  using Smem = detail::BatchedProxySmem<Policy>;
+  using Reducer = typename Smem::Reducer;
+  static_assert(std::is_same_v<Reducer, detail::TileReducer<kThreads, kTn, 16, kMats>>, "reducer shape");
   constexpr int kCols = kTn * 16;
   constexpr int kXPer = (kChunk + kThreads - 1) / kThreads;
 
-  __shared__ int s_rows[kChunk];
-  __shared__ __align__(16) __half s_x[kB][kChunk];  // x 2^-6 of each token on each kept row (0 where not kept)
+  extern __shared__ __align__(16) unsigned char prox_batched_proxy_smem[];
+  Smem& smem = *reinterpret_cast<Smem*>(prox_batched_proxy_smem);
+  int(&s_rows)[kChunk] = smem.rows;
+  __half(&s_x)[kB][kChunk] = smem.x;
+  typename Reducer::Storage& s_red = smem.red;
   __shared__ int s_warp[kXPer * kWarps];
-  __shared__ typename Reducer::Storage s_red;
   __shared__ std::uint32_t s_union[kTile / kWarpSize];
   __shared__ int s_ready;
 
@@ -486,11 +504,21 @@ struct BatchedProxyGemvOp {
     return w;
   }
 
+  //! Plan time: grid (tiles, chunks) and the dynamic shared memory (detail::BatchedProxySmem), with the
+  //! kernel's limit raised to it where it exceeds the default 48 KB.
   template <class P>
   static Status configure(const Args& a, const Options&, const DeviceInfo&, LaunchConfig* lc) noexcept {
     lc->grid = dim3(static_cast<unsigned>(num_tiles<P>(a.d_ff)), static_cast<unsigned>(num_chunks<P>(a.d_model)));
     lc->block = dim3(P::kThreads);
-    return lc->grid.y > 65535u ? Status::kErrorInvalidShape : Status::kSuccess;
+    if (lc->grid.y > 65535u) return Status::kErrorInvalidShape;
+    lc->smem = sizeof(detail::BatchedProxySmem<P>);
+    if (lc->smem > detail::kDefaultDynamicSmem &&
+        cudaFuncSetAttribute(batched_proxy_gemv_kernel<P, T, Act>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(lc->smem)) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return Status::kErrorCudaRuntime;
+    }
+    return Status::kSuccess;
   }
   template <class P>
   static Status launch(const Args& a, const LaunchConfig& lc, const OpWorkspace& ws, cudaStream_t stream) noexcept {

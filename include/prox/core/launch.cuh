@@ -19,6 +19,11 @@
 
 PROX_NAMESPACE_BEGIN
 
+namespace detail {
+//! Dynamic shared memory a kernel may take without raising cudaFuncAttributeMaxDynamicSharedMemorySize.
+inline constexpr std::size_t kDefaultDynamicSmem = 48 * 1024;
+}  // namespace detail
+
 /**
  * @brief Everything about a launch that a plan fixes: grid, block, dynamic shared memory and launch
  * attributes. Ops compute it once (Op::configure, at plan time, where device queries are allowed);
