@@ -136,28 +136,47 @@ struct BatchedProxyPoliciesFor<8> {
 namespace detail {
 
 /**
- * @brief d += A B for one m16n8k16 tensor-core tile (sm_80+): A 16 x 16 fp16 (row-major fragment: a[0] rows
- * g, k 2t..2t+1; a[1] rows g+8; a[2] rows g, k 2t+8..2t+9; a[3] rows g+8), B 16 x 8 fp16 (b.x: k 2t..2t+1,
- * column g; b.y: k 2t+8..2t+9), fp32 accumulators d (rows g and g+8, columns 2t and 2t+1), where g is
- * lane / 4 and t is lane % 4 (PTX ISA, "Matrix Fragments for mma.m16n8k16").
+ * @brief d += A B for one m16n8k16 tensor-core tile (sm_80+): A 16 x 16 of T = fp16 or bf16 (row-major
+ * fragment, two values per register, lower k in the low half: a0 rows g, k 2t..2t+1; a1 rows g+8; a2 rows
+ * g, k 2t+8..2t+9; a3 rows g+8), B 16 x 8 of T (b0: k 2t..2t+1, column g; b1: k 2t+8..2t+9), fp32
+ * accumulators d (rows g and g+8, columns 2t and 2t+1), where g is lane / 4 and t is lane % 4 (PTX ISA,
+ * "Matrix Fragments for mma.m16n8k16").
  */
-PROX_DEVICE PROX_FORCEINLINE void mma_16816(float (&d)[4], const __half2 (&a)[4], uint2 b) {
+template <class T>
+PROX_DEVICE PROX_FORCEINLINE void mma_16816_bits(float (&d)[4], std::uint32_t a0, std::uint32_t a1, std::uint32_t a2,
+                                                 std::uint32_t a3, std::uint32_t b0, std::uint32_t b1) {
+  static_assert(std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>, "fp16 or bf16");
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ < 800)
-  // sm_75 (a fat binary's older target; plan() refuses the device) has no m16n8k16: two m16n8k8
-  // over k 0..7 (a0, a1, b.x) and k 8..15 (a2, a3, b.y) give the same sums.
-  asm("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(pair_bits(a[0])), "r"(pair_bits(a[1])), "r"(b.x));
-  asm("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(pair_bits(a[2])), "r"(pair_bits(a[3])), "r"(b.y));
+  // sm_75 (a fat binary's older target; plan() refuses the device) has no m16n8k16: for fp16, two m16n8k8
+  // over k 0..7 (a0, a1, b0) and k 8..15 (a2, a3, b1) give the same sums; it has no bf16 mma at all.
+  if constexpr (std::is_same_v<T, __half>) {
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(b0));
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a2), "r"(a3), "r"(b1));
+  } else {
+    __trap();
+  }
 #else
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(pair_bits(a[0])), "r"(pair_bits(a[1])), "r"(pair_bits(a[2])), "r"(pair_bits(a[3])), "r"(b.x),
-        "r"(b.y));
+  if constexpr (std::is_same_v<T, __half>) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  } else {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  }
 #endif
+}
+
+//! mma_16816_bits for fp16 fragments given as __half2.
+PROX_DEVICE PROX_FORCEINLINE void mma_16816(float (&d)[4], const __half2 (&a)[4], uint2 b) {
+  mma_16816_bits<__half>(d, pair_bits(a[0]), pair_bits(a[1]), pair_bits(a[2]), pair_bits(a[3]), b.x, b.y);
 }
 
 //! The batched Stage 1's large shared arrays, in dynamic shared memory (above 48 KB with 256-thread blocks:
@@ -544,29 +563,29 @@ struct BatchedGluGemvArgs {
 };
 
 /**
- * @brief Policy of the batched GLU GEMV: as GluGemvPolicy, the whole block on a batch of kRowBatch
- * rows, each thread on its 16-byte pieces of every row of the batch and of every token's x; the
- * 2 x kRowBatch x Tokens dot products of a batch are reduced together (16 values).
+ * @brief Policy of the batched GLU GEMV (tensor cores): a block takes its share of the union's channels in
+ * sub-batches of kRows; each warp multiplies a group of 16 channels' gate and up rows with every token's
+ * x over a slice of d_model (m16n8k16, fp32 accumulators), the group's warps splitting d_model between
+ * them; kUnroll 32-element steps are loaded per lane and pipeline stage.
  */
-template <int Tokens, int Threads, int Rows, int MinBlocks>
+template <int Tokens, int Threads, int Rows, int Unroll, int MinBlocks>
 struct BatchedGluPolicy {
   static constexpr int kTokens = Tokens;
   static constexpr int kThreads = Threads;
   static constexpr int kRows = Rows;
-  static constexpr int kRowBatch = 8 / Tokens;  //!< rows reduced together
+  static constexpr int kUnroll = Unroll;
   static constexpr int kMinBlocks = MinBlocks;
   static_assert(Tokens == 2 || Tokens == 4 || Tokens == 8, "token capacity 2, 4 or 8");
-  static_assert(Rows % 32 == 0 && Threads % 32 == 0, "policy shape");
-  PROX_HOST_DEVICE static constexpr int steps_per_row(int d_model) noexcept { return ceil_div(d_model / 8, Threads); }
+  static_assert(Rows % 16 == 0 && Threads % 32 == 0 && Threads / 32 >= Rows / 16, "policy shape");
   static std::string name() {
-    return "bglu_b" + std::to_string(Tokens) + "_t" + std::to_string(Threads) + "_c" + std::to_string(Rows) + "_m" +
-           std::to_string(MinBlocks);
+    return "bglu_b" + std::to_string(Tokens) + "_t" + std::to_string(Threads) + "_c" + std::to_string(Rows) + "_u" +
+           std::to_string(Unroll) + "_m" + std::to_string(MinBlocks);
   }
 };
 
 template <int Tokens>
 struct BatchedGluPoliciesFor {
-  using type = PolicyList<BatchedGluPolicy<Tokens, 256, 64, 2>>;
+  using type = PolicyList<BatchedGluPolicy<Tokens, 256, 64, 2, 2>>;
 };
 
 template <class Policy, class T, class Act>
@@ -575,12 +594,10 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void batched
   constexpr int kB = Policy::kTokens;
   constexpr int kThreads = Policy::kThreads;
   constexpr int kRows = Policy::kRows;
-  constexpr int kR = Policy::kRowBatch;
+  constexpr int kU = Policy::kUnroll;
   constexpr int kWarps = kThreads / kWarpSize;
-  constexpr int kV = 2 * kR * kB;  // 16 values per batch: value (m * kR + c) * kB + b
-  static_assert(kV == 16, "one reduction of 16 values per batch");
   __shared__ int s_ch[kRows];
-  __shared__ float s_red[kWarps][kV / kB][kB][kRows];  // [warp][m * kR + c][token][row]
+  __shared__ float s_part[kWarps][2][kRows][8];  // [d_model slice][gate, up][row][token (8: the mma's n)]
   __shared__ int s_warp[kWarps];
 
   pdl_wait();
@@ -608,99 +625,107 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void batched
     }
   }
 
+  // Lane (g, t) = (lane / 4, lane % 4): fragment rows g and g + 8 are channels 16 cg + g and 16 cg + g + 8 of
+  // the sub-batch; a 32-element step of d_model gives lane t the elements 8t .. 8t+7 of both rows, of both
+  // matrices and of token g's x: their 32-bit words 0, 1 (2, 3) are the fragments' k = 2t, 2t+8 of the
+  // step's first (second) m16n8k16. The k order within a step is free for a dot product, so the loads
+  // are plain 16-byte row pieces. Token g >= tokens reads x = 0.
+  const int g = lane >> 2;
+  const int t = lane & 3;
   const Act act{};
-  const int pieces = a.d_model / 8;
-  const int steps_per_batch = Policy::steps_per_row(a.d_model);
+  const int k32 = (a.d_model + 31) / 32;
   const std::size_t ld = static_cast<std::size_t>(a.d_model);
+  const bool x_ok = g < tokens;
+  const T* xg = a.x + static_cast<std::size_t>(x_ok ? g : 0) * ld + 8 * t;
 #pragma unroll 1
   for (int sub = lo; sub < hi; sub += kRows) {
     const int count = min(kRows, hi - sub);
     detail::gather_rank_range<kThreads>(a.union_mask, n_words, offset, sub, sub + count, s_ch);
     __syncthreads();
-    const int total_steps = ((count + kR - 1) / kR) * steps_per_batch;
-    struct Step {
-      uint4 vx[kB];
-      uint4 vg[kR];
-      uint4 vu[kR];
-    };
-    const auto load_step = [&](int step, Step& d) {
-      const bool live = step < total_steps;
-      const int b0 = (step / steps_per_batch) * kR;
-      const int q = tid + (step % steps_per_batch) * kThreads;
-      const bool qok = live && q < pieces;
+    // As many 16-channel groups as the sub-batch needs; the warps left over split d_model between them.
+    const int groups = (count + 15) / 16;
+    const int split = kWarps / groups;
+    const int cg = warp % groups;
+    const int kh = warp / groups;
+    if (kh < split) {
+      const int ra = cg * 16 + g;
+      const int rb = ra + 8;
+      const bool ok_a = ra < count;
+      const bool ok_b = rb < count;
+      const std::size_t off_a = static_cast<std::size_t>(s_ch[ok_a ? ra : 0]) * ld + 8 * t;
+      const std::size_t off_b = static_cast<std::size_t>(s_ch[ok_b ? rb : 0]) * ld + 8 * t;
+      const int per = (k32 + split - 1) / split;
+      const int s0 = kh * per;
+      const int s1 = min(k32, s0 + per);
+      float c[2][4];
 #pragma unroll
-      for (int c = 0; c < kR; ++c) {
-        const bool have = qok && b0 + c < count;
-        const std::size_t row = static_cast<std::size_t>(s_ch[have ? b0 + c : 0]) * ld;
-        d.vg[c] = ld_stream_16(a.w_gate + row + 8 * q, have);
-        d.vu[c] = ld_stream_16(a.w_up + row + 8 * q, have);
+      for (int m = 0; m < 2; ++m) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) c[m][e] = 0.0f;
       }
+      struct Step {
+        uint4 w[kU][4];  // [step][gate row a, gate row b, up row a, up row b]
+        uint4 x[kU];
+      };
+      const auto load_step = [&](int it, Step& d) {
 #pragma unroll
-      for (int b = 0; b < kB; ++b) d.vx[b] = ld_cached_16(a.x + b * ld + 8 * q, qok && b < tokens);
-    };
-    float v[kV];
+        for (int u = 0; u < kU; ++u) {
+          const int st = s0 + it * kU + u;
+          const std::size_t k = static_cast<std::size_t>(st) * 32;
+          const bool in = st < s1 && static_cast<int>(k) + 8 * t < a.d_model;
+          d.w[u][0] = ld_stream_16(a.w_gate + off_a + k, in && ok_a);
+          d.w[u][1] = ld_stream_16(a.w_gate + off_b + k, in && ok_b);
+          d.w[u][2] = ld_stream_16(a.w_up + off_a + k, in && ok_a);
+          d.w[u][3] = ld_stream_16(a.w_up + off_b + k, in && ok_b);
+          d.x[u] = ld_cached_16(xg + k, in && x_ok);
+        }
+      };
+      const auto compute_step = [&](const Step& d) {
 #pragma unroll
-    for (int i = 0; i < kV; ++i) v[i] = 0.0f;
-    const auto compute_step = [&](int step, const Step& d) {
+        for (int u = 0; u < kU; ++u) {
 #pragma unroll
-      for (int c = 0; c < kR; ++c) {
-        float fg[8];
-        float fu[8];
-        unpack8<T>(d.vg[c], fg);
-        unpack8<T>(d.vu[c], fu);
-#pragma unroll
-        for (int b = 0; b < kB; ++b) {
-          float fx[8];
-          unpack8<T>(d.vx[b], fx);
-#pragma unroll
-          for (int e = 0; e < 8; ++e) {
-            v[c * kB + b] = fmaf(fx[e], fg[e], v[c * kB + b]);
-            v[(kR + c) * kB + b] = fmaf(fx[e], fu[e], v[(kR + c) * kB + b]);
+          for (int m = 0; m < 2; ++m) {
+            const uint4& wa = d.w[u][2 * m];
+            const uint4& wb = d.w[u][2 * m + 1];
+            detail::mma_16816_bits<T>(c[m], wa.x, wb.x, wa.y, wb.y, d.x[u].x, d.x[u].y);
+            detail::mma_16816_bits<T>(c[m], wa.z, wb.z, wa.w, wb.w, d.x[u].z, d.x[u].w);
           }
         }
-      }
-      if (step % steps_per_batch == steps_per_batch - 1) {
-        const int b0 = (step / steps_per_batch) * kR;
-        warp_halvings<kV / 2>(v, kWarpSize / 2);  // warp_sum_many<16>, unrolled (warp_halvings says why)
-        const float r = v[0] + __shfl_xor_sync(0xffffffffu, v[0], 1);
-        constexpr int kLanesPerValue = kWarpSize / kV;
-        if (lane % kLanesPerValue == 0) {
-          const int idx = lane / kLanesPerValue;  // (m * kR + c) * kB + b
-          const int b = idx % kB;
-          const int mc = idx / kB;
-          const int c = mc % kR;
-          if (b0 + c < count) s_red[warp][mc][b][b0 + c] = r;
-        }
-#pragma unroll
-        for (int i = 0; i < kV; ++i) v[i] = 0.0f;
-      }
-    };
-    Step buf0;
-    Step buf1;
-    load_step(0, buf0);
+      };
+      const int steps = (s1 - s0 + kU - 1) / kU;
+      Step b0;
+      Step b1;
+      if (steps > 0) load_step(0, b0);
 #pragma unroll 1
-    for (int step = 0; step < total_steps; step += 2) {
-      load_step(step + 1, buf1);
-      compute_step(step, buf0);
-      load_step(step + 2, buf0);
-      if (step + 1 < total_steps) compute_step(step + 1, buf1);
+      for (int it = 0; it < steps; it += 2) {
+        if (it + 1 < steps) load_step(it + 1, b1);
+        compute_step(b0);
+        if (it + 2 < steps) load_step(it + 2, b0);
+        if (it + 1 < steps) compute_step(b1);
+      }
+      // c[m]: (row a, token 2t), (row a, 2t + 1), (row b, 2t), (row b, 2t + 1).
+#pragma unroll
+      for (int m = 0; m < 2; ++m) {
+        s_part[kh][m][ra][2 * t] = c[m][0];
+        s_part[kh][m][ra][2 * t + 1] = c[m][1];
+        s_part[kh][m][rb][2 * t] = c[m][2];
+        s_part[kh][m][rb][2 * t + 1] = c[m][3];
+      }
     }
     __syncthreads();
     for (int i = tid; i < count * kB; i += kThreads) {
       const int b = i / count;
       const int r = i % count;
       if (b >= tokens) continue;
-      const int c = r % kR;
-      float g = 0.0f;
-      float u = 0.0f;
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) {
-        g += s_red[w][c][b][r];
-        u += s_red[w][kR + c][b][r];
+      float gs = 0.0f;
+      float us = 0.0f;
+      for (int w = 0; w < split; ++w) {  // in slice order: deterministic
+        gs += s_part[w][0][r][b];
+        us += s_part[w][1][r][b];
       }
       const int j = s_ch[r];
       const bool mine = (a.channel_mask[static_cast<std::size_t>(b) * n_words + j / kWarpSize] >> (j % kWarpSize)) & 1u;
-      a.s[static_cast<std::size_t>(b) * a.d_ff + j] = mine ? u * act(g) : 0.0f;
+      a.s[static_cast<std::size_t>(b) * a.d_ff + j] = mine ? us * act(gs) : 0.0f;
     }
     __syncthreads();
   }
