@@ -563,33 +563,182 @@ struct BatchedGluGemvArgs {
 };
 
 /**
- * @brief Policy of the batched GLU GEMV (tensor cores): a block takes its share of the union's channels in
- * sub-batches of kRows; each warp multiplies a group of 16 channels' gate and up rows with every token's
- * x over a slice of d_model (m16n8k16, fp32 accumulators), the group's warps splitting d_model between
- * them; kUnroll 32-element steps are loaded per lane and pipeline stage.
+ * @brief Policy of the batched GLU GEMV. A block takes its share of the union's channels in sub-batches
+ * of kRows, in one of two ways:
+ * - CUDA cores (Mma = false): as GluGemvPolicy, the whole block on a batch of kRowBatch rows, each thread
+ *   on its 16-byte pieces of every row of the batch and of every token's x; the 2 x kRowBatch x Tokens dot
+ *   products of a batch are reduced together (16 values).
+ * - tensor cores (Mma = true): each warp multiplies a group of 16 channels' gate and up rows with every
+ *   token's x over a slice of d_model (m16n8k16, fp32 accumulators), the group's warps splitting d_model
+ *   between them; kUnroll 32-element steps per lane and pipeline stage.
  */
-template <int Tokens, int Threads, int Rows, int Unroll, int MinBlocks>
+template <int Tokens, int Threads, int Rows, int MinBlocks, bool Mma = false>
 struct BatchedGluPolicy {
   static constexpr int kTokens = Tokens;
   static constexpr int kThreads = Threads;
   static constexpr int kRows = Rows;
-  static constexpr int kUnroll = Unroll;
+  static constexpr int kRowBatch = 8 / Tokens;  //!< CUDA cores: rows reduced together
+  static constexpr int kUnroll = 2;             //!< tensor cores: 32-element steps per pipeline stage
   static constexpr int kMinBlocks = MinBlocks;
+  static constexpr bool kMma = Mma;
   static_assert(Tokens == 2 || Tokens == 4 || Tokens == 8, "token capacity 2, 4 or 8");
-  static_assert(Rows % 16 == 0 && Threads % 32 == 0 && Threads / 32 >= Rows / 16, "policy shape");
+  static_assert(Rows % 32 == 0 && Threads % 32 == 0 && Threads / 32 >= Rows / 16, "policy shape");
+  PROX_HOST_DEVICE static constexpr int steps_per_row(int d_model) noexcept { return ceil_div(d_model / 8, Threads); }
   static std::string name() {
-    return "bglu_b" + std::to_string(Tokens) + "_t" + std::to_string(Threads) + "_c" + std::to_string(Rows) + "_u" +
-           std::to_string(Unroll) + "_m" + std::to_string(MinBlocks);
+    return std::string(Mma ? "bglu_mma_b" : "bglu_b") + std::to_string(Tokens) + "_t" + std::to_string(Threads) +
+           "_c" + std::to_string(Rows) + "_m" + std::to_string(MinBlocks);
   }
 };
 
+//! The tensor cores win at B = 8, where the CUDA-core kernel is bound by its multiply-adds (ncu, Qwen3-8B:
+//! 63 % SM throughput, 53 % of DRAM bandwidth), and lose at B = 2 and 4 (FFN +4 to +13 % on 8B to 32B, H100,
+//! docs/history.md), where the CUDA-core kernel streams at 68-73 % of DRAM bandwidth.
 template <int Tokens>
 struct BatchedGluPoliciesFor {
-  using type = PolicyList<BatchedGluPolicy<Tokens, 256, 64, 2, 2>>;
+  using type = PolicyList<BatchedGluPolicy<Tokens, 256, 64, 2, (Tokens == 8)>>;
 };
 
 template <class Policy, class T, class Act>
 PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void batched_glu_gemv_kernel(
+    const BatchedGluGemvArgs<T> a, const OpWorkspace ws) {
+  constexpr int kB = Policy::kTokens;
+  constexpr int kThreads = Policy::kThreads;
+  constexpr int kRows = Policy::kRows;
+  constexpr int kR = Policy::kRowBatch;
+  constexpr int kWarps = kThreads / kWarpSize;
+  constexpr int kV = 2 * kR * kB;  // 16 values per batch: value (m * kR + c) * kB + b
+  static_assert(kV == 16, "one reduction of 16 values per batch");
+  __shared__ int s_ch[kRows];
+  __shared__ float s_red[kWarps][kV / kB][kB][kRows];  // [warp][m * kR + c][token][row]
+  __shared__ int s_warp[kWarps];
+
+  pdl_wait();
+  pdl_launch_dependents();
+  if (blockIdx.x == 0) detail::stamp_header(ws.guard, threadIdx.x);
+
+  const int tid = static_cast<int>(threadIdx.x);
+  const int lane = lane_id();
+  const int warp = warp_id();
+  const int tokens = a.tokens;
+  const int n_words = a.d_ff / kWarpSize;
+  const int block = static_cast<int>(blockIdx.x);
+  const int blocks = static_cast<int>(gridDim.x);
+  int total = 0;
+  const int offset = detail::mask_rank_offset<kThreads>(a.union_mask, n_words, s_warp, &total);
+  int lo = 0;
+  int hi = 0;
+  detail::rank_range(total, block, blocks, &lo, &hi);
+
+  // s = +0 for every token on the channels no token selected (one warp per mask word, as GluRows).
+  for (long long w = block + static_cast<long long>(warp) * blocks; w < n_words;
+       w += static_cast<long long>(kWarps) * blocks) {
+    if (((a.union_mask[w] >> lane) & 1u) == 0u) {
+      for (int b = 0; b < tokens; ++b) a.s[static_cast<std::size_t>(b) * a.d_ff + w * kWarpSize + lane] = 0.0f;
+    }
+  }
+
+  const Act act{};
+  const int pieces = a.d_model / 8;
+  const int steps_per_batch = Policy::steps_per_row(a.d_model);
+  const std::size_t ld = static_cast<std::size_t>(a.d_model);
+#pragma unroll 1
+  for (int sub = lo; sub < hi; sub += kRows) {
+    const int count = min(kRows, hi - sub);
+    detail::gather_rank_range<kThreads>(a.union_mask, n_words, offset, sub, sub + count, s_ch);
+    __syncthreads();
+    const int total_steps = ((count + kR - 1) / kR) * steps_per_batch;
+    struct Step {
+      uint4 vx[kB];
+      uint4 vg[kR];
+      uint4 vu[kR];
+    };
+    const auto load_step = [&](int step, Step& d) {
+      const bool live = step < total_steps;
+      const int b0 = (step / steps_per_batch) * kR;
+      const int q = tid + (step % steps_per_batch) * kThreads;
+      const bool qok = live && q < pieces;
+#pragma unroll
+      for (int c = 0; c < kR; ++c) {
+        const bool have = qok && b0 + c < count;
+        const std::size_t row = static_cast<std::size_t>(s_ch[have ? b0 + c : 0]) * ld;
+        d.vg[c] = ld_stream_16(a.w_gate + row + 8 * q, have);
+        d.vu[c] = ld_stream_16(a.w_up + row + 8 * q, have);
+      }
+#pragma unroll
+      for (int b = 0; b < kB; ++b) d.vx[b] = ld_cached_16(a.x + b * ld + 8 * q, qok && b < tokens);
+    };
+    float v[kV];
+#pragma unroll
+    for (int i = 0; i < kV; ++i) v[i] = 0.0f;
+    const auto compute_step = [&](int step, const Step& d) {
+#pragma unroll
+      for (int c = 0; c < kR; ++c) {
+        float fg[8];
+        float fu[8];
+        unpack8<T>(d.vg[c], fg);
+        unpack8<T>(d.vu[c], fu);
+#pragma unroll
+        for (int b = 0; b < kB; ++b) {
+          float fx[8];
+          unpack8<T>(d.vx[b], fx);
+#pragma unroll
+          for (int e = 0; e < 8; ++e) {
+            v[c * kB + b] = fmaf(fx[e], fg[e], v[c * kB + b]);
+            v[(kR + c) * kB + b] = fmaf(fx[e], fu[e], v[(kR + c) * kB + b]);
+          }
+        }
+      }
+      if (step % steps_per_batch == steps_per_batch - 1) {
+        const int b0 = (step / steps_per_batch) * kR;
+        warp_halvings<kV / 2>(v, kWarpSize / 2);  // warp_sum_many<16>, unrolled (warp_halvings says why)
+        const float r = v[0] + __shfl_xor_sync(0xffffffffu, v[0], 1);
+        constexpr int kLanesPerValue = kWarpSize / kV;
+        if (lane % kLanesPerValue == 0) {
+          const int idx = lane / kLanesPerValue;  // (m * kR + c) * kB + b
+          const int b = idx % kB;
+          const int mc = idx / kB;
+          const int c = mc % kR;
+          if (b0 + c < count) s_red[warp][mc][b][b0 + c] = r;
+        }
+#pragma unroll
+        for (int i = 0; i < kV; ++i) v[i] = 0.0f;
+      }
+    };
+    Step buf0;
+    Step buf1;
+    load_step(0, buf0);
+#pragma unroll 1
+    for (int step = 0; step < total_steps; step += 2) {
+      load_step(step + 1, buf1);
+      compute_step(step, buf0);
+      load_step(step + 2, buf0);
+      if (step + 1 < total_steps) compute_step(step + 1, buf1);
+    }
+    __syncthreads();
+    for (int i = tid; i < count * kB; i += kThreads) {
+      const int b = i / count;
+      const int r = i % count;
+      if (b >= tokens) continue;
+      const int c = r % kR;
+      float g = 0.0f;
+      float u = 0.0f;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) {
+        g += s_red[w][c][b][r];
+        u += s_red[w][kR + c][b][r];
+      }
+      const int j = s_ch[r];
+      const bool mine = (a.channel_mask[static_cast<std::size_t>(b) * n_words + j / kWarpSize] >> (j % kWarpSize)) & 1u;
+      a.s[static_cast<std::size_t>(b) * a.d_ff + j] = mine ? u * act(g) : 0.0f;
+    }
+    __syncthreads();
+  }
+}
+
+//! The batched GLU GEMV on the tensor cores (BatchedGluPolicy with Mma = true): same arguments, outputs and
+//! zero fill as batched_glu_gemv_kernel; the channel sums are combined over the d_model slices in order.
+template <class Policy, class T, class Act>
+PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void batched_glu_mma_kernel(
     const BatchedGluGemvArgs<T> a, const OpWorkspace ws) {
   constexpr int kB = Policy::kTokens;
   constexpr int kThreads = Policy::kThreads;
@@ -770,7 +919,11 @@ struct BatchedGluGemvOp {
   }
   template <class P>
   static Status launch(const Args& a, const LaunchConfig& lc, const OpWorkspace& ws, cudaStream_t stream) noexcept {
-    return detail::launch_kernel(batched_glu_gemv_kernel<P, T, Act>, lc, stream, a, ws);
+    if constexpr (P::kMma) {
+      return detail::launch_kernel(batched_glu_mma_kernel<P, T, Act>, lc, stream, a, ws);
+    } else {
+      return detail::launch_kernel(batched_glu_gemv_kernel<P, T, Act>, lc, stream, a, ws);
+    }
   }
 };
 
