@@ -72,18 +72,25 @@ def model_order(m):
 
 
 # ---------------------------------------------------------------- reading
+def read_run(run, path, commit_override):
+    """Sets run.path, run.context (the commit overridden if asked), empty run.rows and run.errors; returns the
+    Google Benchmark JSON document of path."""
+    with open(path) as f:
+        data = json.load(f)
+    run.path = path
+    run.context = data.get("context", {})
+    if commit_override:
+        run.context["prox_commit"] = commit_override
+    run.rows = {}
+    run.errors = []
+    return data
+
+
 class BenchRun:
     """One Google Benchmark JSON file: its context and its rows keyed by (bench, model, dtype, e)."""
 
     def __init__(self, path, commit_override=None):
-        with open(path) as f:
-            data = json.load(f)
-        self.path = path
-        self.context = data.get("context", {})
-        if commit_override:
-            self.context["prox_commit"] = commit_override
-        self.rows = {}
-        self.errors = []
+        data = read_run(self, path, commit_override)
         samples = {}
         medians = {}
         for b in data.get("benchmarks", []):
@@ -166,14 +173,7 @@ class BatchRun:
     'batch_ffn/Qwen3-8B/f16/e70/b2/indep/iterations:20/manual_time'."""
 
     def __init__(self, path, commit_override=None):
-        with open(path) as f:
-            data = json.load(f)
-        self.path = path
-        self.context = data.get("context", {})
-        if commit_override:
-            self.context["prox_commit"] = commit_override
-        self.rows = {}
-        self.errors = []
+        data = read_run(self, path, commit_override)
         samples = {}
         for b in data.get("benchmarks", []):
             run_name = b.get("run_name") or b.get("name", "")

@@ -598,6 +598,45 @@ struct BatchedGluPoliciesFor {
   using type = PolicyList<BatchedGluPolicy<Tokens, 256, 64, 2, (Tokens == 8)>>;
 };
 
+namespace detail {
+/**
+ * @brief The start of both batched GLU kernels: the PDL wait, the header stamp (block 0), this block's
+ * rank range [lo, hi) of the union's channels with its threads' mask offset (gather_rank_range's input),
+ * and s = +0 for every token on the channels no token selected (one warp per mask word, as GluRows).
+ */
+template <int kThreads, class T>
+PROX_DEVICE PROX_FORCEINLINE void batched_glu_begin(const BatchedGluGemvArgs<T>& a, const OpWorkspace& ws,
+                                                    int* s_warp, int* offset, int* lo, int* hi) {
+  constexpr int kWarps = kThreads / kWarpSize;
+  pdl_wait();
+  pdl_launch_dependents();
+  if (blockIdx.x == 0) stamp_header(ws.guard, threadIdx.x);
+  const int lane = lane_id();
+  const int warp = warp_id();
+  const int n_words = a.d_ff / kWarpSize;
+  const int block = static_cast<int>(blockIdx.x);
+  const int blocks = static_cast<int>(gridDim.x);
+  int total = 0;
+  *offset = mask_rank_offset<kThreads>(a.union_mask, n_words, s_warp, &total);
+  rank_range(total, block, blocks, lo, hi);
+  for (long long w = block + static_cast<long long>(warp) * blocks; w < n_words;
+       w += static_cast<long long>(kWarps) * blocks) {
+    if (((a.union_mask[w] >> lane) & 1u) == 0u) {
+      for (int b = 0; b < a.tokens; ++b) a.s[static_cast<std::size_t>(b) * a.d_ff + w * kWarpSize + lane] = 0.0f;
+    }
+  }
+}
+
+//! s[b][j] = u act(g) where token b selected channel j, +0 where it did not (the batched GLU's epilogue).
+template <class T, class Act>
+PROX_DEVICE PROX_FORCEINLINE void batched_glu_store(const BatchedGluGemvArgs<T>& a, int b, int j, float g, float u,
+                                                    const Act& act) {
+  const int n_words = a.d_ff / kWarpSize;
+  const bool mine = (a.channel_mask[static_cast<std::size_t>(b) * n_words + j / kWarpSize] >> (j % kWarpSize)) & 1u;
+  a.s[static_cast<std::size_t>(b) * a.d_ff + j] = mine ? u * act(g) : 0.0f;
+}
+}  // namespace detail
+
 template <class Policy, class T, class Act>
 PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void batched_glu_gemv_kernel(
     const BatchedGluGemvArgs<T> a, const OpWorkspace ws) {
@@ -612,30 +651,15 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void batched
   __shared__ float s_red[kWarps][kV / kB][kB][kRows];  // [warp][m * kR + c][token][row]
   __shared__ int s_warp[kWarps];
 
-  pdl_wait();
-  pdl_launch_dependents();
-  if (blockIdx.x == 0) detail::stamp_header(ws.guard, threadIdx.x);
-
+  int offset = 0;
+  int lo = 0;
+  int hi = 0;
+  detail::batched_glu_begin<kThreads>(a, ws, s_warp, &offset, &lo, &hi);
   const int tid = static_cast<int>(threadIdx.x);
   const int lane = lane_id();
   const int warp = warp_id();
   const int tokens = a.tokens;
   const int n_words = a.d_ff / kWarpSize;
-  const int block = static_cast<int>(blockIdx.x);
-  const int blocks = static_cast<int>(gridDim.x);
-  int total = 0;
-  const int offset = detail::mask_rank_offset<kThreads>(a.union_mask, n_words, s_warp, &total);
-  int lo = 0;
-  int hi = 0;
-  detail::rank_range(total, block, blocks, &lo, &hi);
-
-  // s = +0 for every token on the channels no token selected (one warp per mask word, as GluRows).
-  for (long long w = block + static_cast<long long>(warp) * blocks; w < n_words;
-       w += static_cast<long long>(kWarps) * blocks) {
-    if (((a.union_mask[w] >> lane) & 1u) == 0u) {
-      for (int b = 0; b < tokens; ++b) a.s[static_cast<std::size_t>(b) * a.d_ff + w * kWarpSize + lane] = 0.0f;
-    }
-  }
 
   const Act act{};
   const int pieces = a.d_model / 8;
@@ -727,9 +751,7 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void batched
         g += s_red[w][c][b][r];
         u += s_red[w][kR + c][b][r];
       }
-      const int j = s_ch[r];
-      const bool mine = (a.channel_mask[static_cast<std::size_t>(b) * n_words + j / kWarpSize] >> (j % kWarpSize)) & 1u;
-      a.s[static_cast<std::size_t>(b) * a.d_ff + j] = mine ? u * act(g) : 0.0f;
+      detail::batched_glu_store(a, b, s_ch[r], g, u, act);
     }
     __syncthreads();
   }
@@ -749,30 +771,15 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void batched
   __shared__ float s_part[kWarps][2][kRows][8];  // [d_model slice][gate, up][row][token (8: the mma's n)]
   __shared__ int s_warp[kWarps];
 
-  pdl_wait();
-  pdl_launch_dependents();
-  if (blockIdx.x == 0) detail::stamp_header(ws.guard, threadIdx.x);
-
+  int offset = 0;
+  int lo = 0;
+  int hi = 0;
+  detail::batched_glu_begin<kThreads>(a, ws, s_warp, &offset, &lo, &hi);
   const int tid = static_cast<int>(threadIdx.x);
   const int lane = lane_id();
   const int warp = warp_id();
   const int tokens = a.tokens;
   const int n_words = a.d_ff / kWarpSize;
-  const int block = static_cast<int>(blockIdx.x);
-  const int blocks = static_cast<int>(gridDim.x);
-  int total = 0;
-  const int offset = detail::mask_rank_offset<kThreads>(a.union_mask, n_words, s_warp, &total);
-  int lo = 0;
-  int hi = 0;
-  detail::rank_range(total, block, blocks, &lo, &hi);
-
-  // s = +0 for every token on the channels no token selected (one warp per mask word, as GluRows).
-  for (long long w = block + static_cast<long long>(warp) * blocks; w < n_words;
-       w += static_cast<long long>(kWarps) * blocks) {
-    if (((a.union_mask[w] >> lane) & 1u) == 0u) {
-      for (int b = 0; b < tokens; ++b) a.s[static_cast<std::size_t>(b) * a.d_ff + w * kWarpSize + lane] = 0.0f;
-    }
-  }
 
   // Lane (g, t) = (lane / 4, lane % 4): fragment rows g and g + 8 are channels 16 cg + g and 16 cg + g + 8 of
   // the sub-batch; a 32-element step of d_model gives lane t the elements 8t .. 8t+7 of both rows, of both
@@ -872,9 +879,7 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void batched
         gs += s_part[w][0][r][b];
         us += s_part[w][1][r][b];
       }
-      const int j = s_ch[r];
-      const bool mine = (a.channel_mask[static_cast<std::size_t>(b) * n_words + j / kWarpSize] >> (j % kWarpSize)) & 1u;
-      a.s[static_cast<std::size_t>(b) * a.d_ff + j] = mine ? us * act(gs) : 0.0f;
+      detail::batched_glu_store(a, b, s_ch[r], gs, us, act);
     }
     __syncthreads();
   }
