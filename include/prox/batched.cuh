@@ -266,13 +266,11 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void batched
     }
     count += total[i];
   }
-  {
-    // The tensor-core steps take 16 rows: x is 0 on the rows past the union up to the next multiple of 16
-    // (their weight loads are predicated off and decode to 0; 0 x stale shared memory could be NaN).
-    for (int i = tid; i < kB * 16; i += kThreads) {
-      const int r = count + i % 16;
-      if (r < ((count + 15) & ~15)) s_x[i / 16][r] = __float2half_rn(0.0f);
-    }
+  // The tensor-core steps take 16 rows: x is 0 on the rows past the union up to the next multiple of 16
+  // (their weight loads are predicated off and decode to 0; 0 x stale shared memory could be NaN).
+  for (int i = tid; i < kB * 16; i += kThreads) {
+    const int r = count + i % 16;
+    if (r < ((count + 15) & ~15)) s_x[i / 16][r] = __float2half_rn(0.0f);
   }
   if (tid == 0) s_ready = detail::workspace_ready(header, ws.guard);
   __syncthreads();
@@ -299,99 +297,97 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void batched
   }
 
   // 2. Stream the union's rows of this tile, and 3. reduce over the block's row groups.
-  {
-    // Tensor cores: per step a warp takes 16 union rows of the 128-channel tile, one m16n8k16 tile per
-    // 2 x 8 channels and matrix: A = the decoded INT4 weights (16 channels x 16 rows), B = x (16 rows x 8
-    // tokens; tokens past kB are 0), fp32 accumulators. Lane (g, t) = (lane / 4, lane % 4) loads 8 bytes
-    // (channels n0 + 16 g .. + 15) of the step's rows 4t .. 4t+3 of gate and up: the reduction's order
-    // within a step is free, so these 4 rows are the fragment's k = 2t, 2t+1, 2t+8, 2t+9, and a byte
-    // permute pairs two rows' nibbles of one channel before the usual decode. Lane (g, t) ends with
-    // channels n0 + 16 g .. + 15 of tokens 2t, 2t+1 (token group t). The decode is done once for all
-    // tokens and the products run on the tensor cores (docs/history.md: a CUDA-core version decoded
-    // per 2 tokens and was compute-bound at 24 % of DRAM bandwidth at B = 2, Qwen3-8B, H100).
-    const int lane = tid % kWarpSize;
-    const int warp = tid / kWarpSize;
-    const int g = lane >> 2;
-    const int t = lane & 3;
-    const int n = n0 + g * 16;
-    const bool col_ok = n < a.d_ff;
-    const std::size_t row_bytes = Int4Weights::row_bytes(a.d_ff);
-    const char* gate = static_cast<const char*>(Int4Weights::data(a.gate)) + Int4Weights::col_bytes(n);
-    const char* up = static_cast<const char*>(Int4Weights::data(a.up)) + Int4Weights::col_bytes(n);
-    float c[2][8][4];
+  // Tensor cores: per step a warp takes 16 union rows of the 128-channel tile, one m16n8k16 tile per
+  // 2 x 8 channels and matrix: A = the decoded INT4 weights (16 channels x 16 rows), B = x (16 rows x 8
+  // tokens; tokens past kB are 0), fp32 accumulators. Lane (g, t) = (lane / 4, lane % 4) loads 8 bytes
+  // (channels n0 + 16 g .. + 15) of the step's rows 4t .. 4t+3 of gate and up: the reduction's order
+  // within a step is free, so these 4 rows are the fragment's k = 2t, 2t+1, 2t+8, 2t+9, and a byte
+  // permute pairs two rows' nibbles of one channel before the usual decode. Lane (g, t) ends with
+  // channels n0 + 16 g .. + 15 of tokens 2t, 2t+1 (token group t). The decode is done once for all
+  // tokens and the products run on the tensor cores (docs/history.md: a CUDA-core version decoded
+  // per 2 tokens and was compute-bound at 24 % of DRAM bandwidth at B = 2, Qwen3-8B, H100).
+  const int lane = tid % kWarpSize;
+  const int warp = tid / kWarpSize;
+  const int g = lane >> 2;
+  const int t = lane & 3;
+  const int n = n0 + g * 16;
+  const bool col_ok = n < a.d_ff;
+  const std::size_t row_bytes = Int4Weights::row_bytes(a.d_ff);
+  const char* gate = static_cast<const char*>(Int4Weights::data(a.gate)) + Int4Weights::col_bytes(n);
+  const char* up = static_cast<const char*>(Int4Weights::data(a.up)) + Int4Weights::col_bytes(n);
+  float c[2][8][4];
+#pragma unroll
+  for (int m = 0; m < 2; ++m) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) c[m][i][e] = 0.0f;
+    }
+  }
+  struct Step {
+    Piece<8> w[2][4];  // [gate, up][row 4t + j]
+  };
+  const int steps = (count + 15) / 16;
+  const auto load_step = [&](int st, Step& d) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int r = st * 16 + 4 * t + j;
+      const bool ok = col_ok && r < count;
+      const std::size_t off = static_cast<std::size_t>(s_rows[ok ? r : 0]) * row_bytes;
+      d.w[0][j] = ld_stream_piece<8>(gate + off, ok, Int4Weights::kFill);
+      d.w[1][j] = ld_stream_piece<8>(up + off, ok, Int4Weights::kFill);
+    }
+  };
+  const auto compute_step = [&](int st, const Step& d) {
+    uint2 xb = make_uint2(0u, 0u);
+    if (g < kB) xb = *reinterpret_cast<const uint2*>(&s_x[g < kB ? g : 0][st * 16 + 4 * t]);
+#pragma unroll
+    for (int m = 0; m < 2; ++m) {
+#pragma unroll
+      for (int w = 0; w < 2; ++w) {
+        __half2 ev01[4], od01[4], ev23[4], od23[4];  // even / odd channels, rows (4t, 4t+1) / (4t+2, 4t+3)
+        int4::dequant_word(__byte_perm(d.w[m][0].w[w], d.w[m][1].w[w], 0x5410u), ev01);
+        int4::dequant_word(__byte_perm(d.w[m][0].w[w], d.w[m][1].w[w], 0x7632u), od01);
+        int4::dequant_word(__byte_perm(d.w[m][2].w[w], d.w[m][3].w[w], 0x5410u), ev23);
+        int4::dequant_word(__byte_perm(d.w[m][2].w[w], d.w[m][3].w[w], 0x7632u), od23);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const __half2 af[4] = {ev01[j], od01[j], ev23[j], od23[j]};  // A rows g: channel 2j, g+8: 2j+1
+          detail::mma_16816(c[m][4 * w + j], af, xb);
+        }
+      }
+    }
+  };
+  Step b0;
+  Step b1;
+  int st = warp;
+  load_step(st, b0);
+#pragma unroll 1
+  for (; st + kWarps < steps; st += 2 * kWarps) {
+    load_step(st + kWarps, b1);
+    compute_step(st, b0);
+    load_step(st + 2 * kWarps, b0);
+    compute_step(st + kWarps, b1);
+  }
+  if (st < steps) compute_step(st, b0);
+  // Word w, pair j: A row g is channel 8w + 2j of the slot, row g + 8 channel 8w + 2j + 1; C columns are
+  // tokens 2t, 2t + 1. Scaled back by 2^6 (exact) into the reducer's layout: token group t's column
+  // block t * kSlots + g.
+  if (t < Policy::kTokenGroups) {
+    const int col = (t * Policy::kSlots + g) * 16;
 #pragma unroll
     for (int m = 0; m < 2; ++m) {
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) c[m][i][e] = 0.0f;
+        const int ch = 8 * (i / 4) + 2 * (i % 4);
+        s_red.red[warp][2 * m][Reducer::pad(col + ch)] = c[m][i][0] * Int4Weights::kXUnscale;
+        s_red.red[warp][2 * m + 1][Reducer::pad(col + ch)] = c[m][i][1] * Int4Weights::kXUnscale;
+        s_red.red[warp][2 * m][Reducer::pad(col + ch + 1)] = c[m][i][2] * Int4Weights::kXUnscale;
+        s_red.red[warp][2 * m + 1][Reducer::pad(col + ch + 1)] = c[m][i][3] * Int4Weights::kXUnscale;
       }
     }
-    struct Step {
-      Piece<8> w[2][4];  // [gate, up][row 4t + j]
-    };
-    const int steps = (count + 15) / 16;
-    const auto load_step = [&](int st, Step& d) {
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int r = st * 16 + 4 * t + j;
-        const bool ok = col_ok && r < count;
-        const std::size_t off = static_cast<std::size_t>(s_rows[ok ? r : 0]) * row_bytes;
-        d.w[0][j] = ld_stream_piece<8>(gate + off, ok, Int4Weights::kFill);
-        d.w[1][j] = ld_stream_piece<8>(up + off, ok, Int4Weights::kFill);
-      }
-    };
-    const auto compute_step = [&](int st, const Step& d) {
-      uint2 xb = make_uint2(0u, 0u);
-      if (g < kB) xb = *reinterpret_cast<const uint2*>(&s_x[g < kB ? g : 0][st * 16 + 4 * t]);
-#pragma unroll
-      for (int m = 0; m < 2; ++m) {
-#pragma unroll
-        for (int w = 0; w < 2; ++w) {
-          __half2 ev01[4], od01[4], ev23[4], od23[4];  // even / odd channels, rows (4t, 4t+1) / (4t+2, 4t+3)
-          int4::dequant_word(__byte_perm(d.w[m][0].w[w], d.w[m][1].w[w], 0x5410u), ev01);
-          int4::dequant_word(__byte_perm(d.w[m][0].w[w], d.w[m][1].w[w], 0x7632u), od01);
-          int4::dequant_word(__byte_perm(d.w[m][2].w[w], d.w[m][3].w[w], 0x5410u), ev23);
-          int4::dequant_word(__byte_perm(d.w[m][2].w[w], d.w[m][3].w[w], 0x7632u), od23);
-#pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            const __half2 af[4] = {ev01[j], od01[j], ev23[j], od23[j]};  // A rows g: channel 2j, g+8: 2j+1
-            detail::mma_16816(c[m][4 * w + j], af, xb);
-          }
-        }
-      }
-    };
-    Step b0;
-    Step b1;
-    int st = warp;
-    load_step(st, b0);
-#pragma unroll 1
-    for (; st + kWarps < steps; st += 2 * kWarps) {
-      load_step(st + kWarps, b1);
-      compute_step(st, b0);
-      load_step(st + 2 * kWarps, b0);
-      compute_step(st + kWarps, b1);
-    }
-    if (st < steps) compute_step(st, b0);
-    // Word w, pair j: A row g is channel 8w + 2j of the slot, row g + 8 channel 8w + 2j + 1; C columns are
-    // tokens 2t, 2t + 1. Scaled back by 2^6 (exact) into the reducer's layout: token group t's column
-    // block t * kSlots + g.
-    if (t < Policy::kTokenGroups) {
-      const int col = (t * Policy::kSlots + g) * 16;
-#pragma unroll
-      for (int m = 0; m < 2; ++m) {
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-          const int ch = 8 * (i / 4) + 2 * (i % 4);
-          s_red.red[warp][2 * m][Reducer::pad(col + ch)] = c[m][i][0] * Int4Weights::kXUnscale;
-          s_red.red[warp][2 * m + 1][Reducer::pad(col + ch)] = c[m][i][1] * Int4Weights::kXUnscale;
-          s_red.red[warp][2 * m][Reducer::pad(col + ch + 1)] = c[m][i][2] * Int4Weights::kXUnscale;
-          s_red.red[warp][2 * m + 1][Reducer::pad(col + ch + 1)] = c[m][i][3] * Int4Weights::kXUnscale;
-        }
-      }
-    }
-    Reducer::combine_warps(s_red);
   }
+  Reducer::combine_warps(s_red);
 
   // 4. The split-K combine across chunks.
   if (!ready) {
@@ -526,18 +522,12 @@ struct BatchedProxyGemvOp {
   //! Plan time: grid (tiles, chunks) and the dynamic shared memory (detail::BatchedProxySmem), with the
   //! kernel's limit raised to it where it exceeds the default 48 KB.
   template <class P>
-  static Status configure(const Args& a, const Options&, const DeviceInfo&, LaunchConfig* lc) noexcept {
+  static Status configure(const Args& a, const Options&, const DeviceInfo& d, LaunchConfig* lc) noexcept {
     lc->grid = dim3(static_cast<unsigned>(num_tiles<P>(a.d_ff)), static_cast<unsigned>(num_chunks<P>(a.d_model)));
     lc->block = dim3(P::kThreads);
     if (lc->grid.y > 65535u) return Status::kErrorInvalidShape;
     lc->smem = sizeof(detail::BatchedProxySmem<P>);
-    if (lc->smem > detail::kDefaultDynamicSmem &&
-        cudaFuncSetAttribute(batched_proxy_gemv_kernel<P, T, Act>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(lc->smem)) != cudaSuccess) {
-      (void)cudaGetLastError();
-      return Status::kErrorCudaRuntime;
-    }
-    return Status::kSuccess;
+    return detail::allow_dynamic_smem<batched_proxy_gemv_kernel<P, T, Act>>(d.device, lc->smem);
   }
   template <class P>
   static Status launch(const Args& a, const LaunchConfig& lc, const OpWorkspace& ws, cudaStream_t stream) noexcept {
@@ -600,13 +590,22 @@ struct BatchedGluPoliciesFor {
 
 namespace detail {
 /**
- * @brief The start of both batched GLU kernels: the PDL wait, the header stamp (block 0), this block's
- * rank range [lo, hi) of the union's channels with its threads' mask offset (gather_rank_range's input),
- * and s = +0 for every token on the channels no token selected (one warp per mask word, as GluRows).
+ * @brief A block's share of the union's channels in the batched GLU kernels: ranks [lo, hi), and this
+ * thread's mask offset (gather_rank_range's input).
+ */
+struct GluRange {
+  int offset = 0;
+  int lo = 0;
+  int hi = 0;
+};
+/**
+ * @brief The start of both batched GLU kernels: the PDL wait, the header stamp (block 0), and s = +0 for
+ * every token on the channels no token selected (one warp per mask word, as GluRows). Returns the block's
+ * GluRange.
  */
 template <int kThreads, class T>
-PROX_DEVICE PROX_FORCEINLINE void batched_glu_begin(const BatchedGluGemvArgs<T>& a, const OpWorkspace& ws,
-                                                    int* s_warp, int* offset, int* lo, int* hi) {
+PROX_DEVICE PROX_FORCEINLINE GluRange batched_glu_begin(const BatchedGluGemvArgs<T>& a, const OpWorkspace& ws,
+                                                        int* s_warp) {
   constexpr int kWarps = kThreads / kWarpSize;
   pdl_wait();
   pdl_launch_dependents();
@@ -617,14 +616,16 @@ PROX_DEVICE PROX_FORCEINLINE void batched_glu_begin(const BatchedGluGemvArgs<T>&
   const int block = static_cast<int>(blockIdx.x);
   const int blocks = static_cast<int>(gridDim.x);
   int total = 0;
-  *offset = mask_rank_offset<kThreads>(a.union_mask, n_words, s_warp, &total);
-  rank_range(total, block, blocks, lo, hi);
+  GluRange r;
+  r.offset = mask_rank_offset<kThreads>(a.union_mask, n_words, s_warp, &total);
+  rank_range(total, block, blocks, &r.lo, &r.hi);
   for (long long w = block + static_cast<long long>(warp) * blocks; w < n_words;
        w += static_cast<long long>(kWarps) * blocks) {
     if (((a.union_mask[w] >> lane) & 1u) == 0u) {
       for (int b = 0; b < a.tokens; ++b) a.s[static_cast<std::size_t>(b) * a.d_ff + w * kWarpSize + lane] = 0.0f;
     }
   }
+  return r;
 }
 
 //! s[b][j] = u act(g) where token b selected channel j, +0 where it did not (the batched GLU's epilogue).
@@ -651,10 +652,7 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void batched
   __shared__ float s_red[kWarps][kV / kB][kB][kRows];  // [warp][m * kR + c][token][row]
   __shared__ int s_warp[kWarps];
 
-  int offset = 0;
-  int lo = 0;
-  int hi = 0;
-  detail::batched_glu_begin<kThreads>(a, ws, s_warp, &offset, &lo, &hi);
+  const detail::GluRange range = detail::batched_glu_begin<kThreads>(a, ws, s_warp);
   const int tid = static_cast<int>(threadIdx.x);
   const int lane = lane_id();
   const int warp = warp_id();
@@ -666,9 +664,9 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void batched
   const int steps_per_batch = Policy::steps_per_row(a.d_model);
   const std::size_t ld = static_cast<std::size_t>(a.d_model);
 #pragma unroll 1
-  for (int sub = lo; sub < hi; sub += kRows) {
-    const int count = min(kRows, hi - sub);
-    detail::gather_rank_range<kThreads>(a.union_mask, n_words, offset, sub, sub + count, s_ch);
+  for (int sub = range.lo; sub < range.hi; sub += kRows) {
+    const int count = min(kRows, range.hi - sub);
+    detail::gather_rank_range<kThreads>(a.union_mask, n_words, range.offset, sub, sub + count, s_ch);
     __syncthreads();
     const int total_steps = ((count + kR - 1) / kR) * steps_per_batch;
     struct Step {
@@ -771,10 +769,7 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void batched
   __shared__ float s_part[kWarps][2][kRows][8];  // [d_model slice][gate, up][row][token (8: the mma's n)]
   __shared__ int s_warp[kWarps];
 
-  int offset = 0;
-  int lo = 0;
-  int hi = 0;
-  detail::batched_glu_begin<kThreads>(a, ws, s_warp, &offset, &lo, &hi);
+  const detail::GluRange range = detail::batched_glu_begin<kThreads>(a, ws, s_warp);
   const int tid = static_cast<int>(threadIdx.x);
   const int lane = lane_id();
   const int warp = warp_id();
@@ -794,9 +789,9 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void batched
   const bool x_ok = g < tokens;
   const T* xg = a.x + static_cast<std::size_t>(x_ok ? g : 0) * ld + 8 * t;
 #pragma unroll 1
-  for (int sub = lo; sub < hi; sub += kRows) {
-    const int count = min(kRows, hi - sub);
-    detail::gather_rank_range<kThreads>(a.union_mask, n_words, offset, sub, sub + count, s_ch);
+  for (int sub = range.lo; sub < range.hi; sub += kRows) {
+    const int count = min(kRows, range.hi - sub);
+    detail::gather_rank_range<kThreads>(a.union_mask, n_words, range.offset, sub, sub + count, s_ch);
     __syncthreads();
     // As many 16-channel groups as the sub-batch needs; the warps left over split d_model between them.
     const int groups = (count + 15) / 16;

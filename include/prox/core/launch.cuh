@@ -114,6 +114,23 @@ Status spread_smem_for(int dev, long blocks, std::size_t* out) noexcept {
   return Status::kSuccess;
 }
 
+/**
+ * @brief Plan time: let `Kernel` take `bytes` of dynamic shared memory on device `dev` (the current
+ * device). Above kDefaultDynamicSmem this raises the kernel's cudaFuncAttributeMaxDynamicSharedMemorySize;
+ * a device whose per-block opt-in limit is smaller gives kErrorUnsupportedDevice, before any launch.
+ */
+template <auto Kernel>
+Status allow_dynamic_smem(int dev, std::size_t bytes) noexcept {
+  if (bytes <= kDefaultDynamicSmem) return Status::kSuccess;
+  int optin = 0;
+  PROX_RETURN_IF_ERROR(device_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>(dev, &optin));
+  if (bytes > static_cast<std::size_t>(optin)) return Status::kErrorUnsupportedDevice;
+  return cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)) ==
+                 cudaSuccess
+             ? Status::kSuccess
+             : Status::kErrorCudaRuntime;
+}
+
 //! Launch `kernel` with the planned configuration. Returns cudaLaunchKernelEx's own error as
 //! kErrorCudaRuntime (no cudaGetLastError: an engine's pending error stays the engine's).
 template <class... KArgs, class... Args>
