@@ -10,6 +10,7 @@
 #include <string>
 
 #include <prox/core/launch.cuh>
+#include <prox/core/math.hpp>
 #include <prox/core/policy.hpp>
 #include <prox/core/status.hpp>
 #include <prox/version.hpp>
@@ -170,6 +171,47 @@ TEST_CASE("spread_smem_bytes: a small grid gets shared memory for at most ceil(b
         CHECK(per_block % 128 == 0);
         CHECK(cap < fit);
         CHECK(long(std::size_t(kSmem) / per_block) == cap);
+      }
+    }
+  }
+}
+
+TEST_CASE("balanced_chunks: a grid under one wave gets shorter split-K chunks, never an empty one", "[policy]") {
+  using prox::detail::balanced_chunks;
+  using prox::detail::chunk_length;
+  using prox::detail::max_balanced_chunks;
+  // H100, 2 blocks per SM: the batched Stage 1 on Qwen3-1.7B (48 tiles of d_ff, d_model 2048, 2048-input
+  // chunks) goes from 1 chunk (48 blocks) to 4 of 512 (192 blocks; 5 would pass the 4x cap).
+  CHECK(balanced_chunks(2048, 2048, 16, 48, 264) == 4);
+  CHECK(chunk_length(2048, 4, 16) == 512);
+  // Qwen3-8B: 96 tiles x 2 chunks = 192 blocks; 3 chunks (288) would need a second wave.
+  CHECK(balanced_chunks(4096, 2048, 16, 96, 264) == 2);
+  // A grid of more than one wave keeps the policy's count (batched down GEMV, Qwen3-8B, B = 4: 384 blocks).
+  CHECK(balanced_chunks(12288, 1024, 32, 32, 264) == 12);
+  // Degenerate device numbers: the policy's count.
+  CHECK(balanced_chunks(4096, 1024, 16, 96, 0) == 4);
+  CHECK(balanced_chunks(4096, 1024, 16, 0, 264) == 4);
+  // Every answer: at least the policy's count, at most max_balanced_chunks, chunks no longer than the
+  // policy's and aligned, every chunk non-empty, and more chunks only where the grid stays in one wave.
+  for (const int align : {16, 32}) {
+    for (const int max_chunk : {256, 1024, 2048}) {
+      for (int k = align; k <= 6000; k += align * 7 + 8 * (k % 3)) {
+        for (const long tiles : {1L, 3L, 32L, 96L, 200L}) {
+          for (const long slots : {132L, 264L, 528L}) {
+            INFO("k " << k << ", max_chunk " << max_chunk << ", align " << align << ", tiles " << tiles
+                      << ", slots " << slots);
+            const int nominal = (k + max_chunk - 1) / max_chunk;
+            const int n = balanced_chunks(k, max_chunk, align, tiles, slots);
+            const int len = chunk_length(k, n, align);
+            CHECK(n >= nominal);
+            CHECK(n <= max_balanced_chunks(k, max_chunk, align));
+            CHECK(len <= max_chunk);
+            CHECK(len % align == 0);
+            CHECK(long(n - 1) * len < k);  // the last chunk holds at least one coordinate
+            CHECK(long(n) * len >= k);      // and the chunks cover k
+            if (n > nominal) CHECK(tiles * n <= slots);
+          }
+        }
       }
     }
   }

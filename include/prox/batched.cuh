@@ -102,6 +102,9 @@ struct BatchedProxyPolicy {
   static constexpr int kSlots = 8;             //!< 16-channel slots of a tile (one per lane group of 4)
   static constexpr int kTile = kSlots * Int4Weights::kChannelsPerVec;  //!< 128 channels
   static constexpr int kTn = kSlots * kTokenGroups;  //!< reduction column blocks of 16 channels
+  //! Split d_model into detail::balanced_chunks (B = 2, 4) or into the policy's own ceil(d_model / kChunk)
+  //! (B = 8: the balanced split made the Qwen3-1.7B FFN 2 % slower there, H100).
+  static constexpr bool kBalanced = Tokens < 8;
   static_assert(Tokens % 2 == 0 && Tokens <= kMaxBatchTokens, "token capacity 2, 4 or 8");
   static_assert(kTn <= kWarpSize && Threads % kTn == 0 && Threads % kWarpSize == 0, "policy shape");
   static_assert(Chunk % 16 == 0, "the tensor-core steps take 16 rows");
@@ -111,11 +114,12 @@ struct BatchedProxyPolicy {
   }
 };
 
-//! The candidates of a token capacity (dispatch.cuh picks the fewest waves, then the most blocks). Long
-//! chunks: with 512-input chunks at B = 2 a block streamed its ~260 union rows in 4 steps, and the
-//! Qwen3-8B grid took 3 waves. The kernel is bound by load latency (ncu, Qwen3-8B B = 4: 2.8 active warps
-//! per scheduler at 128 registers, 57 % of the stalls on L1TEX). At B = 2 and 4, 256-thread blocks (2 per
-//! SM) beat 128-thread ones (4 per SM) by 9 % on the Qwen3-14B FFN at B = 4, within 1 % elsewhere (H100,
+//! The candidates of a token capacity (dispatch.cuh picks the fewest waves, then the most blocks; B = 2
+//! and 4 split d_model into detail::balanced_chunks, so kChunk is the longest chunk). Long chunks: with
+//! 512-input chunks at B = 2 a block streamed its ~260 union rows in 4 steps, and the Qwen3-8B grid took 3
+//! waves. The kernel is bound by load latency (ncu, Qwen3-8B B = 4: 11.6 warps per SM at 128 registers,
+//! 37 % of DRAM bandwidth). At B = 2 and 4, 256-thread blocks (2 per SM) beat 128-thread ones (4 per SM)
+//! by 9 % on the Qwen3-14B FFN at B = 4, and by 1-18 % on the 4B-32B shapes with balanced chunks (H100,
 //! docs/history.md); the 2048-input chunk then needs 58 KB of shared memory (dynamic, opt-in). B = 8
 //! stays at 128 threads: its 168 registers per thread would spill under 2 blocks of 256.
 template <int Tokens>
@@ -222,7 +226,8 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void batched
   const int tile = static_cast<int>(blockIdx.x);
   const int chunk = static_cast<int>(blockIdx.y);
   const int n0 = tile * kTile;
-  const int k0 = chunk * kChunk;
+  const int chunk_len = detail::chunk_length(a.d_model, static_cast<int>(gridDim.y), 16);  // <= kChunk (plan)
+  const int k0 = chunk * chunk_len;
   const int ncols = min(kTile, a.d_ff - n0);  // a multiple of 32
   const int tokens = a.tokens;
 
@@ -245,7 +250,7 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void batched
     for (int i = 0; i < kXPer; ++i) {
       const int kk = i * kThreads + tid;
       const int k = k0 + kk;
-      const bool in = b < tokens && kk < kChunk && k < a.d_model;
+      const bool in = b < tokens && kk < chunk_len && k < a.d_model;
       xv[b][i] = in ? to_float(a.x[static_cast<std::size_t>(b) * a.d_model + k]) : 0.0f;
       keep[b][i] = in && keep_magnitude(xv[b][i], tau_x);
       any[i] = any[i] || keep[b][i];
@@ -473,13 +478,16 @@ struct BatchedProxyGemvOp {
   static constexpr int num_tiles(int d_ff) noexcept {
     return ceil_div(d_ff, P::kTile);
   }
+  //! Split-K chunks of d_model (detail::balanced_chunks: the last wave filled with shorter chunks).
   template <class P>
-  static constexpr int num_chunks(int d_model) noexcept {
-    return ceil_div(d_model, P::kChunk);
+  static constexpr int num_chunks(int d_model, int d_ff, int sm_count) noexcept {
+    if constexpr (!P::kBalanced) return ceil_div(d_model, P::kChunk);
+    return detail::balanced_chunks(d_model, P::kChunk, 16, num_tiles<P>(d_ff),
+                                   static_cast<long>(sm_count) * P::kMinBlocks);
   }
   template <class P>
-  static constexpr long num_blocks(int d_model, int d_ff) noexcept {
-    return static_cast<long>(num_tiles<P>(d_ff)) * num_chunks<P>(d_model);
+  static constexpr long num_blocks(int d_model, int d_ff, int sm_count) noexcept {
+    return static_cast<long>(num_tiles<P>(d_ff)) * num_chunks<P>(d_model, d_ff, sm_count);
   }
 
   /**
@@ -511,7 +519,8 @@ struct BatchedProxyGemvOp {
     w.sync = detail::tile_counter_bytes<detail::kMinTileWidth>(a.d_ff);
     for_each_policy<Policies>([&](auto p, int) {
       using P = decltype(p);
-      const int chunks = num_chunks<P>(a.d_model);
+      const int chunks = P::kBalanced ? detail::max_balanced_chunks(a.d_model, P::kChunk, 16)
+                                      : ceil_div(a.d_model, P::kChunk);
       const std::size_t cols = static_cast<std::size_t>(num_tiles<P>(a.d_ff)) * P::kTn * 16;
       const std::size_t parts = chunks > 1 ? sizeof(float) * 2 * P::kTokensPerThread * chunks * cols : 0;
       w.scratch = parts > w.scratch ? parts : w.scratch;
@@ -523,7 +532,8 @@ struct BatchedProxyGemvOp {
   //! kernel's limit raised to it where it exceeds the default 48 KB.
   template <class P>
   static Status configure(const Args& a, const Options&, const DeviceInfo& d, LaunchConfig* lc) noexcept {
-    lc->grid = dim3(static_cast<unsigned>(num_tiles<P>(a.d_ff)), static_cast<unsigned>(num_chunks<P>(a.d_model)));
+    lc->grid = dim3(static_cast<unsigned>(num_tiles<P>(a.d_ff)),
+                    static_cast<unsigned>(num_chunks<P>(a.d_model, a.d_ff, d.sm_count)));
     lc->block = dim3(P::kThreads);
     if (lc->grid.y > 65535u) return Status::kErrorInvalidShape;
     lc->smem = sizeof(detail::BatchedProxySmem<P>);
@@ -1001,7 +1011,8 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void batched
   const int tile = static_cast<int>(blockIdx.x);
   const int chunk = static_cast<int>(blockIdx.y);
   const int d0 = tile * kTile;
-  const int c0 = chunk * kChunk;
+  const int chunk_len = detail::chunk_length(a.d_ff, static_cast<int>(gridDim.y), 32);  // <= kChunk (plan)
+  const int c0 = chunk * chunk_len;
   const int tokens = a.tokens;
   pdl_wait();
   pdl_launch_dependents();
@@ -1013,7 +1024,7 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void batched
   for (int i = 0; i < kPer; ++i) {
     const int t = i * kThreads + tid;
     const int j = c0 + t;
-    const bool in = t < kChunk && j < a.d_ff;
+    const bool in = t < chunk_len && j < a.d_ff;
     const std::uint32_t word = in ? a.union_mask[j / kWarpSize] : 0u;
     sel[i] = (word >> (j % kWarpSize)) & 1u;
 #pragma unroll
@@ -1123,13 +1134,15 @@ struct BatchedDownGemvOp {
   static constexpr int num_tiles(int d_model) noexcept {
     return ceil_div(d_model, P::kTile);
   }
+  //! Split-K chunks of d_ff (detail::balanced_chunks: the last wave filled with shorter chunks).
   template <class P>
-  static constexpr int num_chunks(int d_ff) noexcept {
-    return ceil_div(d_ff, P::kChunk);
+  static constexpr int num_chunks(int d_model, int d_ff, int sm_count) noexcept {
+    return detail::balanced_chunks(d_ff, P::kChunk, 32, num_tiles<P>(d_model),
+                                   static_cast<long>(sm_count) * P::kMinBlocks);
   }
   template <class P>
-  static constexpr long num_blocks(int d_model, int d_ff) noexcept {
-    return static_cast<long>(num_tiles<P>(d_model)) * num_chunks<P>(d_ff);
+  static constexpr long num_blocks(int d_model, int d_ff, int sm_count) noexcept {
+    return static_cast<long>(num_tiles<P>(d_model)) * num_chunks<P>(d_model, d_ff, sm_count);
   }
   //! DownGemvOp's rules, tokens in [1, Tokens].
   static Status can_implement(const Args& a) noexcept {
@@ -1149,7 +1162,7 @@ struct BatchedDownGemvOp {
     WorkspaceNeeds w;
     w.sync = detail::tile_counter_bytes<detail::kMinTileWidth>(a.d_model);
     for_each_policy<Policies>([&](auto p, int) {
-      const int chunks = num_chunks<decltype(p)>(a.d_ff);
+      const int chunks = detail::max_balanced_chunks(a.d_ff, decltype(p)::kChunk, 32);
       const std::size_t parts =
           chunks > 1 ? sizeof(float) * static_cast<std::size_t>(chunks) * Tokens * a.d_model : 0;
       w.scratch = parts > w.scratch ? parts : w.scratch;
@@ -1157,8 +1170,9 @@ struct BatchedDownGemvOp {
     return w;
   }
   template <class P>
-  static Status configure(const Args& a, const Options&, const DeviceInfo&, LaunchConfig* lc) noexcept {
-    lc->grid = dim3(static_cast<unsigned>(num_tiles<P>(a.d_model)), static_cast<unsigned>(num_chunks<P>(a.d_ff)));
+  static Status configure(const Args& a, const Options&, const DeviceInfo& d, LaunchConfig* lc) noexcept {
+    lc->grid = dim3(static_cast<unsigned>(num_tiles<P>(a.d_model)),
+                    static_cast<unsigned>(num_chunks<P>(a.d_model, a.d_ff, d.sm_count)));
     lc->block = dim3(P::kThreads);
     return lc->grid.y > 65535u ? Status::kErrorInvalidShape : Status::kSuccess;
   }

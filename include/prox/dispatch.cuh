@@ -130,13 +130,13 @@ template <class T, class Act, int B>
 int default_policy(BatchedProxyGemvOp<T, Act, B>, const DeviceInfo& d, const BatchedProxyGemvArgs<T>& a) noexcept {
   using Op = BatchedProxyGemvOp<T, Act, B>;
   return detail::default_fewest_waves<typename Op::Policies>(
-      d.sm_count, [&](auto p) { return Op::template num_blocks<decltype(p)>(a.d_model, a.d_ff); });
+      d.sm_count, [&](auto p) { return Op::template num_blocks<decltype(p)>(a.d_model, a.d_ff, d.sm_count); });
 }
 template <class T, int B>
 int default_policy(BatchedDownGemvOp<T, B>, const DeviceInfo& d, const BatchedDownGemvArgs<T>& a) noexcept {
   using Op = BatchedDownGemvOp<T, B>;
   return detail::default_fewest_waves<typename Op::Policies>(
-      d.sm_count, [&](auto p) { return Op::template num_blocks<decltype(p)>(a.d_model, a.d_ff); });
+      d.sm_count, [&](auto p) { return Op::template num_blocks<decltype(p)>(a.d_model, a.d_ff, d.sm_count); });
 }
 
 PROX_NAMESPACE_END

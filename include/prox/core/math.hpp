@@ -33,6 +33,40 @@ constexpr bool is_pow2(int v) noexcept { return v > 0 && (v & (v - 1)) == 0; }
 PROX_HOST_DEVICE constexpr int log2_pow2(int v) noexcept { return v <= 1 ? 0 : 1 + log2_pow2(v / 2); }
 
 namespace detail {
+//! Most chunks balanced_chunks() makes of a reduction, as a multiple of the policy's own count.
+constexpr int kMaxChunkSplit = 4;
+
+//! Length of each of `chunks` split-K chunks of a k-long reduction: ceil(k / chunks) rounded up to
+//! `align`. Kernels derive it from their grid (gridDim.y), planners from the count they chose.
+PROX_HOST_DEVICE constexpr int chunk_length(int k, int chunks, int align) noexcept {
+  return round_up(ceil_div(k, chunks), align);
+}
+
+//! The most chunks balanced_chunks() can return: what a workspace holding every chunk's partials sizes for.
+constexpr int max_balanced_chunks(int k, int max_chunk, int align) noexcept {
+  const int nominal = ceil_div(k, max_chunk);
+  const int cap = ceil_div(k, align);
+  return kMaxChunkSplit * nominal < cap ? kMaxChunkSplit * nominal : cap;
+}
+
+/**
+ * @brief Split-K chunk count that fills a grid of less than one wave. A policy's own count is ceil(k /
+ * max_chunk), giving tiles x that many blocks; when that grid fits in one wave of `slots` resident blocks,
+ * this takes the largest count, up to kMaxChunkSplit times the policy's, whose grid still fits and which
+ * leaves no chunk empty. A grid of more than one wave keeps the policy's count: filling its last wave
+ * with shorter chunks made the batched FFN 7-22 % slower at B = 4, while filling a single wave made
+ * it 3-7 % faster on the Qwen3-1.7B and 4B shapes at B = 2 and 4 (H100, docs/history.md).
+ */
+constexpr int balanced_chunks(int k, int max_chunk, int align, long tiles, long slots) noexcept {
+  const int nominal = ceil_div(k, max_chunk);
+  if (tiles <= 0 || slots <= 0) return nominal;
+  int best = nominal;
+  for (int n = nominal + 1; n <= max_balanced_chunks(k, max_chunk, align) && tiles * n <= slots; ++n) {
+    if (static_cast<long>(n - 1) * chunk_length(k, n, align) < k) best = n;
+  }
+  return best;
+}
+
 //! The splitmix64 finalizer: a bijection on 64-bit integers with good avalanche (seeded hashes of
 //! the calibration reservoir, synthetic data of the tuner and the benches).
 PROX_HOST_DEVICE constexpr std::uint64_t mix64(std::uint64_t z) noexcept {
