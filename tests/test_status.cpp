@@ -180,12 +180,17 @@ TEST_CASE("balanced_chunks: a grid under one wave gets shorter split-K chunks, n
   using prox::detail::balanced_chunks;
   using prox::detail::chunk_length;
   using prox::detail::max_balanced_chunks;
+  using prox::detail::split_chunk_length;
   // H100, 2 blocks per SM: the batched Stage 1 on Qwen3-1.7B (48 tiles of d_ff, d_model 2048, 2048-input
   // chunks) goes from 1 chunk (48 blocks) to 4 of 512 (192 blocks; 5 would pass the 4x cap).
   CHECK(balanced_chunks(2048, 2048, 16, 48, 264) == 4);
   CHECK(chunk_length(2048, 4, 16) == 512);
   // Qwen3-8B: 96 tiles x 2 chunks = 192 blocks; 3 chunks (288) would need a second wave.
   CHECK(balanced_chunks(4096, 2048, 16, 96, 264) == 2);
+  // The policy's own count keeps the policy's split: Qwen3-32B's 5120 inputs as 2048 + 2048 + 1024.
+  CHECK(balanced_chunks(5120, 2048, 16, 200, 264) == 3);
+  CHECK(split_chunk_length(5120, 3, 2048, 16) == 2048);
+  CHECK(split_chunk_length(2048, 4, 2048, 16) == 512);
   // A grid of more than one wave keeps the policy's count (batched down GEMV, Qwen3-8B, B = 4: 384 blocks).
   CHECK(balanced_chunks(12288, 1024, 32, 32, 264) == 12);
   // Degenerate device numbers: the policy's count.
@@ -202,7 +207,8 @@ TEST_CASE("balanced_chunks: a grid under one wave gets shorter split-K chunks, n
                       << ", slots " << slots);
             const int nominal = (k + max_chunk - 1) / max_chunk;
             const int n = balanced_chunks(k, max_chunk, align, tiles, slots);
-            const int len = chunk_length(k, n, align);
+            const int len = split_chunk_length(k, n, max_chunk, align);
+            CHECK(len == (n == nominal ? max_chunk : chunk_length(k, n, align)));
             CHECK(n >= nominal);
             CHECK(n <= max_balanced_chunks(k, max_chunk, align));
             CHECK(len <= max_chunk);

@@ -226,7 +226,7 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void batched
   const int tile = static_cast<int>(blockIdx.x);
   const int chunk = static_cast<int>(blockIdx.y);
   const int n0 = tile * kTile;
-  const int chunk_len = detail::chunk_length(a.d_model, static_cast<int>(gridDim.y), 16);  // <= kChunk (plan)
+  const int chunk_len = detail::split_chunk_length(a.d_model, static_cast<int>(gridDim.y), kChunk, 16);
   const int k0 = chunk * chunk_len;
   const int ncols = min(kTile, a.d_ff - n0);  // a multiple of 32
   const int tokens = a.tokens;
@@ -1011,7 +1011,7 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void batched
   const int tile = static_cast<int>(blockIdx.x);
   const int chunk = static_cast<int>(blockIdx.y);
   const int d0 = tile * kTile;
-  const int chunk_len = detail::chunk_length(a.d_ff, static_cast<int>(gridDim.y), 32);  // <= kChunk (plan)
+  const int chunk_len = detail::split_chunk_length(a.d_ff, static_cast<int>(gridDim.y), kChunk, 32);
   const int c0 = chunk * chunk_len;
   const int tokens = a.tokens;
   pdl_wait();

@@ -37,9 +37,16 @@ namespace detail {
 constexpr int kMaxChunkSplit = 4;
 
 //! Length of each of `chunks` split-K chunks of a k-long reduction: ceil(k / chunks) rounded up to
-//! `align`. Kernels derive it from their grid (gridDim.y), planners from the count they chose.
+//! `align` (the last chunk may be shorter).
 PROX_HOST_DEVICE constexpr int chunk_length(int k, int chunks, int align) noexcept {
   return round_up(ceil_div(k, chunks), align);
+}
+
+//! Chunk length of a split into `chunks` chunks by balanced_chunks(): `max_chunk` (the policy's own split,
+//! the last chunk shorter) when `chunks` is the policy's count ceil(k / max_chunk), else chunk_length().
+//! Kernels call it with their grid's chunk count (gridDim.y).
+PROX_HOST_DEVICE constexpr int split_chunk_length(int k, int chunks, int max_chunk, int align) noexcept {
+  return chunks <= ceil_div(k, max_chunk) ? max_chunk : chunk_length(k, chunks, align);
 }
 
 //! The most chunks balanced_chunks() can return: what a workspace holding every chunk's partials sizes for.
@@ -53,7 +60,7 @@ constexpr int max_balanced_chunks(int k, int max_chunk, int align) noexcept {
  * @brief Split-K chunk count that fills a grid of less than one wave. A policy's own count is ceil(k /
  * max_chunk), giving tiles x that many blocks; when that grid fits in one wave of `slots` resident blocks,
  * this takes the largest count, up to kMaxChunkSplit times the policy's, whose grid still fits and which
- * leaves no chunk empty. A grid of more than one wave keeps the policy's count: filling its last wave
+ * leaves no chunk empty (chunks of chunk_length(); split_chunk_length() gives either split). A grid of more than one wave keeps the policy's count: filling its last wave
  * with shorter chunks made the batched FFN 7-22 % slower at B = 4, while filling a single wave made
  * it 3-7 % faster on the Qwen3-1.7B and 4B shapes at B = 2 and 4 (H100, docs/history.md).
  */
