@@ -193,6 +193,12 @@ TEST_CASE("balanced_chunks: a grid under one wave gets shorter split-K chunks, n
   CHECK(split_chunk_length(2048, 4, 2048, 16) == 512);
   // A grid of more than one wave keeps the policy's count (batched down GEMV, Qwen3-8B, B = 4: 384 blocks).
   CHECK(balanced_chunks(12288, 1024, 32, 32, 264) == 12);
+  // The workspace bound does not depend on the device: a device with 4096 resident blocks still stops at
+  // kMaxBalancedBlocks (2048 / 96 tiles = 21 chunks, not 4 x 8 = 32), and a grid past it keeps the
+  // policy's count.
+  CHECK(balanced_chunks(8192, 1024, 16, 96, 4096) == 21);
+  CHECK(max_balanced_chunks(12288, 256, 32, 32) == 64);
+  CHECK(max_balanced_chunks(25600, 256, 32, 40) == 100);
   // Degenerate device numbers: the policy's count.
   CHECK(balanced_chunks(4096, 1024, 16, 96, 0) == 4);
   CHECK(balanced_chunks(4096, 1024, 16, 0, 264) == 4);
@@ -210,7 +216,8 @@ TEST_CASE("balanced_chunks: a grid under one wave gets shorter split-K chunks, n
             const int len = split_chunk_length(k, n, max_chunk, align);
             CHECK(len == (n == nominal ? max_chunk : chunk_length(k, n, align)));
             CHECK(n >= nominal);
-            CHECK(n <= max_balanced_chunks(k, max_chunk, align));
+            CHECK(n <= max_balanced_chunks(k, max_chunk, align, tiles));
+            if (n > nominal) CHECK(tiles * n <= prox::detail::kMaxBalancedBlocks);
             CHECK(len <= max_chunk);
             CHECK(len % align == 0);
             CHECK(long(n - 1) * len < k);  // the last chunk holds at least one coordinate

@@ -519,7 +519,7 @@ struct BatchedProxyGemvOp {
     w.sync = detail::tile_counter_bytes<detail::kMinTileWidth>(a.d_ff);
     for_each_policy<Policies>([&](auto p, int) {
       using P = decltype(p);
-      const int chunks = P::kBalanced ? detail::max_balanced_chunks(a.d_model, P::kChunk, 16)
+      const int chunks = P::kBalanced ? detail::max_balanced_chunks(a.d_model, P::kChunk, 16, num_tiles<P>(a.d_ff))
                                       : ceil_div(a.d_model, P::kChunk);
       const std::size_t cols = static_cast<std::size_t>(num_tiles<P>(a.d_ff)) * P::kTn * 16;
       const std::size_t parts = chunks > 1 ? sizeof(float) * 2 * P::kTokensPerThread * chunks * cols : 0;
@@ -1162,7 +1162,8 @@ struct BatchedDownGemvOp {
     WorkspaceNeeds w;
     w.sync = detail::tile_counter_bytes<detail::kMinTileWidth>(a.d_model);
     for_each_policy<Policies>([&](auto p, int) {
-      const int chunks = detail::max_balanced_chunks(a.d_ff, decltype(p)::kChunk, 32);
+      using P = decltype(p);
+      const int chunks = detail::max_balanced_chunks(a.d_ff, P::kChunk, 32, num_tiles<P>(a.d_model));
       const std::size_t parts =
           chunks > 1 ? sizeof(float) * static_cast<std::size_t>(chunks) * Tokens * a.d_model : 0;
       w.scratch = parts > w.scratch ? parts : w.scratch;

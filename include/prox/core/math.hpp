@@ -49,18 +49,27 @@ PROX_HOST_DEVICE constexpr int split_chunk_length(int k, int chunks, int max_chu
   return chunks <= ceil_div(k, max_chunk) ? max_chunk : chunk_length(k, chunks, align);
 }
 
-//! The most chunks balanced_chunks() can return: what a workspace holding every chunk's partials sizes for.
-constexpr int max_balanced_chunks(int k, int max_chunk, int align) noexcept {
+//! Most blocks a grid extended by balanced_chunks() may have: one wave of any device up to 512 SMs x 4
+//! blocks. It bounds the workspace (max_balanced_chunks) without knowing the device.
+constexpr long kMaxBalancedBlocks = 2048;
+
+//! The most chunks balanced_chunks() can return for `tiles` tiles on any device: the policy's count, or
+//! up to kMaxChunkSplit times it within kMaxBalancedBlocks blocks and ceil(k / align) chunks. What a
+//! workspace holding every chunk's partials sizes for.
+constexpr int max_balanced_chunks(int k, int max_chunk, int align, long tiles) noexcept {
   const int nominal = ceil_div(k, max_chunk);
-  const int cap = ceil_div(k, align);
-  return kMaxChunkSplit * nominal < cap ? kMaxChunkSplit * nominal : cap;
+  long cap = static_cast<long>(kMaxChunkSplit) * nominal;
+  if (cap > ceil_div(k, align)) cap = ceil_div(k, align);
+  if (tiles > 0 && cap > kMaxBalancedBlocks / tiles) cap = kMaxBalancedBlocks / tiles;
+  return cap > nominal ? static_cast<int>(cap) : nominal;
 }
 
 /**
  * @brief Split-K chunk count that fills a grid of less than one wave. A policy's own count is ceil(k /
  * max_chunk), giving tiles x that many blocks; when that grid fits in one wave of `slots` resident blocks,
  * this takes the largest count, up to kMaxChunkSplit times the policy's, whose grid still fits and which
- * leaves no chunk empty (chunks of chunk_length(); split_chunk_length() gives either split). A grid of more than one wave keeps the policy's count: filling its last wave
+ * leaves no chunk empty (chunks of chunk_length(); split_chunk_length() gives either split), within
+ * max_balanced_chunks(). A grid of more than one wave keeps the policy's count: filling its last wave
  * with shorter chunks made the batched FFN 7-22 % slower at B = 4, while filling a single wave made
  * it 3-7 % faster on the Qwen3-1.7B and 4B shapes at B = 2 and 4 (H100, docs/history.md).
  */
@@ -68,7 +77,8 @@ constexpr int balanced_chunks(int k, int max_chunk, int align, long tiles, long 
   const int nominal = ceil_div(k, max_chunk);
   if (tiles <= 0 || slots <= 0) return nominal;
   int best = nominal;
-  for (int n = nominal + 1; n <= max_balanced_chunks(k, max_chunk, align) && tiles * n <= slots; ++n) {
+  const int cap = max_balanced_chunks(k, max_chunk, align, tiles);
+  for (int n = nominal + 1; n <= cap && tiles * n <= slots; ++n) {
     if (static_cast<long>(n - 1) * chunk_length(k, n, align) < k) best = n;
   }
   return best;
