@@ -211,14 +211,15 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void batched
   using Reducer = typename Smem::Reducer;
   static_assert(std::is_same_v<Reducer, detail::TileReducer<kThreads, kTn, 16, kMats>>, "reducer shape");
   constexpr int kCols = kTn * 16;
-  constexpr int kXPer = (kChunk + kThreads - 1) / kThreads;
+  constexpr int kXPer = kChunk / kThreads;  // coordinates of x per thread and token
+  static_assert(kChunk % kThreads == 0 && (kXPer == 2 || kXPer == 4 || kXPer == 8), "runs of 2, 4 or 8");
 
   extern __shared__ __align__(16) unsigned char prox_batched_proxy_smem[];
   Smem& smem = *reinterpret_cast<Smem*>(prox_batched_proxy_smem);
   int(&s_rows)[kChunk] = smem.rows;
   __half(&s_x)[kB][kChunk] = smem.x;
   typename Reducer::Storage& s_red = smem.red;
-  __shared__ int s_warp[kXPer * kWarps];
+  __shared__ int s_warp[kWarps];
   __shared__ std::uint32_t s_union[kTile / kWarpSize];
   __shared__ int s_ready;
 
@@ -237,39 +238,59 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void batched
   const float tau_s = a.thresholds != nullptr ? __ldg(a.thresholds + 1) : a.tau_s;
   const detail::HeaderWords header =
       tid == 0 ? detail::workspace_header(ws.guard, blockIdx.x + blockIdx.y) : detail::HeaderWords{};
+  // The scales of the one channel this thread finishes in the epilogue (tile column tid % kTile for every
+  // token), loaded now: the last block of a tile does not wait for them after the combine (as
+  // proxy_gemv_kernel).
+  static_assert(kThreads % kTile == 0, "a thread's epilogue channel is the same for every token");
+  const int my_ch = tid % kTile;
+  const bool my_in = my_ch < ncols;
+  const float my_sg = my_in ? a.gate.scales[n0 + my_ch] : 0.0f;
+  const float my_su = my_in ? a.up.scales[n0 + my_ch] : 0.0f;
 
-  // 1. Threshold every token's chunk of x; compact the union of the kept coordinates, in order.
+  // 1. Threshold every token's chunk of x; compact the union of the kept coordinates, in order. Thread t
+  // owns the kXPer consecutive coordinates k0 + t kXPer .. + kXPer - 1 of every token: one vector load
+  // per token (x aligned to the run), all issued before the first compare. (Strided scalar loads, kXPer
+  // per token, made the prologue the larger part of the kernel: 9.8 of 32.5 us on Qwen3-8B at B = 4,
+  // ncu on the H100, docs/history.md.) The chunk starts at a multiple of 16 and d_model is a multiple of
+  // 8, so a thread's run lies wholly inside or wholly outside the chunk and the matrix.
+  const int kk0 = tid * kXPer;
+  const bool run_in = kk0 < chunk_len && k0 + kk0 < a.d_model;
+  const bool vec = reinterpret_cast<std::uintptr_t>(a.x) % (kXPer * sizeof(T)) == 0;
   float xv[kB][kXPer];
-  bool keep[kB][kXPer];
-  bool any[kXPer];
-#pragma unroll
-  for (int i = 0; i < kXPer; ++i) any[i] = false;
 #pragma unroll
   for (int b = 0; b < kB; ++b) {
+    if (run_in && b < tokens) {
+      load_run<kXPer>(a.x + static_cast<std::size_t>(b) * a.d_model + k0 + kk0, vec, xv[b]);
+    } else {
 #pragma unroll
-    for (int i = 0; i < kXPer; ++i) {
-      const int kk = i * kThreads + tid;
-      const int k = k0 + kk;
-      const bool in = b < tokens && kk < chunk_len && k < a.d_model;
-      xv[b][i] = in ? to_float(a.x[static_cast<std::size_t>(b) * a.d_model + k]) : 0.0f;
-      keep[b][i] = in && keep_magnitude(xv[b][i], tau_x);
-      any[i] = any[i] || keep[b][i];
+      for (int i = 0; i < kXPer; ++i) xv[b][i] = 0.0f;
     }
   }
-  int pos[kXPer];
-  int total[kXPer];
-  block_compact_positions<kThreads, kXPer>(any, s_warp, pos, total);
-  if (tid < kTile / kWarpSize) s_union[tid] = 0u;
+  bool keep[kB][kXPer];
+  bool any[kXPer];
+  int mine = 0;
+#pragma unroll
+  for (int i = 0; i < kXPer; ++i) {
+    any[i] = false;
+#pragma unroll
+    for (int b = 0; b < kB; ++b) {
+      keep[b][i] = run_in && b < tokens && keep_magnitude(xv[b][i], tau_x);
+      any[i] = any[i] || keep[b][i];
+    }
+    mine += any[i] ? 1 : 0;
+  }
+  // Runs in thread order are coordinates in order: the union's rows are listed in increasing k.
   int count = 0;
+  int at = block_exclusive_sum<kThreads>(mine, s_warp, &count);
+  if (tid < kTile / kWarpSize) s_union[tid] = 0u;
 #pragma unroll
   for (int i = 0; i < kXPer; ++i) {
     if (any[i]) {
-      s_rows[count + pos[i]] = k0 + i * kThreads + tid;
+      s_rows[at] = k0 + kk0 + i;
 #pragma unroll
-      for (int b = 0; b < kB; ++b)
-        s_x[b][count + pos[i]] = __float2half_rn(keep[b][i] ? xv[b][i] * Int4Weights::kXScale : 0.0f);
+      for (int b = 0; b < kB; ++b) s_x[b][at] = __float2half_rn(keep[b][i] ? xv[b][i] * Int4Weights::kXScale : 0.0f);
+      ++at;
     }
-    count += total[i];
   }
   // The tensor-core steps take 16 rows: x is 0 on the rows past the union up to the next multiple of 16
   // (their weight loads are predicated off and decode to 0; 0 x stale shared memory could be NaN).
@@ -428,15 +449,15 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void batched
   for (int i0 = 0; i0 < kPairs; i0 += kThreads) {
     const int i = i0 + tid;
     const int b = i / kTile;  // warp-uniform (kTile is a multiple of 32)
-    const int ch = i % kTile;
+    const int ch = my_ch;     // i % kTile
     const int j = n0 + ch;
-    const bool in = i < kPairs && b < tokens && ch < ncols;
+    const bool in = i < kPairs && b < tokens && my_in;
     bool sel = false;
     if (in) {
       const int tg = b / kTpt;
       const int t = b % kTpt;
-      const float g = Reducer::at(s_red, t, tg * kTile + ch) * a.gate.scales[j];
-      const float u = Reducer::at(s_red, kTpt + t, tg * kTile + ch) * a.up.scales[j];
+      const float g = Reducer::at(s_red, t, tg * kTile + ch) * my_sg;
+      const float u = Reducer::at(s_red, kTpt + t, tg * kTile + ch) * my_su;
       const float s = u * act(g);
       sel = keep_magnitude(s, tau_s);
       if (a.s_proxy != nullptr) a.s_proxy[static_cast<std::size_t>(b) * a.d_ff + j] = s;

@@ -136,6 +136,41 @@ PROX_DEVICE PROX_FORCEINLINE void unpack8(uint4 v, float (&out)[8]) {
   }
 }
 
+/**
+ * @brief Load kN (2, 4 or 8) consecutive elements of T as floats: one vector load of kN * sizeof(T)
+ * bytes when `vec` (p aligned to that), else kN scalar loads. The same values either way.
+ */
+template <int kN, class T>
+PROX_DEVICE PROX_FORCEINLINE void load_run(const T* p, bool vec, float (&out)[kN]) {
+  static_assert(kN == 2 || kN == 4 || kN == 8, "runs of 2, 4 or 8");
+  static_assert(sizeof(T) == 2, "16-bit elements");
+  if (vec) {
+    uint32_t w[kN / 2];
+    if constexpr (kN == 8) {
+      const uint4 u = *reinterpret_cast<const uint4*>(p);
+      w[0] = u.x;
+      w[1] = u.y;
+      w[2] = u.z;
+      w[3] = u.w;
+    } else if constexpr (kN == 4) {
+      const uint2 u = *reinterpret_cast<const uint2*>(p);
+      w[0] = u.x;
+      w[1] = u.y;
+    } else {
+      w[0] = *reinterpret_cast<const uint32_t*>(p);
+    }
+#pragma unroll
+    for (int i = 0; i < kN / 2; ++i) {
+      const float2 f = DTypeTraits<T>::to_float2(as_pair<T>(w[i]));
+      out[2 * i] = f.x;
+      out[2 * i + 1] = f.y;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < kN; ++i) out[i] = to_float(p[i]);
+  }
+}
+
 //! Pack 8 floats into 16 bytes of T (round to nearest even).
 template <class T>
 PROX_DEVICE PROX_FORCEINLINE uint4 pack8(const float (&in)[8]) {
