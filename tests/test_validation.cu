@@ -365,6 +365,30 @@ TEST_CASE("Stage 1: the plan's default policy takes the fewest waves, then cp.as
   CHECK(dflt(4096, 12288) == 0);  // Qwen3-8B: 384 blocks, one wave
 }
 
+TEST_CASE("batched down GEMV at B = 4: the one-wave-only candidate where its grid fits one wave", "[validation]") {
+  prox::DeviceInfo h100;
+  h100.sm_count = 132;
+  h100.cc_major = 9;
+  const auto dflt = [&](int d_model, int d_ff) {
+    prox::BatchedDownGemvArgs<__half> a;
+    a.d_model = d_model;
+    a.d_ff = d_ff;
+    return prox::default_policy(prox::BatchedDownGemvOp<__half, 4>{}, h100, a);
+  };
+  using Op = prox::BatchedDownGemvOp<__half, 4>;
+  using OneWave = prox::PolicyAt<2, Op::Policies>;
+  static_assert(OneWave::kOneWave && OneWave::kChunk == 1536, "candidate 2 is the one-wave 1536-channel one");
+  // Qwen3-8B: 32 tiles x 8 chunks = 256 blocks in 264 slots, against 384 (2 waves) for candidate 0.
+  CHECK(Op::num_blocks<OneWave>(4096, 12288, 132) == 256);
+  CHECK(dflt(4096, 12288) == 2);
+  // Qwen3-14B and 32B: the candidate would only take 3 waves to 2 (4 to 3); it is left out.
+  CHECK(Op::num_blocks<OneWave>(5120, 17408, 132) > 264);
+  CHECK(dflt(5120, 17408) == 0);
+  CHECK(dflt(5120, 25600) == 0);
+  // Qwen3-1.7B: every candidate fits one wave after the balanced split; the tie goes to candidate 0.
+  CHECK(dflt(2048, 6144) == 0);
+}
+
 namespace {
 //! Bytes of split-K partials a policy writes (0 without split-K).
 constexpr std::size_t partial_bytes(int chunks, int mats, int columns) {

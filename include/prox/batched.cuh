@@ -976,9 +976,10 @@ struct BatchedDownGemvArgs {
 /**
  * @brief Policy of the batched down GEMV: 128-output tiles (16 threads x 8 outputs per row), Chunk
  * channels per block (split-K), Unroll rows in flight per thread; each thread accumulates its 8
- * outputs for every token (8 x Tokens fp32).
+ * outputs for every token (8 x Tokens fp32). OneWave: a default candidate only where its grid fits in
+ * one wave (dispatch.cuh); the tuner measures it everywhere.
  */
-template <int Tokens, int Threads, int Chunk, int Unroll, int MinBlocks>
+template <int Tokens, int Threads, int Chunk, int Unroll, int MinBlocks, bool OneWave = false>
 struct BatchedDownPolicy {
   static constexpr int kTokens = Tokens;
   static constexpr int kThreads = Threads;
@@ -986,15 +987,19 @@ struct BatchedDownPolicy {
   static constexpr int kChunk = Chunk;
   static constexpr int kUnroll = Unroll;
   static constexpr int kMinBlocks = MinBlocks;
+  static constexpr bool kOneWave = OneWave;
   static_assert(Chunk % 32 == 0 && Threads % 16 == 0, "policy shape");
   static std::string name() {
     return "bdown_b" + std::to_string(Tokens) + "_t" + std::to_string(Threads) + "_c" + std::to_string(Chunk) + "_u" +
-           std::to_string(Unroll) + "_m" + std::to_string(MinBlocks);
+           std::to_string(Unroll) + "_m" + std::to_string(MinBlocks) + (OneWave ? "_w1" : "");
   }
 };
 
 //! Candidates per token capacity (dispatch.cuh: the fewest waves, then the most blocks): long chunks, so
-//! that a block streams its union rows in more than a few steps (as Stage 1's, measured with ncu).
+//! that a block streams its union rows in more than a few steps (as Stage 1's, measured with ncu). B = 4's
+//! 1536-channel chunks make the Qwen3-8B grid one wave (256 blocks, not 384 in 1.45 waves): its FFN
+//! 2.6 % faster. Where they only take a multi-wave grid to fewer waves they do not pay (Qwen3-14B -0.3 %,
+//! 32B +0.7 %, H100, docs/history.md), hence OneWave.
 template <int Tokens>
 struct BatchedDownPoliciesFor;
 template <>
@@ -1003,7 +1008,8 @@ struct BatchedDownPoliciesFor<2> {
 };
 template <>
 struct BatchedDownPoliciesFor<4> {
-  using type = PolicyList<BatchedDownPolicy<4, 256, 1024, 4, 2>, BatchedDownPolicy<4, 256, 512, 4, 2>>;
+  using type = PolicyList<BatchedDownPolicy<4, 256, 1024, 4, 2>, BatchedDownPolicy<4, 256, 512, 4, 2>,
+                         BatchedDownPolicy<4, 256, 1536, 4, 2, true>>;
 };
 template <>
 struct BatchedDownPoliciesFor<8> {

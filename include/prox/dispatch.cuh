@@ -132,11 +132,17 @@ int default_policy(BatchedProxyGemvOp<T, Act, B>, const DeviceInfo& d, const Bat
   return detail::default_fewest_waves<typename Op::Policies>(
       d.sm_count, [&](auto p) { return Op::template num_blocks<decltype(p)>(a.d_model, a.d_ff, d.sm_count); });
 }
+//! A kOneWave down candidate whose grid needs more than one wave is left out (counted as needing more
+//! waves than any other).
 template <class T, int B>
 int default_policy(BatchedDownGemvOp<T, B>, const DeviceInfo& d, const BatchedDownGemvArgs<T>& a) noexcept {
   using Op = BatchedDownGemvOp<T, B>;
-  return detail::default_fewest_waves<typename Op::Policies>(
-      d.sm_count, [&](auto p) { return Op::template num_blocks<decltype(p)>(a.d_model, a.d_ff, d.sm_count); });
+  return detail::default_fewest_waves<typename Op::Policies>(d.sm_count, [&](auto p) {
+    using P = decltype(p);
+    const long blocks = Op::template num_blocks<P>(a.d_model, a.d_ff, d.sm_count);
+    const long wave = static_cast<long>(d.sm_count) * P::kMinBlocks;
+    return P::kOneWave && blocks > wave ? (1L << 40) : blocks;
+  });
 }
 
 PROX_NAMESPACE_END
