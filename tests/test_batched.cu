@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <vector>
 
 #include <prox/prox.cuh>
@@ -232,6 +233,63 @@ TEMPLATE_TEST_CASE("Batched FFN: each token as its batch-1 run, small and odd sh
 TEMPLATE_TEST_CASE("Batched FFN: Qwen3-1.7B shape", "[batched][gpu][large]", __half, __nv_bfloat16) {
   using T = TestType;
   batch_shape<T, prox::SiLU>(2048, 6144, 5, {2, 4, 8}, false);
+}
+
+TEMPLATE_TEST_CASE("Batched Stage 1: x aligned only to its element gives the bits of an aligned x", "[batched][gpu]",
+                   __half, __nv_bfloat16) {
+  // The kernel loads each thread's run of x with one vector load per token where x is aligned to the run,
+  // and element by element where it is not; both must give the same masks and s~.
+  using T = TestType;
+  using Op = prox::BatchedProxyGemvOp<T, prox::SiLU, 4>;
+  constexpr int K = 1000, N = 2016, kTokens = 3;
+  BatchRig<T, prox::SiLU> r(K, N, 31);
+  const auto xs = make_tokens<T>(K, kTokens, 32, false);
+  r.x.upload(xs);  // cudaMalloc: aligned to every run
+  std::vector<T> shifted(static_cast<std::size_t>(kTokens) * K + 8, prox::from_float<T>(0.0f));
+  std::copy(xs.begin(), xs.begin() + static_cast<std::ptrdiff_t>(kTokens) * K, shifted.begin() + 1);
+  DeviceBuffer<T> xa(shifted.size());
+  xa.upload(shifted);
+  DeviceBuffer<std::uint32_t> mask(static_cast<std::size_t>(kTokens) * (N / 32)), umask(N / 32);
+  DeviceBuffer<float> sp(static_cast<std::size_t>(kTokens) * N);
+  const auto run = [&](const T* x) {
+    prox::BatchedProxyGemvArgs<T> a;
+    a.x = x;
+    a.tokens = kTokens;
+    a.d_model = K;
+    a.d_ff = N;
+    a.tau_x = 0.5f;
+    a.tau_s = 0.05f;
+    a.gate = {r.D.qg.get(), r.D.sg.get()};
+    a.up = {r.D.qu.get(), r.D.su.get()};
+    a.channel_mask = mask.get();
+    a.union_mask = umask.get();
+    a.s_proxy = sp.get();
+    prox::Operator<Op> op;
+    REQUIRE(op.initialize(a) == prox::Status::kSuccess);
+    DeviceBuffer<char> ws(prox::Operator<Op>::workspace_bytes(a));
+    PROX_TEST_OK(prox::initialize_workspace(ws.get(), ws.bytes(), nullptr));
+    mask.poison();
+    umask.poison();
+    sp.poison();
+    REQUIRE(op.run(a, ws.get(), ws.bytes(), nullptr) == prox::Status::kSuccess);
+    PROX_TEST_CUDA(cudaDeviceSynchronize());
+    std::vector<std::uint32_t> out = mask.download();
+    for (std::uint32_t w : umask.download()) out.push_back(w);
+    for (float v : sp.download()) {
+      CHECK(std::isfinite(v));  // every s~ written
+      std::uint32_t b;
+      std::memcpy(&b, &v, 4);
+      out.push_back(b);
+    }
+    return out;
+  };
+  const auto aligned = run(r.x.get());
+  const auto unaligned = run(xa.get() + 1);  // 2-byte aligned only
+  CHECK(aligned == unaligned);
+  int selected = 0;
+  for (int i = 0; i < kTokens * (N / 32); ++i) selected += __builtin_popcount(aligned[i]);
+  CHECK(selected > 0);  // a threshold that keeps some channels and drops others
+  CHECK(selected < kTokens * N);
 }
 
 TEST_CASE("Batched FFN: tokens = 1 runs the batch-1 kernels and gives run()'s bits", "[batched][gpu]") {
