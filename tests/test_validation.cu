@@ -348,10 +348,18 @@ TEST_CASE("fused Stage 2: the plan's default policy covers a row with the fewest
   CHECK(dflt(8) == 0);
 }
 
+namespace {
+//! The planner's view of an H100: 132 SMs, sm_90 (the default-policy tests need no device).
+prox::DeviceInfo h100_info() {
+  prox::DeviceInfo d;
+  d.sm_count = 132;
+  d.cc_major = 9;
+  return d;
+}
+}  // namespace
+
 TEST_CASE("Stage 1: the plan's default policy takes the fewest waves, then cp.async past one wave", "[validation]") {
-  prox::DeviceInfo h100;
-  h100.sm_count = 132;
-  h100.cc_major = 9;
+  const prox::DeviceInfo h100 = h100_info();
   const auto dflt = [&](int K, int N) {
     prox::ProxyGemvArgs<__half> a;
     a.d_model = K;
@@ -366,9 +374,7 @@ TEST_CASE("Stage 1: the plan's default policy takes the fewest waves, then cp.as
 }
 
 TEST_CASE("batched down GEMV at B = 4: the one-wave-only candidate where its grid fits one wave", "[validation]") {
-  prox::DeviceInfo h100;
-  h100.sm_count = 132;
-  h100.cc_major = 9;
+  const prox::DeviceInfo h100 = h100_info();
   const auto dflt = [&](int d_model, int d_ff) {
     prox::BatchedDownGemvArgs<__half> a;
     a.d_model = d_model;

@@ -117,8 +117,8 @@ struct BatchedProxyPolicy {
 //! The candidates of a token capacity (dispatch.cuh picks the fewest waves, then the most blocks; B = 2
 //! and 4 split d_model into detail::balanced_chunks, so kChunk is the longest chunk). Long chunks: with
 //! 512-input chunks at B = 2 a block streamed its ~260 union rows in 4 steps, and the Qwen3-8B grid took 3
-//! waves. The kernel is bound by load latency (ncu, Qwen3-8B B = 4: 11.6 warps per SM at 128 registers,
-//! 37 % of DRAM bandwidth). At B = 2 and 4, 256-thread blocks (2 per SM) beat 128-thread ones (4 per SM)
+//! waves. Outside its row stream the kernel spends about 10 us (ncu, Qwen3-8B B = 4: launch, x, combine
+//! and epilogue, docs/history.md). At B = 2 and 4, 256-thread blocks (2 per SM) beat 128-thread ones (4 per SM)
 //! by 9 % on the Qwen3-14B FFN at B = 4, and by 1-18 % on the 4B-32B shapes with balanced chunks (H100,
 //! docs/history.md); the 2048-input chunk then needs 58 KB of shared memory (dynamic, opt-in). B = 8
 //! stays at 128 threads: its 168 registers per thread would spill under 2 blocks of 256.
@@ -449,7 +449,7 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void batched
   for (int i0 = 0; i0 < kPairs; i0 += kThreads) {
     const int i = i0 + tid;
     const int b = i / kTile;  // warp-uniform (kTile is a multiple of 32)
-    const int ch = my_ch;     // i % kTile
+    const int ch = my_ch;  // i % kTile: kThreads is a multiple of kTile
     const int j = n0 + ch;
     const bool in = i < kPairs && b < tokens && my_in;
     bool sel = false;
@@ -499,12 +499,19 @@ struct BatchedProxyGemvOp {
   static constexpr int num_tiles(int d_ff) noexcept {
     return ceil_div(d_ff, P::kTile);
   }
-  //! Split-K chunks of d_model (detail::balanced_chunks: the last wave filled with shorter chunks).
+  //! Split-K chunks of d_model: more, shorter ones where the policy's own split leaves a grid of less
+  //! than one wave (detail::balanced_chunks; B = 2 and 4 only, kBalanced).
   template <class P>
   static constexpr int num_chunks(int d_model, int d_ff, int sm_count) noexcept {
     if constexpr (!P::kBalanced) return ceil_div(d_model, P::kChunk);
     return detail::balanced_chunks(d_model, P::kChunk, 16, num_tiles<P>(d_ff),
                                    static_cast<long>(sm_count) * P::kMinBlocks);
+  }
+  //! The most chunks num_chunks() gives on any device (what the workspace's partials are sized for).
+  template <class P>
+  static constexpr int max_chunks(int d_model, int d_ff) noexcept {
+    if constexpr (!P::kBalanced) return ceil_div(d_model, P::kChunk);
+    return detail::max_balanced_chunks(d_model, P::kChunk, 16, num_tiles<P>(d_ff));
   }
   template <class P>
   static constexpr long num_blocks(int d_model, int d_ff, int sm_count) noexcept {
@@ -540,8 +547,7 @@ struct BatchedProxyGemvOp {
     w.sync = detail::tile_counter_bytes<detail::kMinTileWidth>(a.d_ff);
     for_each_policy<Policies>([&](auto p, int) {
       using P = decltype(p);
-      const int chunks = P::kBalanced ? detail::max_balanced_chunks(a.d_model, P::kChunk, 16, num_tiles<P>(a.d_ff))
-                                      : ceil_div(a.d_model, P::kChunk);
+      const int chunks = max_chunks<P>(a.d_model, a.d_ff);
       const std::size_t cols = static_cast<std::size_t>(num_tiles<P>(a.d_ff)) * P::kTn * 16;
       const std::size_t parts = chunks > 1 ? sizeof(float) * 2 * P::kTokensPerThread * chunks * cols : 0;
       w.scratch = parts > w.scratch ? parts : w.scratch;
@@ -1161,11 +1167,17 @@ struct BatchedDownGemvOp {
   static constexpr int num_tiles(int d_model) noexcept {
     return ceil_div(d_model, P::kTile);
   }
-  //! Split-K chunks of d_ff (detail::balanced_chunks: the last wave filled with shorter chunks).
+  //! Split-K chunks of d_ff: more, shorter ones where the policy's own split leaves a grid of less than
+  //! one wave (detail::balanced_chunks).
   template <class P>
   static constexpr int num_chunks(int d_model, int d_ff, int sm_count) noexcept {
     return detail::balanced_chunks(d_ff, P::kChunk, 32, num_tiles<P>(d_model),
                                    static_cast<long>(sm_count) * P::kMinBlocks);
+  }
+  //! The most chunks num_chunks() gives on any device (what the workspace's partials are sized for).
+  template <class P>
+  static constexpr int max_chunks(int d_model, int d_ff) noexcept {
+    return detail::max_balanced_chunks(d_ff, P::kChunk, 32, num_tiles<P>(d_model));
   }
   template <class P>
   static constexpr long num_blocks(int d_model, int d_ff, int sm_count) noexcept {
@@ -1189,8 +1201,7 @@ struct BatchedDownGemvOp {
     WorkspaceNeeds w;
     w.sync = detail::tile_counter_bytes<detail::kMinTileWidth>(a.d_model);
     for_each_policy<Policies>([&](auto p, int) {
-      using P = decltype(p);
-      const int chunks = detail::max_balanced_chunks(a.d_ff, P::kChunk, 32, num_tiles<P>(a.d_model));
+      const int chunks = max_chunks<decltype(p)>(a.d_model, a.d_ff);
       const std::size_t parts =
           chunks > 1 ? sizeof(float) * static_cast<std::size_t>(chunks) * Tokens * a.d_model : 0;
       w.scratch = parts > w.scratch ? parts : w.scratch;

@@ -5,6 +5,8 @@
 //! queries the device (the DeviceInfo was read once by the planner).
 #pragma once
 
+#include <type_traits>
+
 #include "core/config.hpp"
 #include "core/device.hpp"
 #include "core/policy.hpp"
@@ -19,6 +21,12 @@ PROX_NAMESPACE_BEGIN
 
 namespace detail {
 
+//! Whether a policy is a candidate only where its grid fits one wave (a `kOneWave` member set true).
+template <class P, class = void>
+struct OneWaveOnly : std::false_type {};
+template <class P>
+struct OneWaveOnly<P, std::void_t<decltype(P::kOneWave)>> : std::bool_constant<P::kOneWave> {};
+
 //! default_fewest_waves()'s preference for multi-wave grids when none is given: no candidate preferred.
 struct NoWavePreference {
   template <class P>
@@ -31,12 +39,16 @@ struct NoWavePreference {
  * @brief The candidate of `List` whose grid needs the fewest waves (a wave = SMs x P::kMinBlocks
  * resident blocks); when that is more than one wave, a candidate for which `prefer_multi_wave(policy)`
  * holds; then the one with the most blocks (more bytes in flight); ties go to the lower index.
- * `blocks(policy)` returns the grid size of a policy. Measured reasons (H100): a Qwen3-8B Stage-1 grid
- * of 1.45 waves ran as slowly as 2 full waves; on the Qwen3-32B shape, whose Stage-1 grid needs 2
- * waves, the cp.async-pipelined candidate was 3-8 us faster than the register-buffered one.
+ * `blocks(policy)` returns the grid size of a policy. A policy with `kOneWave` set (OneWaveOnly) is a
+ * candidate only where its grid fits one wave; candidate 0 must not be one. Measured reasons (H100): a
+ * Qwen3-8B Stage-1 grid of 1.45 waves ran as slowly as 2 full waves; on the Qwen3-32B shape, whose
+ * Stage-1 grid needs 2 waves, the cp.async-pipelined candidate was 3-8 us faster than the
+ * register-buffered one; the batched down GEMV's one-wave candidate lost where it only made a
+ * multi-wave grid shorter.
  */
 template <class List, class BlocksFn, class PreferFn = NoWavePreference>
 int default_fewest_waves(int sm_count, BlocksFn&& blocks, PreferFn&& prefer_multi_wave = PreferFn{}) {
+  static_assert(!OneWaveOnly<typename PolicyAt<0, List>::type>::value, "candidate 0 is the fallback of every grid");
   int best_index = 0;
   long best_waves = -1;
   long best_blocks = -1;
@@ -45,6 +57,7 @@ int default_fewest_waves(int sm_count, BlocksFn&& blocks, PreferFn&& prefer_mult
     const long b = blocks(p);
     const long slots = static_cast<long>(sm_count) * decltype(p)::kMinBlocks;
     const long waves = slots > 0 ? (b + slots - 1) / slots : b;
+    if (waves > 1 && OneWaveOnly<decltype(p)>::value) return;  // not a candidate for this grid
     const bool preferred = waves > 1 && prefer_multi_wave(p);
     bool better = false;
     if (best_waves < 0 || waves < best_waves) {
@@ -132,17 +145,11 @@ int default_policy(BatchedProxyGemvOp<T, Act, B>, const DeviceInfo& d, const Bat
   return detail::default_fewest_waves<typename Op::Policies>(
       d.sm_count, [&](auto p) { return Op::template num_blocks<decltype(p)>(a.d_model, a.d_ff, d.sm_count); });
 }
-//! A kOneWave down candidate whose grid needs more than one wave is left out (counted as needing more
-//! waves than any other).
 template <class T, int B>
 int default_policy(BatchedDownGemvOp<T, B>, const DeviceInfo& d, const BatchedDownGemvArgs<T>& a) noexcept {
   using Op = BatchedDownGemvOp<T, B>;
-  return detail::default_fewest_waves<typename Op::Policies>(d.sm_count, [&](auto p) {
-    using P = decltype(p);
-    const long blocks = Op::template num_blocks<P>(a.d_model, a.d_ff, d.sm_count);
-    const long wave = static_cast<long>(d.sm_count) * P::kMinBlocks;
-    return P::kOneWave && blocks > wave ? (1L << 40) : blocks;
-  });
+  return detail::default_fewest_waves<typename Op::Policies>(
+      d.sm_count, [&](auto p) { return Op::template num_blocks<decltype(p)>(a.d_model, a.d_ff, d.sm_count); });
 }
 
 PROX_NAMESPACE_END

@@ -124,16 +124,22 @@ PROX_DEVICE PROX_FORCEINLINE typename DTypeTraits<T>::Pair as_pair(uint32_t u) {
   return p;
 }
 
-//! Unpack 16 bytes holding 8 elements of T into 8 floats (element order preserved).
-template <class T>
-PROX_DEVICE PROX_FORCEINLINE void unpack8(uint4 v, float (&out)[8]) {
-  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+//! Unpack kW 32-bit words, each a pair of T, into 2 kW floats (element order preserved).
+template <class T, int kW>
+PROX_DEVICE PROX_FORCEINLINE void unpack_words(const uint32_t (&w)[kW], float (&out)[2 * kW]) {
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < kW; ++i) {
     const float2 f = DTypeTraits<T>::to_float2(as_pair<T>(w[i]));
     out[2 * i] = f.x;
     out[2 * i + 1] = f.y;
   }
+}
+
+//! Unpack 16 bytes holding 8 elements of T into 8 floats (element order preserved).
+template <class T>
+PROX_DEVICE PROX_FORCEINLINE void unpack8(uint4 v, float (&out)[8]) {
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+  unpack_words<T>(w, out);
 }
 
 /**
@@ -145,25 +151,15 @@ PROX_DEVICE PROX_FORCEINLINE void load_run(const T* p, bool vec, float (&out)[kN
   static_assert(kN == 2 || kN == 4 || kN == 8, "runs of 2, 4 or 8");
   static_assert(sizeof(T) == 2, "16-bit elements");
   if (vec) {
-    uint32_t w[kN / 2];
     if constexpr (kN == 8) {
-      const uint4 u = *reinterpret_cast<const uint4*>(p);
-      w[0] = u.x;
-      w[1] = u.y;
-      w[2] = u.z;
-      w[3] = u.w;
+      unpack8<T>(*reinterpret_cast<const uint4*>(p), out);
     } else if constexpr (kN == 4) {
       const uint2 u = *reinterpret_cast<const uint2*>(p);
-      w[0] = u.x;
-      w[1] = u.y;
+      const uint32_t w[2] = {u.x, u.y};
+      unpack_words<T>(w, out);
     } else {
-      w[0] = *reinterpret_cast<const uint32_t*>(p);
-    }
-#pragma unroll
-    for (int i = 0; i < kN / 2; ++i) {
-      const float2 f = DTypeTraits<T>::to_float2(as_pair<T>(w[i]));
-      out[2 * i] = f.x;
-      out[2 * i + 1] = f.y;
+      const uint32_t w[1] = {*reinterpret_cast<const uint32_t*>(p)};
+      unpack_words<T>(w, out);
     }
   } else {
 #pragma unroll
