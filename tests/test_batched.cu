@@ -17,6 +17,7 @@
 
 #include "ffn_instances.hpp"
 #include "gpu_fixture.hpp"
+#include "op_test.hpp"
 
 using namespace prox_test;
 
@@ -290,6 +291,112 @@ TEMPLATE_TEST_CASE("Batched Stage 1: x aligned only to its element gives the bit
   for (int i = 0; i < kTokens * (N / 32); ++i) selected += __builtin_popcount(aligned[i]);
   CHECK(selected > 0);  // a threshold that keeps some channels and drops others
   CHECK(selected < kTokens * N);
+}
+
+namespace {
+//! Every candidate of BatchedDownGemvOp<T, Cap> on one shape: random per-token s over random channel sets
+//! (each token's s zero off its set, as the GLU writes it), scaled by `mag`, against the float64 sum.
+//! Bound per output: fp32 summation (gamma(rows) of the absolute sum), s as the tensor cores carry it
+//! (hi + lo in T: 2^-16 of the absolute sum covers both types), the store to T. Every element of the
+//! batch written, nothing past it; the same bits on a second run.
+template <class T, int Cap>
+void down_candidates(int K, int N, int tokens, double density, double mag, std::uint64_t seed, double w_sigma = 0.0) {
+  using Op = prox::BatchedDownGemvOp<T, Cap>;
+  const int W = N / 32;
+  if (w_sigma == 0.0) w_sigma = 1.0 / std::sqrt(static_cast<double>(N));
+  const auto wdt = normal_vector<T>(static_cast<std::size_t>(N) * K, seed, w_sigma);
+  std::vector<float> s(static_cast<std::size_t>(Cap) * N, 0.0f);
+  std::vector<std::uint32_t> umask(W, 0u);
+  std::vector<float> noise(static_cast<std::size_t>(tokens) * N);
+  FastNormal gen(seed + 1);
+  for (auto& v : noise) v = static_cast<float>(mag * gen());
+  std::uint64_t h = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (int b = 0; b < tokens; ++b) {
+    for (int j = 0; j < N; ++j) {
+      h ^= h << 13;
+      h ^= h >> 7;
+      h ^= h << 17;
+      if (static_cast<double>(h % 10000) < density * 10000.0) {
+        s[static_cast<std::size_t>(b) * N + j] = noise[static_cast<std::size_t>(b) * N + j];
+        umask[j / 32] |= 1u << (j % 32);
+      }
+    }
+  }
+  DeviceBuffer<T> dw(wdt.size()), y(static_cast<std::size_t>(Cap) * K + 64);
+  DeviceBuffer<float> ds(s.size());
+  DeviceBuffer<std::uint32_t> dm(W);
+  dw.upload(wdt);
+  ds.upload(s);
+  dm.upload(umask);
+  typename Op::Args a;
+  a.s = ds.get();
+  a.union_mask = dm.get();
+  a.w_down_t = dw.get();
+  a.tokens = tokens;
+  a.d_model = K;
+  a.d_ff = N;
+  a.y = y.get();
+  const auto ws = op_workspace<Op>(a);
+  // float64 reference
+  std::vector<double> ref(static_cast<std::size_t>(tokens) * K, 0.0), abs_sum(ref.size(), 0.0);
+  int rows = 0;
+  for (int j = 0; j < N; ++j) {
+    if (!((umask[j / 32] >> (j % 32)) & 1u)) continue;
+    ++rows;
+    for (int b = 0; b < tokens; ++b) {
+      const double sv = s[static_cast<std::size_t>(b) * N + j];
+      for (int k = 0; k < K; ++k) {
+        const double p = sv * static_cast<double>(prox::to_float(wdt[static_cast<std::size_t>(j) * K + k]));
+        ref[static_cast<std::size_t>(b) * K + k] += p;
+        abs_sum[static_cast<std::size_t>(b) * K + k] += std::fabs(p);
+      }
+    }
+  }
+  const double rel = prox_ref::gamma(rows) + std::ldexp(1.0, -16);
+  // y stored as a subnormal: half its spacing (fp16 2^-25; bf16's is below any y here)
+  const double kSubnormalHalfUlp = std::is_same_v<T, __half> ? std::ldexp(1.0, -25) : 1e-38;
+  prox::for_each_policy<typename Op::Policies>([&](auto p, int pi) {
+    CAPTURE(K, N, tokens, density, mag, pi, decltype(p)::name());
+    std::vector<std::uint16_t> first;
+    for (int rep = 0; rep < 2; ++rep) {
+      y.poison();
+      REQUIRE(run_op<Op>(a, pi, ws) == prox::Status::kSuccess);
+      PROX_TEST_CUDA(cudaDeviceSynchronize());
+      const auto got = y.download();
+      std::vector<std::uint16_t> bits;
+      int bad = 0;
+      for (std::size_t i = 0; i < got.size(); ++i) {
+        bits.push_back(bits16(got[i]));
+        if (i >= ref.size()) {
+          if (bits16(got[i]) != 0xFFFFu) ++bad;  // past the batch: untouched
+          continue;
+        }
+        const double tol = rel * abs_sum[i] + prox_ref::store_rel<T>() * std::fabs(ref[i]) + kSubnormalHalfUlp;
+        if (!(std::fabs(static_cast<double>(prox::to_float(got[i])) - ref[i]) <= tol)) ++bad;
+      }
+      CHECK(bad == 0);
+      if (rep == 0) first = bits;
+      else CHECK(bits == first);
+    }
+  });
+}
+}  // namespace
+
+TEMPLATE_TEST_CASE("Batched down GEMV: every candidate against the float64 sum", "[batched][gpu]", __half,
+                   __nv_bfloat16) {
+  using T = TestType;
+  down_candidates<T, 8>(200, 96, 8, 0.6, 1.0, 1);       // one partial tile, one chunk
+  down_candidates<T, 8>(1000, 2016, 5, 0.5, 1.0, 2);    // odd tiles and chunks, 3 of 8 slots empty
+  down_candidates<T, 8>(2520, 3008, 8, 0.9, 1.0, 3);    // several chunks, a dense union
+  down_candidates<T, 8>(1032, 4096, 7, 0.05, 1.0, 4);   // a sparse union: short last steps
+  // |s| past fp16's range (y within it), and tiny s (fp16 subnormals unscaled): the block's power of two
+  down_candidates<T, 8>(520, 1056, 8, 0.5, 1.0e5, 5, 1.0e-4);
+  down_candidates<T, 8>(520, 1056, 6, 0.5, 1.0e-5, 6, 1.0);
+  down_candidates<T, 8>(264, 512, 8, 0.0, 1.0, 7);      // nothing selected: y = 0
+  down_candidates<T, 4>(1000, 2016, 3, 0.5, 1.0, 8);
+  down_candidates<T, 4>(2520, 3008, 4, 0.8, 1.0, 9);
+  down_candidates<T, 2>(1000, 2016, 2, 0.5, 1.0, 10);
+  down_candidates<T, 2>(520, 1056, 1, 0.7, 1.0, 11);
 }
 
 TEST_CASE("Batched FFN: tokens = 1 runs the batch-1 kernels and gives run()'s bits", "[batched][gpu]") {

@@ -994,6 +994,7 @@ struct BatchedDownPolicy {
   static constexpr int kUnroll = Unroll;
   static constexpr int kMinBlocks = MinBlocks;
   static constexpr bool kOneWave = OneWave;
+  static constexpr bool kMma = false;
   static_assert(Chunk % 32 == 0 && Threads % 16 == 0, "policy shape");
   static std::string name() {
     return "bdown_b" + std::to_string(Tokens) + "_t" + std::to_string(Threads) + "_c" + std::to_string(Chunk) + "_u" +
@@ -1001,11 +1002,43 @@ struct BatchedDownPolicy {
   }
 };
 
+/**
+ * @brief Policy of the batched down GEMV on the tensor cores: y^T[d][b] = sum_j W_down^T[j][d] s[b][j] as
+ * m16n8k16 tiles (16 outputs x 8 tokens, 16 union rows per step). A warp owns 64 outputs (8 per lane, one
+ * 16-byte piece of each of 4 rows per step); ColWarps warps side by side make the tile (64 ColWarps
+ * outputs), the block's other warps split the chunk's rows between them (reduced in warp order). Chunk
+ * channels per block (split-K), Unroll steps of 16 rows per pipeline stage.
+ */
+template <int Tokens, int Threads, int Chunk, int ColWarps, int Unroll, int MinBlocks, bool OneWave = false>
+struct BatchedDownMmaPolicy {
+  static constexpr int kTokens = Tokens;
+  static constexpr int kThreads = Threads;
+  static constexpr int kColWarps = ColWarps;
+  static constexpr int kTile = 64 * ColWarps;
+  static constexpr int kChunk = Chunk;
+  static constexpr int kUnroll = Unroll;
+  static constexpr int kMinBlocks = MinBlocks;
+  static constexpr bool kOneWave = OneWave;
+  static constexpr bool kMma = true;
+  static_assert(Tokens <= 8, "the mma's n is 8 tokens");
+  static_assert(Chunk % 32 == 0 && Threads % 32 == 0 && (Threads / 32) % ColWarps == 0, "policy shape");
+  static std::string name() {
+    return "bdown_mma_b" + std::to_string(Tokens) + "_t" + std::to_string(Threads) + "_c" + std::to_string(Chunk) +
+           "_w" + std::to_string(ColWarps) + "_u" + std::to_string(Unroll) + "_m" + std::to_string(MinBlocks) +
+           (OneWave ? "_w1" : "");
+  }
+};
+
 //! Candidates per token capacity (dispatch.cuh: the fewest waves, then the most blocks): long chunks, so
 //! that a block streams its union rows in more than a few steps (as Stage 1's, measured with ncu). B = 4's
 //! 1536-channel chunks make the Qwen3-8B grid one wave (256 blocks, not 384 in 1.45 waves): its FFN
 //! 2.6 % faster. Where they only take a multi-wave grid to fewer waves they do not pay (Qwen3-14B -0.3 %,
-//! 32B +0.7 %, H100, docs/history.md), hence OneWave.
+//! 32B +0.7 %, H100, docs/history.md), hence OneWave. B = 8 runs on the tensor cores, where the CUDA-core
+//! kernel is bound by its 8 x 8 multiply-adds per 16-byte piece (ncu, Qwen3-8B e = 70 %: down GEMV 60 ->
+//! 45-48 us, 45 -> 55-60 % of DRAM peak; FFN 7.7-8.8 % faster on every Qwen3 shape); at B = 2 and 4 the
+//! tensor-core kernel was slower (8B B = 4: 29-32 -> 33-40 us), so they stay on the CUDA cores. The one-wave
+//! 256-output candidate wins on Qwen3-8B (down 44-45 us against 47-50 us for candidate 0) and lost on 14B,
+//! where it only takes 2.6 waves to 1.3 (80 against 74 us).
 template <int Tokens>
 struct BatchedDownPoliciesFor;
 template <>
@@ -1019,8 +1052,45 @@ struct BatchedDownPoliciesFor<4> {
 };
 template <>
 struct BatchedDownPoliciesFor<8> {
-  using type = PolicyList<BatchedDownPolicy<8, 256, 256, 2, 2>>;
+  using type =
+      PolicyList<BatchedDownMmaPolicy<8, 256, 1024, 2, 1, 2>, BatchedDownMmaPolicy<8, 256, 1024, 4, 2, 2, true>>;
 };
+
+namespace detail {
+/**
+ * @brief The end of both batched down kernels, once the block's tile sums of every token are in the
+ * reducer's at() (all threads call it). On a workspace that is not ready: the counters are not used but
+ * zeroed for the next launch, y = NaN, the header flagged. Else the split-K combine over the grid's y
+ * blocks and, in the tile's last block, every token's y.
+ */
+template <int kTile, class Reducer, class T>
+PROX_DEVICE PROX_FORCEINLINE void batched_down_finish(typename Reducer::Storage& s_red, const BatchedDownGemvArgs<T>& a,
+                                                      const OpWorkspace& ws, bool ready) {
+  constexpr int kThreads = Reducer::kWarps * kWarpSize;
+  const int tid = static_cast<int>(threadIdx.x);
+  const int tile = static_cast<int>(blockIdx.x);
+  const int chunk = static_cast<int>(blockIdx.y);
+  const int d0 = tile * kTile;
+  const int ncols = min(kTile, a.d_model - d0);
+  if (!ready) {
+    down_not_ready<kTile>(ws, a.d_model, d0, ncols, chunk, a.y);  // token 0's y
+    if (chunk != 0) return;
+    for (int i = tid; i < (a.tokens - 1) * ncols; i += kThreads)
+      a.y[static_cast<std::size_t>(1 + i / ncols) * a.d_model + d0 + i % ncols] =
+          from_float<T>(__int_as_float(0x7fc00000));
+    return;
+  }
+  if (!Reducer::split_k(s_red, static_cast<float*>(ws.scratch), ws.sync + tile, a.d_model, d0, ncols, chunk,
+                        static_cast<int>(gridDim.y))) {
+    return;
+  }
+  for (int i = tid; i < a.tokens * ncols; i += kThreads) {
+    const int b = i / ncols;
+    const int ch = i % ncols;
+    a.y[static_cast<std::size_t>(b) * a.d_model + d0 + ch] = from_float<T>(Reducer::at(s_red, b, ch));
+  }
+}
+}  // namespace detail
 
 template <class Policy, class T>
 PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void batched_down_gemv_kernel(
@@ -1131,24 +1201,234 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void batched
   if (it < steps) compute_step(it, b0);
 
   Reducer::reduce(s_red, acc);
-  const int ncols = min(kTile, a.d_model - d0);
-  if (!ready) {  // not initialized: counters not used; zeroed for the next launch, y = NaN, flagged
-    detail::down_not_ready<kTile>(ws, a.d_model, d0, ncols, chunk, a.y);  // token 0's y
-    if (chunk != 0) return;
-    for (int i = tid; i < (tokens - 1) * ncols; i += kThreads)
-      a.y[static_cast<std::size_t>(1 + i / ncols) * a.d_model + d0 + i % ncols] =
-          from_float<T>(__int_as_float(0x7fc00000));
-    return;
+  detail::batched_down_finish<kTile, Reducer>(s_red, a, ws, ready);
+}
+
+namespace detail {
+//! The batched down GEMV's s on the tensor cores: for every pair of union rows of the chunk and each of 8
+//! token slots, s x 2^k as the sum of two T values (hi + lo, two T per 32-bit word, the lower row in the
+//! low half), [hi, lo][row pair][token], the mma's B fragments. The power of two 2^k, per block, keeps
+//! fp16 in range: the block's largest |s| x 2^k lies in [2^13, 2^14) (bf16 has fp32's range: k = 0). hi + lo
+//! carries s to 2^-22 (fp16) or 2^-16 (bf16) of its value, below the fp32 rounding of the sums'
+//! magnitudes that the tests bound.
+template <int kChunk>
+struct BatchedDownMmaSmem {
+  int rows[kChunk];
+  std::uint32_t s[2][kChunk / 2][8];
+};
+
+//! The power of two k for a block whose largest |s| is `mx` (fp16; see BatchedDownMmaSmem).
+PROX_DEVICE PROX_FORCEINLINE int fp16_s_exponent(float mx) {
+  if (!(mx > 0.0f) || !isfinite(mx)) return 0;  // nothing selected, or a non-finite s: no scaling
+  int e = 0;
+  frexpf(mx, &e);  // mx = f 2^e, f in [0.5, 1)
+  return max(-126, min(126, 14 - e));
+}
+}  // namespace detail
+
+//! The batched down GEMV on the tensor cores (BatchedDownMmaPolicy): same arguments, outputs and split-K
+//! combine as batched_down_gemv_kernel. Every addition has a fixed order (the mma's k within a step, steps
+//! in row order per warp, the warps of a tile column in index order, then the splits): the same bits from
+//! run to run.
+template <class Policy, class T>
+PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void batched_down_mma_kernel(
+    const BatchedDownGemvArgs<T> a, const OpWorkspace ws) {
+  constexpr int kB = Policy::kTokens;
+  constexpr int kThreads = Policy::kThreads;
+  constexpr int kTile = Policy::kTile;
+  constexpr int kChunk = Policy::kChunk;
+  constexpr int kU = Policy::kUnroll;
+  constexpr int kCW = Policy::kColWarps;
+  constexpr int kWarps = kThreads / kWarpSize;
+  constexpr int kRW = kWarps / kCW;  // warps splitting the rows of one 64-output column
+  using Reducer = detail::TileReducer<kThreads, kTile / 8, 8, kB>;
+  using Stream = detail::BatchedDownMmaSmem<kChunk>;
+  constexpr int kPer = (kChunk + kThreads - 1) / kThreads;
+  constexpr bool kScale = std::is_same_v<T, __half>;
+
+  // The row stream's arrays and the reduction are never live together.
+  union Smem {
+    Stream st;
+    typename Reducer::Storage red;
+  };
+  __shared__ Smem sm;
+  __shared__ int s_warp[kPer * kWarps];
+  __shared__ float s_max[kWarps];
+
+  const int tid = static_cast<int>(threadIdx.x);
+  const int lane = lane_id();
+  const int warp = warp_id();
+  const int tile = static_cast<int>(blockIdx.x);
+  const int chunk = static_cast<int>(blockIdx.y);
+  const int d0 = tile * kTile;
+  const int chunk_len = detail::split_chunk_length(a.d_ff, static_cast<int>(gridDim.y), kChunk, 32);
+  const int c0 = chunk * chunk_len;
+  const int tokens = a.tokens;
+  pdl_wait();
+  pdl_launch_dependents();
+  const detail::HeaderWords header = detail::workspace_header(ws.guard, blockIdx.x + blockIdx.y);
+
+  bool sel[kPer];
+  float val[kB][kPer];
+  float mx = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int t = i * kThreads + tid;
+    const int j = c0 + t;
+    const bool in = t < chunk_len && j < a.d_ff;
+    const std::uint32_t word = in ? a.union_mask[j / kWarpSize] : 0u;
+    sel[i] = (word >> (j % kWarpSize)) & 1u;
+#pragma unroll
+    for (int b = 0; b < kB; ++b) {
+      val[b][i] = sel[i] && b < tokens ? a.s[static_cast<std::size_t>(b) * a.d_ff + j] : 0.0f;
+      mx = fmaxf(mx, fabsf(val[b][i]));
+    }
   }
-  if (!Reducer::split_k(s_red, static_cast<float*>(ws.scratch), ws.sync + tile, a.d_model, d0, ncols, chunk,
-                        static_cast<int>(gridDim.y))) {
-    return;
+  if constexpr (kScale) {
+#pragma unroll
+    for (int off = kWarpSize / 2; off > 0; off /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+    if (lane == 0) s_max[warp] = mx;
   }
-  for (int i = tid; i < tokens * ncols; i += kThreads) {
-    const int b = i / ncols;
-    const int ch = i % ncols;
-    a.y[static_cast<std::size_t>(b) * a.d_model + d0 + ch] = from_float<T>(Reducer::at(s_red, b, ch));
+  int pos[kPer];
+  int totals[kPer];
+  block_compact_positions<kThreads, kPer>(sel, s_warp, pos, totals);  // its barrier publishes s_max too
+  int k = 0;
+  if constexpr (kScale) {
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, s_max[w]);
+    k = detail::fp16_s_exponent(mx);
   }
+  const float scale = ldexpf(1.0f, k);
+  T* s_half = reinterpret_cast<T*>(&sm.st.s[0][0][0]);  // [hi, lo][row pair][token][row & 1]
+  constexpr int kLoOffset = kChunk * 8;                 // halves from hi to lo
+  const auto s_slot = [](int row, int b) { return ((row >> 1) * 8 + b) * 2 + (row & 1); };
+  int count = 0;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    if (sel[i]) {
+      const int q = count + pos[i];
+      sm.st.rows[q] = c0 + i * kThreads + tid;
+#pragma unroll
+      for (int b = 0; b < 8; ++b) {
+        const float v = b < kB ? val[b < kB ? b : 0][i] * scale : 0.0f;
+        const T hi = from_float<T>(v);
+        s_half[s_slot(q, b)] = hi;
+        s_half[kLoOffset + s_slot(q, b)] = from_float<T>(v - to_float(hi));
+      }
+    }
+    count += totals[i];
+  }
+  // The last step's rows past the union: s = 0 (their weights load as 0; 0 x stale NaN would not be 0).
+  const int padded = min(kChunk, round_up(count, 16));
+  for (int i = count * 8 + tid; i < padded * 8; i += kThreads) {
+    const int q = i / 8;
+    const int b = i % 8;
+    s_half[s_slot(q, b)] = from_float<T>(0.0f);
+    s_half[kLoOffset + s_slot(q, b)] = from_float<T>(0.0f);
+  }
+  __syncthreads();
+  const bool ready = detail::workspace_ready(header, ws.guard);
+
+  // Lane (g, t) = (lane / 4, lane % 4) loads outputs [8g, 8g + 8) of its warp's 64 from the step's rows 2t,
+  // 2t + 1, 2t + 8, 2t + 9: A's k (rows) in pairs per register, outputs 8g + 2p and 8g + 2p + 1 as the
+  // fragment rows g and g + 8 of mma p (byte permutes of the two rows' word p); B is s of rows 2t.. for
+  // token g. The mma's m order is free: d[p] holds outputs 8g + 2p (d0, d1) and 8g + 2p + 1 (d2, d3), for
+  // tokens 2t and 2t + 1.
+  const int g = lane >> 2;
+  const int t = lane & 3;
+  const int cw = warp % kCW;
+  const int rw = warp / kCW;
+  const int col = cw * 64 + g * 8;
+  const bool col_ok = d0 + col < a.d_model;
+  const std::size_t ld = static_cast<std::size_t>(a.d_model);
+  const T* base = a.w_down_t + d0 + col;
+  const int ksteps = (count + 15) / 16;
+  const int my_steps = ksteps > rw ? (ksteps - rw + kRW - 1) / kRW : 0;  // steps rw, rw + kRW, ...
+  const int stages = (my_steps + kU - 1) / kU;
+  float acc[4][4];
+#pragma unroll
+  for (int p = 0; p < 4; ++p) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[p][e] = 0.0f;
+  }
+  struct Step {
+    uint4 v[kU][4];
+  };
+  const auto load_step = [&](int it, Step& st) {
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int r0 = (rw + (it * kU + u) * kRW) * 16 + 2 * t;
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int r = r0 + (q & 1) + (q >> 1) * 8;
+        const bool ok = col_ok && r < count;
+        st.v[u][q] = ld_stream_16(base + static_cast<std::size_t>(sm.st.rows[ok ? r : 0]) * ld, ok);
+      }
+    }
+  };
+  const auto compute_step = [&](int it, const Step& st) {
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int ks = rw + (it * kU + u) * kRW;
+      if (ks < ksteps) {  // warp-uniform
+        const std::uint32_t bh0 = sm.st.s[0][ks * 8 + t][g];
+        const std::uint32_t bh1 = sm.st.s[0][ks * 8 + 4 + t][g];
+        const std::uint32_t bl0 = sm.st.s[1][ks * 8 + t][g];
+        const std::uint32_t bl1 = sm.st.s[1][ks * 8 + 4 + t][g];
+        const std::uint32_t* w0 = reinterpret_cast<const std::uint32_t*>(&st.v[u][0]);
+        const std::uint32_t* w1 = reinterpret_cast<const std::uint32_t*>(&st.v[u][1]);
+        const std::uint32_t* w2 = reinterpret_cast<const std::uint32_t*>(&st.v[u][2]);
+        const std::uint32_t* w3 = reinterpret_cast<const std::uint32_t*>(&st.v[u][3]);
+#pragma unroll
+        for (int p = 0; p < 4; ++p) {
+          const std::uint32_t a0 = __byte_perm(w0[p], w1[p], 0x5410);
+          const std::uint32_t a1 = __byte_perm(w0[p], w1[p], 0x7632);
+          const std::uint32_t a2 = __byte_perm(w2[p], w3[p], 0x5410);
+          const std::uint32_t a3 = __byte_perm(w2[p], w3[p], 0x7632);
+          detail::mma_16816_bits<T>(acc[p], a0, a1, a2, a3, bh0, bh1);
+          detail::mma_16816_bits<T>(acc[p], a0, a1, a2, a3, bl0, bl1);
+        }
+      }
+    }
+  };
+  Step b0;
+  Step b1;
+  if (stages > 0) load_step(0, b0);
+  int it = 0;
+#pragma unroll 1
+  for (; it + 1 < stages; it += 2) {
+    load_step(it + 1, b1);
+    compute_step(it, b0);
+    if (it + 2 < stages) load_step(it + 2, b0);
+    compute_step(it + 1, b1);
+  }
+  if (it < stages) compute_step(it, b0);
+
+  // Tile sums: each warp's 64 outputs x kB tokens to its row of the reduction, then the kRW warps of each
+  // column added in warp order (in place: the thread of (token, output) alone reads and writes it).
+  __syncthreads();  // every warp is done with the stream's arrays (the union)
+  const float unscale = ldexpf(1.0f, -k);
+#pragma unroll
+  for (int p = 0; p < 4; ++p) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int b = 2 * t + (e & 1);
+      const int ch = col + 2 * p + (e >> 1);
+      if (b < kB) sm.red.red[warp][b][Reducer::pad(ch)] = acc[p][e] * unscale;
+    }
+  }
+  __syncthreads();
+  for (int v = tid; v < kB * kTile; v += kThreads) {
+    const int b = v / kTile;
+    const int ch = v % kTile;
+    const int c = ch / 64;
+    float sum = 0.0f;
+#pragma unroll
+    for (int r = 0; r < kRW; ++r) sum += sm.red.red[r * kCW + c][b][Reducer::pad(ch)];
+    sm.red.red[0][b][Reducer::pad(ch)] = sum;
+  }
+  __syncthreads();
+  detail::batched_down_finish<kTile, Reducer>(sm.red, a, ws, ready);
 }
 
 /**
@@ -1217,7 +1497,11 @@ struct BatchedDownGemvOp {
   }
   template <class P>
   static Status launch(const Args& a, const LaunchConfig& lc, const OpWorkspace& ws, cudaStream_t stream) noexcept {
-    return detail::launch_kernel(batched_down_gemv_kernel<P, T>, lc, stream, a, ws);
+    if constexpr (P::kMma) {
+      return detail::launch_kernel(batched_down_mma_kernel<P, T>, lc, stream, a, ws);
+    } else {
+      return detail::launch_kernel(batched_down_gemv_kernel<P, T>, lc, stream, a, ws);
+    }
   }
 };
 
