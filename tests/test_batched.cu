@@ -382,6 +382,86 @@ void down_candidates(int K, int N, int tokens, double density, double mag, std::
 }
 }  // namespace
 
+namespace {
+//! Every candidate of BatchedProxyGemvOp<T, SiLU, Cap> on one shape: each token's channel mask against
+//! the float64 Stage 1 (no unambiguous channel decided differently), every s~ within its bound, the union
+//! the OR of the token masks. The FFN tests run only each shape's default candidate.
+template <class T, int Cap>
+void proxy_candidates(int K, int N, int tokens, std::uint64_t seed) {
+  using Op = prox::BatchedProxyGemvOp<T, prox::SiLU, Cap>;
+  const int W = N / 32;
+  BatchRig<T, prox::SiLU> r(K, N, seed);
+  const auto xs = make_tokens<T>(K, tokens, seed + 1, false);
+  r.x.upload(xs);
+  const auto dx0 = prox_ref::to_double(std::vector<T>(xs.begin(), xs.begin() + K));
+  const float tau_x = quantile_abs(dx0, 0.5);
+  const auto probe = prox_ref::stage1_int4(dx0, K, N, tau_x, 0.0f, r.L.qg, r.L.sg, r.L.qu, r.L.su, ref_act<prox::SiLU>());
+  const float tau_s = quantile_abs(values_of(probe.s), 0.7);
+  std::vector<prox_ref::Stage1Result> ref;
+  for (int b = 0; b < tokens; ++b) {
+    const std::vector<T> xt(xs.begin() + static_cast<std::ptrdiff_t>(b) * K,
+                            xs.begin() + static_cast<std::ptrdiff_t>(b + 1) * K);
+    ref.push_back(prox_ref::stage1_int4(prox_ref::to_double(xt), K, N, tau_x, tau_s, r.L.qg, r.L.sg, r.L.qu, r.L.su,
+                                        ref_act<prox::SiLU>()));
+  }
+  DeviceBuffer<std::uint32_t> umask(W);
+  DeviceBuffer<float> sp(static_cast<std::size_t>(Cap) * N);
+  typename Op::Args a;
+  a.x = r.x.get();
+  a.tokens = tokens;
+  a.d_model = K;
+  a.d_ff = N;
+  a.tau_x = tau_x;
+  a.tau_s = tau_s;
+  a.gate = {r.D.qg.get(), r.D.sg.get()};
+  a.up = {r.D.qu.get(), r.D.su.get()};
+  a.channel_mask = r.mask.get();
+  a.union_mask = umask.get();
+  a.s_proxy = sp.get();
+  const auto ws = op_workspace<Op>(a);
+  prox::for_each_policy<typename Op::Policies>([&](auto p, int pi) {
+    CAPTURE(K, N, tokens, pi, decltype(p)::name());
+    r.mask.poison();
+    umask.poison();
+    sp.poison();
+    REQUIRE(run_op<Op>(a, pi, ws) == prox::Status::kSuccess);
+    PROX_TEST_CUDA(cudaDeviceSynchronize());
+    const auto mask = r.mask.download();
+    const auto um = umask.download();
+    const auto s = sp.download();
+    std::vector<std::uint32_t> expect_union(W, 0u);
+    int mismatches = 0, s_bad = 0, selected = 0;
+    for (int b = 0; b < tokens; ++b) {
+      const std::vector<std::uint32_t> mb(mask.begin() + static_cast<std::ptrdiff_t>(b) * W,
+                                          mask.begin() + static_cast<std::ptrdiff_t>(b + 1) * W);
+      const MaskCompare c = compare_mask(mb, ref[static_cast<std::size_t>(b)]);
+      mismatches += c.mismatches;
+      selected += c.selected_gpu;
+      for (int w = 0; w < W; ++w) expect_union[w] |= mb[w];
+      for (int j = 0; j < N; ++j) {
+        const auto& e = ref[static_cast<std::size_t>(b)].s[j];
+        const double got = s[static_cast<std::size_t>(b) * N + j];
+        if (!(std::fabs(got - e.v) <= e.err)) ++s_bad;  // NaN fails
+      }
+    }
+    CHECK(mismatches == 0);
+    CHECK(s_bad == 0);
+    CHECK(um == expect_union);
+    CHECK(selected > 0);
+    CHECK(selected < tokens * N);
+  });
+}
+}  // namespace
+
+TEMPLATE_TEST_CASE("Batched Stage 1: every candidate, each token against the float64 Stage 1", "[batched][gpu]",
+                   __half, __nv_bfloat16) {
+  using T = TestType;
+  proxy_candidates<T, 8>(2520, 608, 8, 41);  // 1024-input chunks: 3 of them, the last short
+  proxy_candidates<T, 8>(1000, 2016, 5, 42);
+  proxy_candidates<T, 4>(2520, 608, 3, 43);
+  proxy_candidates<T, 2>(1000, 2016, 2, 44);
+}
+
 TEMPLATE_TEST_CASE("Batched down GEMV: every candidate against the float64 sum", "[batched][gpu]", __half,
                    __nv_bfloat16) {
   using T = TestType;

@@ -395,6 +395,35 @@ TEST_CASE("batched down GEMV at B = 4: the one-wave-only candidate where its gri
   CHECK(dflt(2048, 6144) == 0);
 }
 
+TEST_CASE("batched ops at capacity 8: the default candidates by shape", "[validation]") {
+  const prox::DeviceInfo h100 = h100_info();
+  const auto proxy = [&](int d_model, int d_ff) {
+    prox::BatchedProxyGemvArgs<__half> a;
+    a.d_model = d_model;
+    a.d_ff = d_ff;
+    return prox::default_policy(prox::BatchedProxyGemvOp<__half, prox::SiLU, 8>{}, h100, a);
+  };
+  const auto down = [&](int d_model, int d_ff) {
+    prox::BatchedDownGemvArgs<__half> a;
+    a.d_model = d_model;
+    a.d_ff = d_ff;
+    return prox::default_policy(prox::BatchedDownGemvOp<__half, 8>{}, h100, a);
+  };
+  // Stage 1: 1024-input chunks where they take fewer waves (Qwen3-8B: 384 blocks in 396 slots, not 768);
+  // where shorter ones also fit one wave, the most blocks (1.7B: 256-input chunks, 384 blocks; 4B: 512).
+  CHECK(proxy(4096, 12288) == 0);
+  CHECK(proxy(5120, 17408) == 0);
+  CHECK(proxy(2048, 6144) == 2);
+  CHECK(proxy(2560, 9728) == 1);
+  // Down GEMV (tensor cores): the one-wave-only 256-output candidate on Qwen3-8B (256 blocks), not on 14B.
+  using Down = prox::BatchedDownGemvOp<__half, 8>;
+  static_assert(prox::PolicyAt<0, Down::Policies>::kMma && prox::PolicyAt<1, Down::Policies>::kOneWave, "lists");
+  CHECK(Down::num_blocks<prox::PolicyAt<1, Down::Policies>>(4096, 12288, 132) == 256);
+  CHECK(down(4096, 12288) == 1);
+  CHECK(down(5120, 17408) == 0);
+  CHECK(down(2048, 6144) == 0);
+}
+
 namespace {
 //! Bytes of split-K partials a policy writes (0 without split-K).
 constexpr std::size_t partial_bytes(int chunks, int mats, int columns) {
