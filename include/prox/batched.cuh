@@ -1213,8 +1213,8 @@ namespace detail {
 //! token slots, s x 2^k as the sum of two T values (hi + lo, two T per 32-bit word, the lower row in the
 //! low half), [hi, lo][row pair][token], the mma's B fragments. The power of two 2^k, per block, keeps
 //! fp16 in range: the block's largest |s| x 2^k lies in [2^13, 2^14) (bf16 has fp32's range: k = 0). hi + lo
-//! carries s to 2^-22 (fp16) or 2^-16 (bf16) of its value, below the fp32 rounding of the sums'
-//! magnitudes that the tests bound.
+//! carries s to 2^-22 of its value or 2^-38 of the block's largest |s| (fp16: lo may be subnormal),
+//! whichever is larger, or to 2^-16 of its value (bf16): below the error bound of s itself.
 template <int kChunk>
 struct BatchedDownMmaSmem {
   int rows[kChunk];
@@ -1245,7 +1245,7 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void batched
   constexpr int kCW = Policy::kColWarps;
   constexpr int kWarps = kThreads / kWarpSize;
   constexpr int kRW = kWarps / kCW;  // warps splitting the rows of one 64-output column
-  using Reducer = detail::TileReducer<kThreads, kTile / 8, 8, kB>;
+  using Reducer = detail::TileReducer<kThreads, kTile / 8, 8, kB, kRW>;  // one row per warp of a column
   using Stream = detail::BatchedDownMmaSmem<kChunk>;
   constexpr int kPer = (kChunk + kThreads - 1) / kThreads;
   constexpr bool kScale = std::is_same_v<T, __half>;
@@ -1408,8 +1408,9 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void batched
   }
   if (it < stages) compute_step(it, b0);
 
-  // Tile sums: each warp's 64 outputs x kB tokens to its row of the reduction, then the kRW warps of each
-  // column added in warp order (in place: the thread of (token, output) alone reads and writes it).
+  // Tile sums: each warp's 64 outputs x kB tokens to row rw of the reduction (the warps of one row split
+  // the tile's columns), then the kRW rows added in order into row 0 (in place: the thread of (token,
+  // output) alone reads and writes it).
   __syncthreads();  // every warp is done with the stream's arrays (the union)
   const float unscale = ldexpf(1.0f, -k);
 #pragma unroll
@@ -1418,17 +1419,16 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void batched
     for (int e = 0; e < 4; ++e) {
       const int b = 2 * t + (e & 1);
       const int ch = col + 2 * p + (e >> 1);
-      if (b < kB) sm.red.red[warp][b][Reducer::pad(ch)] = acc[p][e] * unscale;
+      if (b < kB) sm.red.red[rw][b][Reducer::pad(ch)] = acc[p][e] * unscale;
     }
   }
   __syncthreads();
   for (int v = tid; v < kB * kTile; v += kThreads) {
     const int b = v / kTile;
     const int ch = v % kTile;
-    const int c = ch / 64;
     float sum = 0.0f;
 #pragma unroll
-    for (int r = 0; r < kRW; ++r) sum += sm.red.red[r * kCW + c][b][Reducer::pad(ch)];
+    for (int r = 0; r < kRW; ++r) sum += sm.red.red[r][b][Reducer::pad(ch)];
     sm.red.red[0][b][Reducer::pad(ch)] = sum;
   }
   __syncthreads();

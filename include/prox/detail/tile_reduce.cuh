@@ -82,11 +82,14 @@ PROX_DEVICE PROX_FORCEINLINE float ld_shared_cluster(const float* p, int rank) {
  * @tparam kTn      threads along the columns; a power of two <= 32, so a warp holds 32/kTn row groups.
  * @tparam kCpv     columns per thread (one 16-byte weight piece).
  * @tparam kMats    matrices reduced side by side (2: gate and up; 1: down).
+ * @tparam kRows    rows of partial sums the storage holds: one per warp for reduce(); fewer for kernels
+ *                  that combine their own rows into at() (the tensor-core batched down GEMV: one per
+ *                  warp of a column, so that 256-output tiles fit 48 KB of static shared memory).
  *
  * Every addition happens in a fixed order (xor butterfly in the warp, then warps in index order,
  * then split-K partials in split order), so results are bit-identical from run to run.
  */
-template <int kThreads, int kTn, int kCpv, int kMats>
+template <int kThreads, int kTn, int kCpv, int kMats, int kRows = kThreads / kWarpSize>
 struct TileReducer {
   static_assert(kTn >= 1 && kTn <= kWarpSize && (kTn & (kTn - 1)) == 0, "kTn must be a power of two <= 32");
   static_assert(kThreads % kWarpSize == 0, "block size must be a multiple of 32");
@@ -100,8 +103,9 @@ struct TileReducer {
   //! of gate and up; 32 was 0.4 us slower on the Qwen3-8B Stage 1 at s1 = 10 %, measured on the H100).
   static constexpr int kBatchLoads = kMats == 1 ? 32 : 16;
 
+  static_assert(kRows >= 1 && kRows <= kWarps, "storage rows");
   struct Storage {
-    float red[kWarps][kMats][kPadded];
+    float red[kRows][kMats][kPadded];
     int last;
   };
 
@@ -117,6 +121,7 @@ struct TileReducer {
   //! Reduce acc over the block's row groups into at(). Thread t holds columns (t % kTn) * kCpv + c.
   //! Contains __syncthreads(); call from all threads.
   PROX_DEVICE static void reduce(Storage& st, float (&acc)[kMats][kCpv]) {
+    static_assert(kRows == kWarps, "reduce() stores one row per warp");
     const int lane = lane_id();
     const int warp = warp_id();
     if constexpr (kGroupsPerWarp > 1 && kVals % kGroupsPerWarp == 0) {
@@ -165,6 +170,7 @@ struct TileReducer {
   //! warp w has written st.red[w][m][pad(ch)] for all of its kMats x kTile values; add them in warp
   //! order into at(). Contains __syncthreads(); call from all threads.
   PROX_DEVICE static void combine_warps(Storage& st) {
+    static_assert(kRows == kWarps, "combine_warps() adds one row per warp");
     __syncthreads();
     for (int v = static_cast<int>(threadIdx.x); v < kMats * kTile; v += kThreads) {
       const int m = v / kTile;
