@@ -310,13 +310,10 @@ void down_candidates(int K, int N, int tokens, double density, double mag, std::
   std::vector<float> noise(static_cast<std::size_t>(tokens) * N);
   FastNormal gen(seed + 1);
   for (auto& v : noise) v = static_cast<float>(mag * gen());
-  std::uint64_t h = seed * 0x9E3779B97F4A7C15ull + 1;
   for (int b = 0; b < tokens; ++b) {
+    const auto chosen = random_flags(N, density, seed + 2 + static_cast<std::uint64_t>(b));
     for (int j = 0; j < N; ++j) {
-      h ^= h << 13;
-      h ^= h >> 7;
-      h ^= h << 17;
-      if (static_cast<double>(h % 10000) < density * 10000.0) {
+      if (chosen[j]) {
         s[static_cast<std::size_t>(b) * N + j] = noise[static_cast<std::size_t>(b) * N + j];
         umask[j / 32] |= 1u << (j % 32);
       }

@@ -356,17 +356,19 @@ prox::DeviceInfo h100_info() {
   d.cc_major = 9;
   return d;
 }
+//! The candidate default_policy() gives Op on an H100 for a (d_model, d_ff) shape.
+template <class Op>
+int h100_default(int d_model, int d_ff) {
+  typename Op::Args a;
+  a.d_model = d_model;
+  a.d_ff = d_ff;
+  return prox::default_policy(Op{}, h100_info(), a);
+}
 }  // namespace
 
 TEST_CASE("Stage 1: the plan's default policy takes the fewest waves, then cp.async past one wave", "[validation]") {
-  const prox::DeviceInfo h100 = h100_info();
-  const auto dflt = [&](int K, int N) {
-    prox::ProxyGemvArgs<__half> a;
-    a.d_model = K;
-    a.d_ff = N;
-    return prox::default_policy(prox::ProxyGemvOp<__half, prox::SiLU>{}, h100, a);
-  };
   using Op = prox::ProxyGemvOp<__half, prox::SiLU>;
+  const auto dflt = h100_default<Op>;
   // Qwen3-32B: every candidate needs two waves of 396 slots; the cp.async candidate (3) is preferred.
   CHECK(Op::num_blocks<prox::PolicyAt<0, prox::ProxyGemvPolicies>>(5120, 25600) > 396);
   CHECK(dflt(5120, 25600) == 3);
@@ -374,14 +376,8 @@ TEST_CASE("Stage 1: the plan's default policy takes the fewest waves, then cp.as
 }
 
 TEST_CASE("batched down GEMV at B = 4: the one-wave-only candidate where its grid fits one wave", "[validation]") {
-  const prox::DeviceInfo h100 = h100_info();
-  const auto dflt = [&](int d_model, int d_ff) {
-    prox::BatchedDownGemvArgs<__half> a;
-    a.d_model = d_model;
-    a.d_ff = d_ff;
-    return prox::default_policy(prox::BatchedDownGemvOp<__half, 4>{}, h100, a);
-  };
   using Op = prox::BatchedDownGemvOp<__half, 4>;
+  const auto dflt = h100_default<Op>;
   using OneWave = prox::PolicyAt<2, Op::Policies>;
   static_assert(OneWave::kOneWave && OneWave::kChunk == 1536, "candidate 2 is the one-wave 1536-channel one");
   // Qwen3-8B: 32 tiles x 8 chunks = 256 blocks in 264 slots, against 384 (2 waves) for candidate 0.
@@ -396,19 +392,8 @@ TEST_CASE("batched down GEMV at B = 4: the one-wave-only candidate where its gri
 }
 
 TEST_CASE("batched ops at capacity 8: the default candidates by shape", "[validation]") {
-  const prox::DeviceInfo h100 = h100_info();
-  const auto proxy = [&](int d_model, int d_ff) {
-    prox::BatchedProxyGemvArgs<__half> a;
-    a.d_model = d_model;
-    a.d_ff = d_ff;
-    return prox::default_policy(prox::BatchedProxyGemvOp<__half, prox::SiLU, 8>{}, h100, a);
-  };
-  const auto down = [&](int d_model, int d_ff) {
-    prox::BatchedDownGemvArgs<__half> a;
-    a.d_model = d_model;
-    a.d_ff = d_ff;
-    return prox::default_policy(prox::BatchedDownGemvOp<__half, 8>{}, h100, a);
-  };
+  const auto proxy = h100_default<prox::BatchedProxyGemvOp<__half, prox::SiLU, 8>>;
+  const auto down = h100_default<prox::BatchedDownGemvOp<__half, 8>>;
   // Stage 1: 1024-input chunks where they take fewer waves (Qwen3-8B: 384 blocks in 396 slots, not 768);
   // where shorter ones also fit one wave, the most blocks (1.7B: 256-input chunks, 384 blocks; 4B: 512).
   CHECK(proxy(4096, 12288) == 0);

@@ -1028,7 +1028,7 @@ struct BatchedDownMmaPolicy {
   static_assert(Chunk % 32 == 0 && Threads % 32 == 0 && (Threads / 32) % ColWarps == 0, "policy shape");
   static std::string name() {
     return "bdown_mma_b" + std::to_string(Tokens) + "_t" + std::to_string(Threads) + "_c" + std::to_string(Chunk) +
-           "_w" + std::to_string(ColWarps) + "_u" + std::to_string(Unroll) + "_m" + std::to_string(MinBlocks) +
+           "_d" + std::to_string(64 * ColWarps) + "_u" + std::to_string(Unroll) + "_m" + std::to_string(MinBlocks) +
            (OneWave ? "_w1" : "");
   }
 };
@@ -1094,6 +1094,28 @@ PROX_DEVICE PROX_FORCEINLINE void batched_down_finish(typename Reducer::Storage&
     a.y[static_cast<std::size_t>(b) * a.d_model + d0 + ch] = from_float<T>(Reducer::at(s_red, b, ch));
   }
 }
+
+/**
+ * @brief The start of both batched down kernels: the union-mask bit of each of this thread's kPer channels
+ * of the chunk [c0, c0 + chunk_len) and every token's s there, all loaded together (one memory latency).
+ * s is read for every channel of the chunk; the kernels use it only where the union selected the channel.
+ */
+template <int kB, int kThreads, int kPer, class T>
+PROX_DEVICE PROX_FORCEINLINE void batched_down_load_chunk(const BatchedDownGemvArgs<T>& a, int c0, int chunk_len,
+                                                          bool (&sel)[kPer], float (&val)[kB][kPer]) {
+  const int tid = static_cast<int>(threadIdx.x);
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int t = i * kThreads + tid;
+    const int j = c0 + t;
+    const bool in = t < chunk_len && j < a.d_ff;
+    const std::uint32_t word = in ? a.union_mask[j / kWarpSize] : 0u;
+    sel[i] = (word >> (j % kWarpSize)) & 1u;
+#pragma unroll
+    for (int b = 0; b < kB; ++b)
+      val[b][i] = in && b < a.tokens ? a.s[static_cast<std::size_t>(b) * a.d_ff + j] : 0.0f;
+  }
+}
 }  // namespace detail
 
 template <class Policy, class T>
@@ -1120,23 +1142,13 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void batched
   const int d0 = tile * kTile;
   const int chunk_len = detail::split_chunk_length(a.d_ff, static_cast<int>(gridDim.y), kChunk, 32);
   const int c0 = chunk * chunk_len;
-  const int tokens = a.tokens;
   pdl_wait();
   pdl_launch_dependents();
   const detail::HeaderWords header = detail::workspace_header(ws.guard, blockIdx.x + blockIdx.y);
 
   bool sel[kPer];
   float val[kB][kPer];
-#pragma unroll
-  for (int i = 0; i < kPer; ++i) {
-    const int t = i * kThreads + tid;
-    const int j = c0 + t;
-    const bool in = t < chunk_len && j < a.d_ff;
-    const std::uint32_t word = in ? a.union_mask[j / kWarpSize] : 0u;
-    sel[i] = (word >> (j % kWarpSize)) & 1u;
-#pragma unroll
-    for (int b = 0; b < kB; ++b) val[b][i] = in && b < tokens ? a.s[static_cast<std::size_t>(b) * a.d_ff + j] : 0.0f;
-  }
+  detail::batched_down_load_chunk<kB, kThreads>(a, c0, chunk_len, sel, val);
   int pos[kPer];
   int totals[kPer];
   block_compact_positions<kThreads, kPer>(sel, s_warp, pos, totals);
@@ -1267,28 +1279,20 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void batched
   const int d0 = tile * kTile;
   const int chunk_len = detail::split_chunk_length(a.d_ff, static_cast<int>(gridDim.y), kChunk, 32);
   const int c0 = chunk * chunk_len;
-  const int tokens = a.tokens;
   pdl_wait();
   pdl_launch_dependents();
   const detail::HeaderWords header = detail::workspace_header(ws.guard, blockIdx.x + blockIdx.y);
 
   bool sel[kPer];
   float val[kB][kPer];
-  float mx = 0.0f;
-#pragma unroll
-  for (int i = 0; i < kPer; ++i) {
-    const int t = i * kThreads + tid;
-    const int j = c0 + t;
-    const bool in = t < chunk_len && j < a.d_ff;
-    const std::uint32_t word = in ? a.union_mask[j / kWarpSize] : 0u;
-    sel[i] = (word >> (j % kWarpSize)) & 1u;
-#pragma unroll
-    for (int b = 0; b < kB; ++b) {
-      val[b][i] = sel[i] && b < tokens ? a.s[static_cast<std::size_t>(b) * a.d_ff + j] : 0.0f;
-      mx = fmaxf(mx, fabsf(val[b][i]));
-    }
-  }
+  detail::batched_down_load_chunk<kB, kThreads>(a, c0, chunk_len, sel, val);
+  float mx = 0.0f;  // the largest |s| of the rows this block streams
   if constexpr (kScale) {
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+#pragma unroll
+      for (int b = 0; b < kB; ++b) mx = sel[i] ? fmaxf(mx, fabsf(val[b][i])) : mx;
+    }
 #pragma unroll
     for (int off = kWarpSize / 2; off > 0; off /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
     if (lane == 0) s_max[warp] = mx;
