@@ -19,7 +19,7 @@
 //!
 //! Own flags: --prox_shapes=8B,14B --prox_dtypes=f16,bf16 --prox_targets=40,50,60,70
 //! --prox_batches=1,2,4,8 --prox_masks=indep,corr --prox_iterations=N --prox_warmup=N
-//! --prox_min_launches=N --prox_rotate_gb=G --prox_max_device_gb=G --prox_commit=SHA.
+//! --prox_min_launches=N --prox_rotate_gb=G --prox_max_device_gb=G --prox_fuse_batch=0|1 --prox_commit=SHA.
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -56,6 +56,7 @@ struct Options {
   int min_launches = 32;
   double rotate_gb = 4.0;
   double max_device_gb = 40.0;
+  bool fuse_batch = false;  //!< PlanOptions::fuse_batch_stage2
   std::string commit;
 };
 Options g_opt;
@@ -177,7 +178,9 @@ Sparse<T>& sparse_for(Context<T>& ctx, int e_pct) {
   for (int c = 0; c < ctx.layer.copies(); ++c) {
     typename Ffn::Config cfg{K, N, sp->tau_x, sp->tau_s};
     cfg.max_tokens = kMaxB;
-    PROX_BENCH_PROX(sp->ffns[c].plan(cfg, weights_of(c)));
+    typename Ffn::PlanOptions po;
+    po.fuse_batch_stage2 = g_opt.fuse_batch;
+    PROX_BENCH_PROX(sp->ffns[c].plan(cfg, weights_of(c), po));
   }
   sp->ws = DeviceBuffer(sp->ffns[0].workspace_bytes(), "workspace");
   PROX_BENCH_PROX(prox::initialize_workspace(sp->ws.get(), sp->ws.bytes(), g.stream));
@@ -355,6 +358,10 @@ void add_flags(CLI::App* app) {
       ->type_name("G")
       ->capture_default_str()
       ->check(positive);
+  app->add_option("--prox_fuse_batch", g_opt.fuse_batch,
+                  "B = 2..4: Stage 2 as the fused batched kernel (PlanOptions::fuse_batch_stage2)")
+      ->type_name("0|1")
+      ->capture_default_str();
   app->add_option("--prox_commit", g_opt.commit, "commit to record (else $PROX_COMMIT, else the one built from)")
       ->type_name("SHA");
   app->footer("plus Google Benchmark's flags, e.g. --benchmark_filter=REGEX --benchmark_out=FILE --benchmark_list_tests");

@@ -49,10 +49,15 @@ struct BatchRig {
     PROX_TEST_CUDA(cudaMemset(cnt.get(), 0, cnt.bytes()));
   }
 
-  void plan(float tau_x, float tau_s, int max_tokens = kMax) {
+  //! fuse: Stage 2 of 2..4 tokens as the fused batched kernel (PlanOptions::fuse_batch_stage2).
+  void plan(float tau_x, float tau_s, int max_tokens = kMax, bool fuse = false) {
     typename Ffn::Config c{L.K, L.N, tau_x, tau_s};
     c.max_tokens = max_tokens;
-    PROX_TEST_OK(ffn.plan(c, ffn_weights<A>(D)));
+    typename Ffn::PlanOptions po;
+    po.fuse_batch_stage2 = fuse;
+    PROX_TEST_OK(ffn.plan(c, ffn_weights<A>(D), po));
+    REQUIRE(ffn.template fused_batch<2>() == fuse);
+    REQUIRE(!ffn.template fused_batch<8>());
     REQUIRE(ffn.workspace_bytes() == Ffn::workspace_bytes(L.K, L.N, max_tokens));
     REQUIRE(ffn.workspace_bytes() >= Ffn::workspace_bytes(L.K, L.N));
     ws = DeviceBuffer<char>(ffn.workspace_bytes());
@@ -190,8 +195,10 @@ BatchStats check_batch(BatchRig<T, A>& r, const std::vector<T>& xs, int tokens, 
   return st;
 }
 
+//! fuse: Stage 2 of 2..4 tokens as the fused batched kernel, or the GLU and down kernels (the default).
 template <class T, class A>
-void batch_shape(int K, int N, std::uint64_t seed, std::initializer_list<int> token_counts, bool boundaries) {
+void batch_shape(int K, int N, std::uint64_t seed, std::initializer_list<int> token_counts, bool boundaries,
+                 bool fuse = false) {
   BatchRig<T, A> r(K, N, seed);
   const auto x0 = normal_vector<T>(K, seed + 100, 1.0);
   // e = 60 %: (s1, s2) = (55 %, 70 %) on one token, as test_ffn.cu.
@@ -199,22 +206,22 @@ void batch_shape(int K, int N, std::uint64_t seed, std::initializer_list<int> to
   const float tau_x = quantile_abs(dx0, 0.55);
   const auto probe = prox_ref::stage1_int4(dx0, K, N, tau_x, 0.0f, r.L.qg, r.L.sg, r.L.qu, r.L.su, ref_act<A>());
   const float tau_s = quantile_abs(values_of(probe.s), 0.70);
-  r.plan(tau_x, tau_s);
+  r.plan(tau_x, tau_s, BatchRig<T, A>::kMax, fuse);
   for (int tokens : token_counts) {
     check_batch(r, make_tokens<T>(K, tokens, seed + 10 * tokens, false), tokens, "independent");
     check_batch(r, make_tokens<T>(K, tokens, seed + 10 * tokens + 5, true), tokens, "correlated");
   }
   if (boundaries) {
     const auto xs = make_tokens<T>(K, 5, seed + 77, false);
-    r.plan(0.0f, 0.0f);  // everything kept: the dense FFN
+    r.plan(0.0f, 0.0f, BatchRig<T, A>::kMax, fuse);  // everything kept: the dense FFN
     check_batch(r, xs, 5, "dense");
-    r.plan(tau_x, prox_test::kInf);  // no channel: y = 0
+    r.plan(tau_x, prox_test::kInf, BatchRig<T, A>::kMax, fuse);  // no channel: y = 0
     check_batch(r, xs, 3, "empty");
     for (T v : r.y.download()) {
       const std::uint16_t b = bits16(v);
       CHECK((b == 0u || b == 0xFFFFu));
     }
-    r.plan(prox_test::kInf, 0.0f);  // no input: s~ = 0, |0| >= 0 keeps every channel
+    r.plan(prox_test::kInf, 0.0f, BatchRig<T, A>::kMax, fuse);  // no input: s~ = 0, |0| >= 0 keeps every channel
     check_batch(r, xs, 2, "noinput");
   }
 }
@@ -229,6 +236,10 @@ TEMPLATE_TEST_CASE("Batched FFN: each token as its batch-1 run, small and odd sh
   batch_shape<T, prox::GeluTanh>(136, 224, 3, {4, 7}, false);
   batch_shape<T, prox::SiLU>(1000, 2016, 4, {2, 4, 6, 8}, false);
   batch_shape<T, prox::GeluTanh>(2520, 608, 8, {3, 8}, false);
+  // Stage 2 of 2..4 tokens as the fused batched kernel (PlanOptions::fuse_batch_stage2).
+  batch_shape<T, prox::SiLU>(200, 96, 1, {2, 3}, true, true);
+  batch_shape<T, prox::GeluTanh>(1000, 2016, 4, {2, 4}, false, true);
+  batch_shape<T, prox::SiLU>(2560, 1056, 9, {3, 4}, false, true);  // 2560 inputs: the 320-thread candidates
 }
 
 TEMPLATE_TEST_CASE("Batched FFN: Qwen3-1.7B shape", "[batched][gpu][large]", __half, __nv_bfloat16) {
@@ -476,6 +487,163 @@ TEMPLATE_TEST_CASE("Batched down GEMV: every candidate against the float64 sum",
   down_candidates<T, 2>(520, 1056, 1, 0.7, 1.0, 11);
 }
 
+namespace {
+//! Every candidate of the fused batched Stage 2 (BatchedGluDownGemvOp<T, A, Cap>) on one shape: `tokens`
+//! tokens, each with its own random channel set of `density` (their union the rows read), against the
+//! float64 Stage 2 of each token on its own set: s within its bound on the token's channels and +0 on the
+//! others, y within the reference bound. Grids from the largest resident one to 7 and 1 block (so blocks
+//! run several down tasks), cooperative and plain launches bit-identical, three launches of the largest grid
+//! on one workspace bit-identical, every launch leaving it ready (barrier and tile counters at zero, nothing flagged), nothing past
+//! the batch written. Then a launch on a workspace that is not ready: y = NaN, flagged, no hang.
+template <class T, class A, int Cap>
+void fused_candidates(int K, int N, int tokens, double density, std::uint64_t seed) {
+  using Op = prox::BatchedGluDownGemvOp<T, A, Cap>;
+  const int W = N / 32;
+  const HostLayer<T> L = make_host_layer<T>(K, N, seed);
+  const DeviceLayer<T> D(L);
+  const auto xs = make_tokens<T>(K, tokens, seed + 1, false);
+  std::vector<std::uint32_t> masks(static_cast<std::size_t>(Cap) * W, 0u), umask(W, 0u);
+  std::vector<std::vector<std::uint8_t>> sel(tokens);
+  std::vector<prox_ref::Stage2Result> refs;
+  for (int b = 0; b < tokens; ++b) {
+    sel[b] = random_flags(N, density, seed + 10 + static_cast<std::uint64_t>(b));
+    for (int j = 0; j < N; ++j) {
+      if (!sel[b][j]) continue;
+      masks[static_cast<std::size_t>(b) * W + j / 32] |= 1u << (j % 32);
+      umask[j / 32] |= 1u << (j % 32);
+    }
+    const std::vector<T> xt(xs.begin() + static_cast<std::ptrdiff_t>(b) * K,
+                            xs.begin() + static_cast<std::ptrdiff_t>(b + 1) * K);
+    refs.push_back(prox_ref::stage2(prox_ref::to_double(xt), L.dwg, L.dwu, L.dwdt, K, N, sel[b], ref_act<A>()));
+  }
+  DeviceBuffer<T> dx(xs), dy(static_cast<std::size_t>(Cap) * K + 64);
+  DeviceBuffer<std::uint32_t> dmask(masks), dumask(umask);
+  DeviceBuffer<float> ds(static_cast<std::size_t>(Cap) * N);
+  typename Op::Args a;
+  a.x = dx.get();
+  a.tokens = tokens;
+  a.d_model = K;
+  a.d_ff = N;
+  a.w_gate = D.wg.get();
+  a.w_up = D.wu.get();
+  a.channel_mask = dmask.get();
+  a.union_mask = dumask.get();
+  a.s = ds.get();
+  a.w_down_t = D.wdt.get();
+  a.y = dy.get();
+  prox::DeviceInfo dev;
+  PROX_TEST_OK(prox::query_device(&dev));
+  prox::for_each_policy<typename Op::Policies>([&](auto p, int pi) {
+    using P = decltype(p);
+    int max_blocks = 0;
+    PROX_TEST_OK(Op::template max_grid_blocks<P>(dev, &max_blocks));
+    REQUIRE(max_blocks > 0);
+    for (int blocks : {max_blocks, 7, 1}) {
+      std::vector<std::uint16_t> coop_bits;
+      for (bool coop : {true, false}) {
+        CAPTURE(K, N, tokens, density, pi, P::name(), A::kName, prox::DTypeTraits<T>::kName, blocks, coop);
+        const auto ws = op_workspace<Op>(a);
+        typename Op::Options o;
+        o.cooperative = coop;
+        o.grid_blocks = blocks;
+        prox::Operator<Op> op;
+        REQUIRE(op.initialize(a, o, pi) == prox::Status::kSuccess);
+        std::vector<std::uint16_t> first;
+        const int reps = blocks == max_blocks && coop ? 3 : 1;  // the other grids: against the cooperative run
+        for (int rep = 0; rep < reps; ++rep) {
+          ds.poison();
+          dy.poison();
+          REQUIRE(op.run(a, ws.get(), ws.bytes(), nullptr) == prox::Status::kSuccess);
+          PROX_TEST_CUDA(cudaDeviceSynchronize());
+          std::vector<std::uint16_t> bits;
+          for (T v : dy.download()) bits.push_back(bits16(v));
+          if (rep == 0) first = bits;
+          else CHECK(bits == first);  // deterministic, and the workspace was left ready
+        }
+        if (coop) coop_bits = first;
+        else CHECK(first == coop_bits);
+        const auto y = dy.download();
+        const auto s = ds.download();
+        double worst_s = 0.0, worst_y = 0.0;
+        for (int b = 0; b < tokens; ++b) {
+          const std::vector<float> sb(s.begin() + static_cast<std::ptrdiff_t>(b) * N,
+                                      s.begin() + static_cast<std::ptrdiff_t>(b + 1) * N);
+          const SCompare cs = compare_s(sb, sel[b], refs[b].s);
+          CHECK(cs.bad == 0);
+          CHECK(cs.untouched_bad == 0);
+          worst_s = std::max(worst_s, cs.worst);
+          const std::vector<T> yb(y.begin() + static_cast<std::ptrdiff_t>(b) * K,
+                                  y.begin() + static_cast<std::ptrdiff_t>(b + 1) * K);
+          double w = 0.0;
+          CHECK(count_out_of_bound(yb, refs[b].y, &w) == 0);
+          worst_y = std::max(worst_y, w);
+        }
+        int past = 0;  // nothing past the batch: y of the empty slots and the guard, s of the empty slots
+        for (std::size_t i = static_cast<std::size_t>(tokens) * K; i < y.size(); ++i) past += bits16(y[i]) != 0xFFFFu;
+        for (std::size_t i = static_cast<std::size_t>(tokens) * N; i < s.size(); ++i) past += bits32(s[i]) != 0xFFFFFFFFu;
+        CHECK(past == 0);
+        const auto wsv = ws.download();
+        const auto* words = reinterpret_cast<const std::uint32_t*>(wsv.data() + prox::detail::kHeaderBytes);
+        CHECK(words[0] == 0u);
+        int counters_bad = 0;
+        for (int t = 0; t < Op::template num_tiles<P>(K); ++t) counters_bad += words[prox::detail::kBarrierWords + t] != 0u;
+        CHECK(counters_bad == 0);
+        prox::Status ws_status = prox::Status::kSuccess;
+        PROX_TEST_OK(prox::read_workspace_status(ws.get(), nullptr, &ws_status));
+        CHECK(ws_status == prox::Status::kSuccess);
+        if (coop)
+          std::printf("[bgludown] %-5s %-9s K=%-5d N=%-5d B=%d %-28s blocks=%-4d density=%.2f s err/bound=%.3f y "
+                      "err/bound=%.3f\n",
+                      prox::DTypeTraits<T>::kName, A::kName, K, N, tokens, P::name().c_str(), blocks, density, worst_s,
+                      worst_y);
+      }
+    }
+  });
+  // A workspace that is not ready (garbage header): every token's y is NaN, the header flagged, no hang;
+  // initialized again, the op gives the clean bits.
+  auto ws = op_workspace<Op>(a);
+  prox::Operator<Op> op;
+  REQUIRE(op.initialize(a) == prox::Status::kSuccess);
+  dy.poison();
+  REQUIRE(op.run(a, ws.get(), ws.bytes(), nullptr) == prox::Status::kSuccess);
+  PROX_TEST_CUDA(cudaDeviceSynchronize());
+  const auto clean = dy.download();
+  std::vector<char> junk(ws.bytes());
+  for (std::size_t i = 0; i < junk.size(); ++i) junk[i] = static_cast<char>(i * 131 + 7);
+  ws.upload(junk);
+  dy.poison();
+  REQUIRE(op.run(a, ws.get(), ws.bytes(), nullptr) == prox::Status::kSuccess);
+  PROX_TEST_CUDA(cudaDeviceSynchronize());
+  const auto dirty = dy.download();
+  int not_nan = 0;
+  for (std::size_t i = 0; i < static_cast<std::size_t>(tokens) * K; ++i) not_nan += !std::isnan(prox::to_float(dirty[i]));
+  CHECK(not_nan == 0);
+  prox::Status flag = prox::Status::kSuccess;
+  PROX_TEST_OK(prox::read_workspace_status(ws.get(), nullptr, &flag));
+  CHECK(flag == prox::Status::kErrorDirtyWorkspace);
+  PROX_TEST_OK(prox::initialize_workspace(ws.get(), ws.bytes(), nullptr));
+  dy.poison();
+  REQUIRE(op.run(a, ws.get(), ws.bytes(), nullptr) == prox::Status::kSuccess);
+  PROX_TEST_CUDA(cudaDeviceSynchronize());
+  const auto again = dy.download();
+  int diff = 0;
+  for (std::size_t i = 0; i < again.size(); ++i) diff += bits16(again[i]) != bits16(clean[i]);
+  CHECK(diff == 0);
+}
+}  // namespace
+
+TEMPLATE_TEST_CASE("Fused batched Stage 2: every candidate, each token against its float64 Stage 2, any grid",
+                   "[batched][gpu]", __half, __nv_bfloat16) {
+  using T = TestType;
+  fused_candidates<T, prox::SiLU, 2>(200, 96, 2, 0.3, 51);       // one partial tile
+  fused_candidates<T, prox::GeluTanh, 2>(8, 32, 1, 0.5, 52);     // the smallest shape, one token
+  fused_candidates<T, prox::SiLU, 2>(1000, 2016, 2, 1.0, 53);    // every channel
+  fused_candidates<T, prox::GeluTanh, 4>(1000, 2016, 3, 0.23, 54);
+  fused_candidates<T, prox::SiLU, 4>(4104, 544, 4, 0.3, 55);     // more column tiles than a small grid's blocks
+  fused_candidates<T, prox::SiLU, 4>(2520, 608, 4, 0.0, 56);     // nothing selected: y = 0
+  fused_candidates<T, prox::GeluTanh, 4>(5120, 1056, 2, 0.4, 57);  // 5120 inputs: the 320-thread candidate's row
+}
+
 TEST_CASE("Batched FFN: tokens = 1 runs the batch-1 kernels and gives run()'s bits", "[batched][gpu]") {
   BatchRig<__half, prox::SiLU> r(520, 1056, 11);
   r.plan(0.5f, 0.05f);
@@ -527,8 +695,10 @@ TEST_CASE("Batched FFN: deterministic, and a captured graph replays on new token
 }
 
 TEST_CASE("Batched FFN: a workspace never initialized gives the exact dense FFN, flagged", "[batched][gpu]") {
+ for (const bool fuse : {false, true}) {
+  CAPTURE(fuse);
   BatchRig<__half, prox::GeluTanh> r(136, 224, 31);
-  r.plan(0.7f, 0.05f, 4);
+  r.plan(0.7f, 0.05f, 4, fuse);
   // Garbage in place of the header: the first batch is dense and flags it; the next is sparse.
   std::vector<char> junk(r.ws.bytes());
   for (std::size_t i = 0; i < junk.size(); ++i) junk[i] = static_cast<char>(i * 131 + 7);
@@ -552,6 +722,7 @@ TEST_CASE("Batched FFN: a workspace never initialized gives the exact dense FFN,
   PROX_TEST_OK(prox::read_workspace_status(r.ws.get(), nullptr, &flag));
   CHECK(flag == prox::Status::kErrorDirtyWorkspace);
   check_batch(r, xs, 4, "after");  // sparse again, each token right
+ }
 }
 
 TEST_CASE("Batched FFN: bad input is refused before any launch", "[batched][gpu][validation]") {

@@ -295,6 +295,47 @@ TEMPLATE_TEST_CASE("GLU, down and fused Stage-2 GEMVs: bad input gets a Status b
   }
 }
 
+TEMPLATE_TEST_CASE("fused batched Stage 2: bad input gets a Status before any launch", "[validation]", __half,
+                   __nv_bfloat16) {
+  using T = TestType;
+  using Op = prox::BatchedGluDownGemvOp<T, prox::GeluTanh, 4>;
+  prox::BatchedGluDownGemvArgs<T> good;
+  good.x = fake<const T>(0);
+  good.tokens = 3;
+  good.d_model = 5120;
+  good.d_ff = 17408;
+  good.w_gate = fake<const T>(1);
+  good.w_up = fake<const T>(2);
+  good.channel_mask = fake<const std::uint32_t>(3);
+  good.union_mask = fake<const std::uint32_t>(4);
+  good.s = fake<float>(5);
+  good.w_down_t = fake<const T>(6);
+  good.y = fake<T>(7);
+  REQUIRE(Op::can_implement(good) == Status::kSuccess);
+  const auto bad = [&](auto mutate) {
+    prox::BatchedGluDownGemvArgs<T> a = good;
+    mutate(a);
+    return plan<Op>(a);
+  };
+  CHECK(bad([](auto& a) { a.x = nullptr; }) == Status::kErrorNullPointer);
+  CHECK(bad([](auto& a) { a.union_mask = nullptr; }) == Status::kErrorNullPointer);
+  CHECK(bad([](auto& a) { a.channel_mask = nullptr; }) == Status::kErrorNullPointer);
+  CHECK(bad([](auto& a) { a.w_down_t = nullptr; }) == Status::kErrorNullPointer);
+  CHECK(bad([](auto& a) { a.y = nullptr; }) == Status::kErrorNullPointer);
+  CHECK(bad([](auto& a) { a.tokens = 0; }) == Status::kErrorInvalidArgument);
+  CHECK(bad([](auto& a) { a.tokens = 5; }) == Status::kErrorInvalidArgument);  // past the capacity
+  CHECK(bad([](auto& a) { a.d_model = 5124; }) == Status::kErrorInvalidShape);
+  CHECK(bad([](auto& a) { a.d_ff = 17400; }) == Status::kErrorInvalidShape);
+  CHECK(bad([](auto& a) { a.x = fake<const T>(0, 8); }) == Status::kErrorMisalignedPointer);
+  CHECK(bad([](auto& a) { a.union_mask = fake<const std::uint32_t>(4, 2); }) == Status::kErrorMisalignedPointer);
+  CHECK(bad([](auto& a) { a.w_down_t = fake<const T>(6, 8); }) == Status::kErrorMisalignedPointer);
+  CHECK(bad([](auto& a) { a.y = fake<T>(7, 1); }) == Status::kErrorMisalignedPointer);
+  typename Op::Options o;
+  o.grid_blocks = -1;
+  CHECK(plan<Op>(good, o) == Status::kErrorInvalidArgument);
+  CHECK(plan<Op>(good, {}, 2) == Status::kErrorInvalidArgument);  // no such candidate
+}
+
 namespace {
 //! A candidate of default_policy(): its grid size, residency and pipeline depth.
 template <int Blocks, int MinBlocks, int Stages = 0>
@@ -389,6 +430,21 @@ TEST_CASE("batched down GEMV at B = 4: the one-wave-only candidate where its gri
   CHECK(dflt(5120, 25600) == 0);
   // Qwen3-1.7B: every candidate fits one wave after the balanced split; the tie goes to candidate 0.
   CHECK(dflt(2048, 6144) == 0);
+}
+
+TEST_CASE("fused batched Stage 2: the default candidate covers a row with the fewest GLU load slots",
+          "[validation]") {
+  const auto b4 = h100_default<prox::BatchedGluDownGemvOp<__half, prox::SiLU, 4>>;
+  const auto b2 = h100_default<prox::BatchedGluDownGemvOp<__half, prox::SiLU, 2>>;
+  // 320 threads where 256 leave a half-idle step: d_model 2560 (Qwen3-4B: 1 step of 320 pieces against 2 of
+  // 256) and 5120 (14B, 32B: 2 steps against 3); 256 on 2048 and 4096. Capacity 2 has the 256-thread one only.
+  CHECK(b4(2048, 6144) == 0);
+  CHECK(b4(2560, 9728) == 1);
+  CHECK(b4(4096, 12288) == 0);
+  CHECK(b4(5120, 17408) == 1);
+  CHECK(b4(5120, 25600) == 1);
+  CHECK(b2(5120, 17408) == 0);
+  STATIC_REQUIRE(prox::PolicyAt<1, prox::BatchedGluDownPoliciesFor<4>::type>::kThreads == 320);
 }
 
 TEST_CASE("batched ops at capacity 8: the default candidates by shape", "[validation]") {

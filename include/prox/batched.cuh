@@ -623,10 +623,18 @@ struct BatchedGluPolicy {
 
 //! The tensor cores win at B = 8, where the CUDA-core kernel is bound by its multiply-adds (ncu, Qwen3-8B:
 //! 63 % SM throughput, 53 % of DRAM bandwidth), and lose at B = 2 and 4 (FFN +4 to +13 % on 8B to 32B, H100,
-//! docs/history.md), where the CUDA-core kernel streams at 68-73 % of DRAM bandwidth.
+//! docs/history.md), where the CUDA-core kernel streams at 68-73 % of DRAM bandwidth. At B = 4 a 320-thread
+//! candidate covers a row of 2560 or 5120 inputs in 1 or 2 full steps, where 256 threads take 2 or 3 with the
+//! last one a quarter or half busy (dispatch.cuh: the fewest load slots): FFN at B = 4 7 % faster on Qwen3-4B,
+//! 2 % on 14B and 32B; 1-1.4 % slower on 1.7B and 8B, which keep 256 (H100, docs/history.md). At B = 2 it
+//! spills (96 registers under 2 blocks of 320 threads; the GLU holds 4 rows and 2 tokens per step).
 template <int Tokens>
 struct BatchedGluPoliciesFor {
   using type = PolicyList<BatchedGluPolicy<Tokens, 256, 64, 2, (Tokens == 8)>>;
+};
+template <>
+struct BatchedGluPoliciesFor<4> {
+  using type = PolicyList<BatchedGluPolicy<4, 256, 64, 2>, BatchedGluPolicy<4, 320, 64, 2>>;
 };
 
 namespace detail {
@@ -638,28 +646,29 @@ struct GluRange {
   int offset = 0;
   int lo = 0;
   int hi = 0;
+  int total = 0;  //!< channels in the union
 };
 /**
- * @brief The start of both batched GLU kernels: the PDL wait, the header stamp (block 0), and s = +0 for
- * every token on the channels no token selected (one warp per mask word, as GluRows). Returns the block's
- * GluRange.
+ * @brief The start of the batched GLU kernels (and of the fused batched Stage 2): the PDL wait, the
+ * header stamp (block 0), and s = +0 for every token on the channels no token selected (one warp per
+ * mask word, as GluRows). Returns the block's GluRange. kTrigger: let the next kernel launch now (PDL);
+ * the fused Stage 2 lets it in only once its down rows are streamed.
  */
-template <int kThreads, class T>
+template <int kThreads, class T, bool kTrigger = true>
 PROX_DEVICE PROX_FORCEINLINE GluRange batched_glu_begin(const BatchedGluGemvArgs<T>& a, const OpWorkspace& ws,
                                                         int* s_warp) {
   constexpr int kWarps = kThreads / kWarpSize;
   pdl_wait();
-  pdl_launch_dependents();
+  if constexpr (kTrigger) pdl_launch_dependents();
   if (blockIdx.x == 0) stamp_header(ws.guard, threadIdx.x);
   const int lane = lane_id();
   const int warp = warp_id();
   const int n_words = a.d_ff / kWarpSize;
   const int block = static_cast<int>(blockIdx.x);
   const int blocks = static_cast<int>(gridDim.x);
-  int total = 0;
   GluRange r;
-  r.offset = mask_rank_offset<kThreads>(a.union_mask, n_words, s_warp, &total);
-  rank_range(total, block, blocks, &r.lo, &r.hi);
+  r.offset = mask_rank_offset<kThreads>(a.union_mask, n_words, s_warp, &r.total);
+  rank_range(r.total, block, blocks, &r.lo, &r.hi);
   for (long long w = block + static_cast<long long>(warp) * blocks; w < n_words;
        w += static_cast<long long>(kWarps) * blocks) {
     if (((a.union_mask[w] >> lane) & 1u) == 0u) {
@@ -679,121 +688,142 @@ PROX_DEVICE PROX_FORCEINLINE void batched_glu_store(const BatchedGluGemvArgs<T>&
 }
 }  // namespace detail
 
+namespace detail {
+/**
+ * @brief The CUDA-core batched GLU's row stream (BatchedGluPolicy with Mma = false), shared by
+ * batched_glu_gemv_kernel and the fused batched Stage 2: the block's ranks [range.lo, range.hi) of the
+ * union's channels in sub-batches of kRows, the whole block on a batch of kRowBatch rows, each thread on
+ * its 16-byte pieces of every row and of every token's x; s of every token (batched_glu_store). Contains
+ * __syncthreads() and ends with one: `st` may be reused after it returns.
+ */
+template <class Policy, class T, class Act>
+struct BatchedGluRows {
+  static constexpr int kB = Policy::kTokens;
+  static constexpr int kThreads = Policy::kThreads;
+  static constexpr int kRows = Policy::kRows;
+  static constexpr int kR = Policy::kRowBatch;
+  static constexpr int kWarps = kThreads / kWarpSize;
+  static constexpr int kV = 2 * kR * kB;  // 16 values per batch: value (m * kR + c) * kB + b
+  static_assert(kV == 16, "one reduction of 16 values per batch");
+  static_assert(!Policy::kMma, "the CUDA-core policy");
+  struct Storage {
+    int ch[kRows];
+    float red[kWarps][kV / kB][kB][kRows];  // [warp][m * kR + c][token][row]
+  };
+
+  PROX_DEVICE static PROX_FORCEINLINE void run(const BatchedGluGemvArgs<T>& a, const GluRange& range, Storage& st) {
+    const int tid = static_cast<int>(threadIdx.x);
+    const int lane = lane_id();
+    const int warp = warp_id();
+    const int tokens = a.tokens;
+    const int n_words = a.d_ff / kWarpSize;
+
+    const Act act{};
+    const int pieces = a.d_model / 8;
+    const int steps_per_batch = Policy::steps_per_row(a.d_model);
+    const std::size_t ld = static_cast<std::size_t>(a.d_model);
+#pragma unroll 1
+    for (int sub = range.lo; sub < range.hi; sub += kRows) {
+      const int count = min(kRows, range.hi - sub);
+      detail::gather_rank_range<kThreads>(a.union_mask, n_words, range.offset, sub, sub + count, st.ch);
+      __syncthreads();
+      const int total_steps = ((count + kR - 1) / kR) * steps_per_batch;
+      struct Step {
+        uint4 vx[kB];
+        uint4 vg[kR];
+        uint4 vu[kR];
+      };
+      const auto load_step = [&](int step, Step& d) {
+        const bool live = step < total_steps;
+        const int b0 = (step / steps_per_batch) * kR;
+        const int q = tid + (step % steps_per_batch) * kThreads;
+        const bool qok = live && q < pieces;
+#pragma unroll
+        for (int c = 0; c < kR; ++c) {
+          const bool have = qok && b0 + c < count;
+          const std::size_t row = static_cast<std::size_t>(st.ch[have ? b0 + c : 0]) * ld;
+          d.vg[c] = ld_stream_16(a.w_gate + row + 8 * q, have);
+          d.vu[c] = ld_stream_16(a.w_up + row + 8 * q, have);
+        }
+#pragma unroll
+        for (int b = 0; b < kB; ++b) d.vx[b] = ld_cached_16(a.x + b * ld + 8 * q, qok && b < tokens);
+      };
+      float v[kV];
+#pragma unroll
+      for (int i = 0; i < kV; ++i) v[i] = 0.0f;
+      const auto compute_step = [&](int step, const Step& d) {
+#pragma unroll
+        for (int c = 0; c < kR; ++c) {
+          float fg[8];
+          float fu[8];
+          unpack8<T>(d.vg[c], fg);
+          unpack8<T>(d.vu[c], fu);
+#pragma unroll
+          for (int b = 0; b < kB; ++b) {
+            float fx[8];
+            unpack8<T>(d.vx[b], fx);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) {
+              v[c * kB + b] = fmaf(fx[e], fg[e], v[c * kB + b]);
+              v[(kR + c) * kB + b] = fmaf(fx[e], fu[e], v[(kR + c) * kB + b]);
+            }
+          }
+        }
+        if (step % steps_per_batch == steps_per_batch - 1) {
+          const int b0 = (step / steps_per_batch) * kR;
+          warp_halvings<kV / 2>(v, kWarpSize / 2);  // warp_sum_many<16>, unrolled (warp_halvings says why)
+          const float r = v[0] + __shfl_xor_sync(0xffffffffu, v[0], 1);
+          constexpr int kLanesPerValue = kWarpSize / kV;
+          if (lane % kLanesPerValue == 0) {
+            const int idx = lane / kLanesPerValue;  // (m * kR + c) * kB + b
+            const int b = idx % kB;
+            const int mc = idx / kB;
+            const int c = mc % kR;
+            if (b0 + c < count) st.red[warp][mc][b][b0 + c] = r;
+          }
+#pragma unroll
+          for (int i = 0; i < kV; ++i) v[i] = 0.0f;
+        }
+      };
+      Step buf0;
+      Step buf1;
+      load_step(0, buf0);
+#pragma unroll 1
+      for (int step = 0; step < total_steps; step += 2) {
+        load_step(step + 1, buf1);
+        compute_step(step, buf0);
+        load_step(step + 2, buf0);
+        if (step + 1 < total_steps) compute_step(step + 1, buf1);
+      }
+      __syncthreads();
+      for (int i = tid; i < count * kB; i += kThreads) {
+        const int b = i / count;
+        const int r = i % count;
+        if (b >= tokens) continue;
+        const int c = r % kR;
+        float g = 0.0f;
+        float u = 0.0f;
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) {
+          g += st.red[w][c][b][r];
+          u += st.red[w][kR + c][b][r];
+        }
+        detail::batched_glu_store(a, b, st.ch[r], g, u, act);
+      }
+      __syncthreads();
+    }
+  }
+};
+}  // namespace detail
+
 template <class Policy, class T, class Act>
 PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void batched_glu_gemv_kernel(
     const BatchedGluGemvArgs<T> a, const OpWorkspace ws) {
-  constexpr int kB = Policy::kTokens;
-  constexpr int kThreads = Policy::kThreads;
-  constexpr int kRows = Policy::kRows;
-  constexpr int kR = Policy::kRowBatch;
-  constexpr int kWarps = kThreads / kWarpSize;
-  constexpr int kV = 2 * kR * kB;  // 16 values per batch: value (m * kR + c) * kB + b
-  static_assert(kV == 16, "one reduction of 16 values per batch");
-  __shared__ int s_ch[kRows];
-  __shared__ float s_red[kWarps][kV / kB][kB][kRows];  // [warp][m * kR + c][token][row]
-  __shared__ int s_warp[kWarps];
-
-  const detail::GluRange range = detail::batched_glu_begin<kThreads>(a, ws, s_warp);
-  const int tid = static_cast<int>(threadIdx.x);
-  const int lane = lane_id();
-  const int warp = warp_id();
-  const int tokens = a.tokens;
-  const int n_words = a.d_ff / kWarpSize;
-
-  const Act act{};
-  const int pieces = a.d_model / 8;
-  const int steps_per_batch = Policy::steps_per_row(a.d_model);
-  const std::size_t ld = static_cast<std::size_t>(a.d_model);
-#pragma unroll 1
-  for (int sub = range.lo; sub < range.hi; sub += kRows) {
-    const int count = min(kRows, range.hi - sub);
-    detail::gather_rank_range<kThreads>(a.union_mask, n_words, range.offset, sub, sub + count, s_ch);
-    __syncthreads();
-    const int total_steps = ((count + kR - 1) / kR) * steps_per_batch;
-    struct Step {
-      uint4 vx[kB];
-      uint4 vg[kR];
-      uint4 vu[kR];
-    };
-    const auto load_step = [&](int step, Step& d) {
-      const bool live = step < total_steps;
-      const int b0 = (step / steps_per_batch) * kR;
-      const int q = tid + (step % steps_per_batch) * kThreads;
-      const bool qok = live && q < pieces;
-#pragma unroll
-      for (int c = 0; c < kR; ++c) {
-        const bool have = qok && b0 + c < count;
-        const std::size_t row = static_cast<std::size_t>(s_ch[have ? b0 + c : 0]) * ld;
-        d.vg[c] = ld_stream_16(a.w_gate + row + 8 * q, have);
-        d.vu[c] = ld_stream_16(a.w_up + row + 8 * q, have);
-      }
-#pragma unroll
-      for (int b = 0; b < kB; ++b) d.vx[b] = ld_cached_16(a.x + b * ld + 8 * q, qok && b < tokens);
-    };
-    float v[kV];
-#pragma unroll
-    for (int i = 0; i < kV; ++i) v[i] = 0.0f;
-    const auto compute_step = [&](int step, const Step& d) {
-#pragma unroll
-      for (int c = 0; c < kR; ++c) {
-        float fg[8];
-        float fu[8];
-        unpack8<T>(d.vg[c], fg);
-        unpack8<T>(d.vu[c], fu);
-#pragma unroll
-        for (int b = 0; b < kB; ++b) {
-          float fx[8];
-          unpack8<T>(d.vx[b], fx);
-#pragma unroll
-          for (int e = 0; e < 8; ++e) {
-            v[c * kB + b] = fmaf(fx[e], fg[e], v[c * kB + b]);
-            v[(kR + c) * kB + b] = fmaf(fx[e], fu[e], v[(kR + c) * kB + b]);
-          }
-        }
-      }
-      if (step % steps_per_batch == steps_per_batch - 1) {
-        const int b0 = (step / steps_per_batch) * kR;
-        warp_halvings<kV / 2>(v, kWarpSize / 2);  // warp_sum_many<16>, unrolled (warp_halvings says why)
-        const float r = v[0] + __shfl_xor_sync(0xffffffffu, v[0], 1);
-        constexpr int kLanesPerValue = kWarpSize / kV;
-        if (lane % kLanesPerValue == 0) {
-          const int idx = lane / kLanesPerValue;  // (m * kR + c) * kB + b
-          const int b = idx % kB;
-          const int mc = idx / kB;
-          const int c = mc % kR;
-          if (b0 + c < count) s_red[warp][mc][b][b0 + c] = r;
-        }
-#pragma unroll
-        for (int i = 0; i < kV; ++i) v[i] = 0.0f;
-      }
-    };
-    Step buf0;
-    Step buf1;
-    load_step(0, buf0);
-#pragma unroll 1
-    for (int step = 0; step < total_steps; step += 2) {
-      load_step(step + 1, buf1);
-      compute_step(step, buf0);
-      load_step(step + 2, buf0);
-      if (step + 1 < total_steps) compute_step(step + 1, buf1);
-    }
-    __syncthreads();
-    for (int i = tid; i < count * kB; i += kThreads) {
-      const int b = i / count;
-      const int r = i % count;
-      if (b >= tokens) continue;
-      const int c = r % kR;
-      float g = 0.0f;
-      float u = 0.0f;
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) {
-        g += s_red[w][c][b][r];
-        u += s_red[w][kR + c][b][r];
-      }
-      detail::batched_glu_store(a, b, s_ch[r], g, u, act);
-    }
-    __syncthreads();
-  }
+  using Rows = detail::BatchedGluRows<Policy, T, Act>;
+  __shared__ typename Rows::Storage s_rows;
+  __shared__ int s_warp[Policy::kThreads / kWarpSize];
+  const detail::GluRange range = detail::batched_glu_begin<Policy::kThreads>(a, ws, s_warp);
+  Rows::run(a, range, s_rows);
 }
 
 //! The batched GLU GEMV on the tensor cores (BatchedGluPolicy with Mma = true): same arguments, outputs and
@@ -1062,6 +1092,26 @@ struct BatchedDownPoliciesFor<8> {
 
 namespace detail {
 /**
+ * @brief A batched down tile's split-K combine (Reducer::split_k over `parts` partials of every token,
+ * counter `counter`) and, in the tile's last block, every token's y[b][d0, d0 + tile). All threads call it,
+ * once the block's tile sums are in the reducer's at(). Shared by the batched down kernels and the fused
+ * batched Stage 2.
+ */
+template <int kTile, class Reducer, class T>
+PROX_DEVICE PROX_FORCEINLINE void batched_tile_combine(typename Reducer::Storage& s_red, T* y, int tokens,
+                                                       int d_model, float* scratch, std::uint32_t* counter, int d0,
+                                                       int part, int parts) {
+  constexpr int kThreads = Reducer::kWarps * kWarpSize;
+  const int ncols = min(kTile, d_model - d0);
+  if (!Reducer::split_k(s_red, scratch, counter, d_model, d0, ncols, part, parts)) return;
+  for (int i = static_cast<int>(threadIdx.x); i < tokens * ncols; i += kThreads) {
+    const int b = i / ncols;
+    const int ch = i % ncols;
+    y[static_cast<std::size_t>(b) * d_model + d0 + ch] = from_float<T>(Reducer::at(s_red, b, ch));
+  }
+}
+
+/**
  * @brief The end of both batched down kernels, once the block's tile sums of every token are in the
  * reducer's at() (all threads call it). On a workspace that is not ready: the counters are not used but
  * zeroed for the next launch, y = NaN, the header flagged. Else the split-K combine over the grid's y
@@ -1084,17 +1134,77 @@ PROX_DEVICE PROX_FORCEINLINE void batched_down_finish(typename Reducer::Storage&
           from_float<T>(__int_as_float(0x7fc00000));
     return;
   }
-  if (!Reducer::split_k(s_red, static_cast<float*>(ws.scratch), ws.sync + tile, a.d_model, d0, ncols, chunk,
-                        static_cast<int>(gridDim.y))) {
-    return;
-  }
-  for (int i = tid; i < a.tokens * ncols; i += kThreads) {
-    const int b = i / ncols;
-    const int ch = i % ncols;
-    a.y[static_cast<std::size_t>(b) * a.d_model + d0 + ch] = from_float<T>(Reducer::at(s_red, b, ch));
-  }
+  batched_tile_combine<kTile, Reducer>(s_red, a.y, a.tokens, a.d_model, static_cast<float*>(ws.scratch), ws.sync + tile,
+                                       d0, chunk, static_cast<int>(gridDim.y));
 }
 
+/**
+ * @brief The CUDA-core batched down GEMV's row stream, shared by batched_down_gemv_kernel and the fused
+ * batched Stage 2: acc[b][c] += sum_i vals[b][i] W_down^T[rows[i], d0 + slot * 8 + c] over i < count
+ * (vals [kB][kStride], rows and vals in shared memory), a 128-output tile (16 threads x 8 outputs per row),
+ * double-buffered steps of kU rows per thread. The loads of the first step are issued before
+ * `before_compute()` runs (block-uniform; it may wait and fill `vals`), so a caller can overlap a wait
+ * with them.
+ */
+template <int kB, int kThreads, int kU, class T>
+struct BatchedDownRows {
+  static constexpr int kTile = 128;
+  static constexpr int kTn = kTile / 8;
+  static constexpr int kGroups = kThreads / kTn;
+  static_assert(kThreads % kTn == 0, "block must hold whole row groups");
+
+  template <int kStride, class BeforeCompute>
+  PROX_DEVICE static PROX_FORCEINLINE void run(const T* __restrict__ w_down_t, int d_model, int d0, const int* rows,
+                                               const float* vals, int count, float (&acc)[kB][8],
+                                               BeforeCompute&& before_compute) {
+    const int tid = static_cast<int>(threadIdx.x);
+    const int slot = tid % kTn;
+    const int group = tid / kTn;
+    const int d = d0 + slot * 8;
+    const bool col_ok = d < d_model;
+    const std::size_t ld = static_cast<std::size_t>(d_model);
+    const T* base = w_down_t + d;
+    struct Step {
+      uint4 v[kU];
+    };
+    const int steps = (count + kGroups * kU - 1) / (kGroups * kU);
+    const auto load_step = [&](int it, Step& st) {
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        const int r = group + (it * kU + u) * kGroups;
+        const bool ok = col_ok && r < count;
+        st.v[u] = ld_stream_16(base + static_cast<std::size_t>(rows[ok ? r : 0]) * ld, ok);
+      }
+    };
+    const auto compute_step = [&](int it, const Step& st) {
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        const int r = group + (it * kU + u) * kGroups;
+        float w[8];
+        unpack8<T>(st.v[u], w);
+#pragma unroll
+        for (int b = 0; b < kB; ++b) {
+          const float sv = r < count ? vals[b * kStride + r] : 0.0f;
+#pragma unroll
+          for (int c = 0; c < 8; ++c) acc[b][c] = fmaf(sv, w[c], acc[b][c]);
+        }
+      }
+    };
+    Step b0;
+    Step b1;
+    load_step(0, b0);
+    before_compute();
+    int it = 0;
+#pragma unroll 1
+    for (; it + 1 < steps; it += 2) {
+      load_step(it + 1, b1);
+      compute_step(it, b0);
+      load_step(it + 2, b0);
+      compute_step(it + 1, b1);
+    }
+    if (it < steps) compute_step(it, b0);
+  }
+};
 /**
  * @brief The start of both batched down kernels: the union-mask bit of each of this thread's kPer channels
  * of the chunk [c0, c0 + chunk_len) and every token's s there, all loaded together (one memory latency).
@@ -1127,9 +1237,9 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void batched
   constexpr int kChunk = Policy::kChunk;
   constexpr int kU = Policy::kUnroll;
   constexpr int kTn = kTile / 8;
-  constexpr int kGroups = kThreads / kTn;
   using Reducer = detail::TileReducer<kThreads, kTn, 8, kB>;
   constexpr int kPer = (kChunk + kThreads - 1) / kThreads;
+  static_assert(kTile == detail::BatchedDownRows<kB, kThreads, kU, T>::kTile, "the row stream's tile");
 
   __shared__ int s_rows[kChunk];
   __shared__ float s_val[kB][kChunk];
@@ -1171,50 +1281,8 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void batched
 #pragma unroll
     for (int c = 0; c < 8; ++c) acc[b][c] = 0.0f;
   }
-  const int slot = tid % kTn;
-  const int group = tid / kTn;
-  const int d = d0 + slot * 8;
-  const bool col_ok = d < a.d_model;
-  const std::size_t ld = static_cast<std::size_t>(a.d_model);
-  const T* base = a.w_down_t + d;
-  struct Step {
-    uint4 v[kU];
-  };
-  const int steps = (count + kGroups * kU - 1) / (kGroups * kU);
-  const auto load_step = [&](int it, Step& st) {
-#pragma unroll
-    for (int u = 0; u < kU; ++u) {
-      const int r = group + (it * kU + u) * kGroups;
-      const bool ok = col_ok && r < count;
-      st.v[u] = ld_stream_16(base + static_cast<std::size_t>(s_rows[ok ? r : 0]) * ld, ok);
-    }
-  };
-  const auto compute_step = [&](int it, const Step& st) {
-#pragma unroll
-    for (int u = 0; u < kU; ++u) {
-      const int r = group + (it * kU + u) * kGroups;
-      float w[8];
-      unpack8<T>(st.v[u], w);
-#pragma unroll
-      for (int b = 0; b < kB; ++b) {
-        const float sv = r < count ? s_val[b][r] : 0.0f;
-#pragma unroll
-        for (int c = 0; c < 8; ++c) acc[b][c] = fmaf(sv, w[c], acc[b][c]);
-      }
-    }
-  };
-  Step b0;
-  Step b1;
-  load_step(0, b0);
-  int it = 0;
-#pragma unroll 1
-  for (; it + 1 < steps; it += 2) {
-    load_step(it + 1, b1);
-    compute_step(it, b0);
-    load_step(it + 2, b0);
-    compute_step(it + 1, b1);
-  }
-  if (it < steps) compute_step(it, b0);
+  detail::BatchedDownRows<kB, kThreads, kU, T>::template run<kChunk>(a.w_down_t, a.d_model, d0, s_rows, &s_val[0][0],
+                                                                     count, acc, [] {});
 
   Reducer::reduce(s_red, acc);
   detail::batched_down_finish<kTile, Reducer>(s_red, a, ws, ready);

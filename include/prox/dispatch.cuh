@@ -11,6 +11,7 @@
 #include "core/device.hpp"
 #include "core/policy.hpp"
 #include "batched.cuh"
+#include "batched_glu_down.cuh"
 #include "down_gemv.cuh"
 #include "glu_down_gemv.cuh"
 #include "glu_gemv.cuh"
@@ -138,7 +139,7 @@ int default_policy(GluDownGemvOp<T, Act>, const DeviceInfo&, const GluDownGemvAr
 }
 
 //! Batched Stage 1 and batched down GEMV: the fewest waves, then the most blocks, as the batch-1 ops
-//! (detail::default_fewest_waves). The batched GLU GEMV: the fallback (a one-wave grid, rows by rank).
+//! (detail::default_fewest_waves). The batched GLU GEMV (a one-wave grid, rows by rank): below.
 template <class T, class Act, int B>
 int default_policy(BatchedProxyGemvOp<T, Act, B>, const DeviceInfo& d, const BatchedProxyGemvArgs<T>& a) noexcept {
   using Op = BatchedProxyGemvOp<T, Act, B>;
@@ -150,6 +151,44 @@ int default_policy(BatchedDownGemvOp<T, B>, const DeviceInfo& d, const BatchedDo
   using Op = BatchedDownGemvOp<T, B>;
   return detail::default_fewest_waves<typename Op::Policies>(
       d.sm_count, [&](auto p) { return Op::template num_blocks<decltype(p)>(a.d_model, a.d_ff, d.sm_count); });
+}
+
+namespace detail {
+/**
+ * @brief The candidate of a list of batched GLU policies (`glu(policy)` gives a policy's BatchedGluPolicy)
+ * whose steps cover a row of d_model inputs with the fewest load slots (steps x threads: a CUDA-core thread
+ * loads one 16-byte piece of a row per step; a tensor-core list has one candidate), ties to the lower index.
+ */
+template <class List, class GluOf>
+int fewest_batched_glu_slots(int d_model, GluOf&& glu) noexcept {
+  int best = 0;
+  long best_slots = -1;
+  for_each_policy<List>([&](auto p, int i) {
+    using G = decltype(glu(p));
+    const long slots = static_cast<long>(G::steps_per_row(d_model)) * G::kThreads;
+    if (best_slots < 0 || slots < best_slots) {
+      best = i;
+      best_slots = slots;
+    }
+  });
+  return best;
+}
+}  // namespace detail
+
+/**
+ * @brief Batched GLU GEMV and fused batched Stage 2: as the batch-1 fused Stage 2's rule, the fewest GLU load
+ * slots per row of d_model inputs (detail::fewest_batched_glu_slots): at B = 4, 320 threads on d_model 2560
+ * and 5120, 256 on 2048 and 4096.
+ */
+template <class T, class Act, int B>
+int default_policy(BatchedGluGemvOp<T, Act, B>, const DeviceInfo&, const BatchedGluGemvArgs<T>& a) noexcept {
+  return detail::fewest_batched_glu_slots<typename BatchedGluGemvOp<T, Act, B>::Policies>(a.d_model,
+                                                                                          [](auto p) { return p; });
+}
+template <class T, class Act, int B>
+int default_policy(BatchedGluDownGemvOp<T, Act, B>, const DeviceInfo&, const BatchedGluDownGemvArgs<T>& a) noexcept {
+  return detail::fewest_batched_glu_slots<typename BatchedGluDownGemvOp<T, Act, B>::Policies>(
+      a.d_model, [](auto p) { return typename decltype(p)::Glu{}; });
 }
 
 PROX_NAMESPACE_END

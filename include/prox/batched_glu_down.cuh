@@ -1,0 +1,299 @@
+// SPDX-License-Identifier: Apache-2.0
+//! @file batched_glu_down.cuh  The fused Stage 2 for batched decode: the batched GLU GEMV and the batched
+//! down GEMV (batched.cuh) in one grid, as glu_down_gemv.cuh fuses them for one token.
+//!
+//! A block streams its rank range of the union's gate/up rows (every token's dot products from the same
+//! bytes; s[b][j] = u act(g) where token b selected j, +0 elsewhere), announces that its s values are
+//! written (the grid barrier's arrive), gathers its first down rows and issues their loads, and only then
+//! waits until every block has arrived; then each down task (a 128-output tile and a rank range of the
+//! union) weights the union's W_down^T rows by every token's s, and the tile's split-K partials are
+//! combined in part order (detail::TileReducer). Against the two batched kernels this saves the down
+//! kernel's launch, its mask compaction and the first memory latency of its rows, which the barrier's wait
+//! overlaps. Every addition has a fixed order: the same bits from run to run.
+//!
+//! As in glu_down_gemv.cuh the barrier needs every block resident: the grid is at most SMs x resident
+//! blocks per SM (fixed at plan time from the occupancy), launched cooperatively by default.
+//! Token capacities 2 and 4 (CUDA-core GEMVs); at capacity 8 SparseFfn runs the two tensor-core kernels.
+//!
+//! Measured on the H100 (docs/history.md), the fused kernel is not faster than the two it replaces on most
+//! shapes: in the PDL-chained FFN, against the batched GLU and down kernels, Qwen3-14B -2.3 % at B = 2 and
+//! -0.2 % at B = 4; 32B within +-0.7 %; 1.7B, 4B and 8B +0.7 to +7.8 %. Alone under ncu (caches flushed) it
+//! takes as long as the two kernels together (8B at B = 4: 85-87 against 54.5 + 29.9 us). So SparseFfn runs
+//! it only when asked (PlanOptions::fuse_batch_stage2).
+//! Where the time goes is not known: the down GEMV's first loads are in flight during the barrier's wait
+//! and the fused kernel saves a launch, yet its down phase is 2-3 us longer than the standalone kernel's.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include "activation.cuh"
+#include "batched.cuh"
+#include "core/config.hpp"
+#include "core/device.hpp"
+#include "core/launch.cuh"
+#include "core/math.hpp"
+#include "core/policy.hpp"
+#include "core/status.hpp"
+#include "core/types.cuh"
+#include "core/workspace.cuh"
+#include "detail/rank_range.cuh"
+#include "detail/tile_reduce.cuh"
+#include "glu_down_gemv.cuh"
+
+PROX_NAMESPACE_BEGIN
+
+/**
+ * @brief Arguments of the fused batched Stage 2: those of the batched GLU GEMV (x, tokens, shape, W_gate,
+ * W_up, each token's channel mask and their union, s) plus W_down^T and y. All pointers are device pointers.
+ */
+template <class T>
+struct BatchedGluDownGemvArgs : BatchedGluGemvArgs<T> {
+  const T* w_down_t = nullptr;  //!< [d_ff][d_model] = W_down^T, 16-byte aligned
+  T* y = nullptr;               //!< out [tokens][d_model]; every element written
+};
+
+/**
+ * @brief Policy of the fused batched Stage 2: a GLU part (a CUDA-core BatchedGluPolicy) and a down part
+ * (128-output tiles, as BatchedDownPolicy) sharing the block size and the residency.
+ * @tparam Tokens    token capacity, 2 or 4
+ * @tparam Threads   threads per block
+ * @tparam GluRows   GLU rows a block holds at a time
+ * @tparam Rows      down rows a block holds at a time; @tparam Unroll down rows in flight per thread
+ * @tparam MinBlocks resident blocks per SM (__launch_bounds__); the grid is SMs x MinBlocks at most
+ */
+template <int Tokens, int Threads, int GluRows, int Rows, int Unroll, int MinBlocks>
+struct BatchedGluDownPolicy {
+  static constexpr int kTokens = Tokens;
+  static constexpr int kThreads = Threads;
+  static constexpr int kTile = 128;
+  static constexpr int kRows = Rows;
+  static constexpr int kUnroll = Unroll;
+  static constexpr int kMinBlocks = MinBlocks;
+  using Glu = BatchedGluPolicy<Tokens, Threads, GluRows, MinBlocks, false>;
+  static_assert(Tokens == 2 || Tokens == 4, "token capacity 2 or 4 (CUDA-core GEMVs)");
+  static_assert(Rows % 32 == 0 && Threads % 32 == 0, "policy shape");
+  static std::string name() {
+    return "bglud_b" + std::to_string(Tokens) + "_t" + std::to_string(Threads) + "_c" + std::to_string(GluRows) +
+           "_r" + std::to_string(Rows) + "_u" + std::to_string(Unroll) + "_m" + std::to_string(MinBlocks);
+  }
+};
+
+//! Candidates (dispatch.cuh: the fewest GLU load slots per row of d_model inputs, as the batched GLU GEMV;
+//! ties to the lower index): the batched GLU GEMV's block sizes (256 threads, and at capacity 4 also 320),
+//! 2048 down rows per round: with 1024 a Qwen3-14B or 32B down task (1100-1600 union rows at B = 2 and 4)
+//! took two rounds, each restarting the row stream (FFN 1-1.6 % slower there, H100, docs/history.md).
+template <int Tokens>
+struct BatchedGluDownPoliciesFor;
+template <>
+struct BatchedGluDownPoliciesFor<2> {
+  using type = PolicyList<BatchedGluDownPolicy<2, 256, 64, 2048, 4, 2>>;
+};
+template <>
+struct BatchedGluDownPoliciesFor<4> {
+  using type = PolicyList<BatchedGluDownPolicy<4, 256, 64, 2048, 4, 2>, BatchedGluDownPolicy<4, 320, 64, 2048, 4, 2>>;
+};
+
+namespace detail {
+
+//! The fused batched Stage 2 launched alone on a workspace that is not ready (the whole grid agrees): the
+//! barrier and counters are not used; they are zeroed for the next launch, every token's y is NaN, the
+//! header flagged. Not inlined (as fused_not_ready).
+template <int kTile, class T>
+__device__ __noinline__ void batched_fused_not_ready(T* y, int tokens, int d_model, OpWorkspace ws) {
+  if (threadIdx.x == 0) flag_dirty(ws.guard);
+  grid_zero(ws.sync, kBarrierWords + static_cast<int>(tile_counter_bytes<kTile>(d_model) / sizeof(std::uint32_t)));
+  const long long n = static_cast<long long>(tokens) * d_model;
+  for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<long long>(gridDim.x) * blockDim.x)
+    y[i] = from_float<T>(__int_as_float(0x7fc00000));
+}
+
+}  // namespace detail
+
+// ---------------------------------------------------------------- L2: kernel
+template <class Policy, class T, class Act>
+PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void batched_glu_down_kernel(
+    const BatchedGluDownGemvArgs<T> a, const OpWorkspace ws) {
+  constexpr int kB = Policy::kTokens;
+  constexpr int kThreads = Policy::kThreads;
+  constexpr int kTile = Policy::kTile;
+  constexpr int kRows = Policy::kRows;
+  using Glu = detail::BatchedGluRows<typename Policy::Glu, T, Act>;
+  using Down = detail::BatchedDownRows<kB, kThreads, Policy::kUnroll, T>;
+  using Reducer = detail::TileReducer<kThreads, Down::kTn, 8, kB>;
+  static_assert(kTile == Down::kTile, "the row stream's tile");
+  // Storage live at different times shares its bytes: the GLU part's (it ends with a block barrier), a down
+  // round's rows and s values, and a task's tile reduction (after its rounds; a barrier ends each task).
+  struct RoundStorage {
+    int rows[kRows];
+    float val[kB][kRows];
+  };
+  union DownStorage {
+    RoundStorage round;
+    typename Reducer::Storage red;
+  };
+  union Storage {
+    typename Glu::Storage glu;
+    DownStorage down;
+  };
+  __shared__ Storage s;
+  __shared__ int s_warp[kThreads / kWarpSize];
+
+  const int tid = static_cast<int>(threadIdx.x);
+  const int block = static_cast<int>(blockIdx.x);
+  const int blocks = static_cast<int>(gridDim.x);
+  // The PDL wait, the header stamp, the zero fill of s off the union and the block's rank range. No PDL
+  // trigger yet: the next kernel is let in once every down row is streamed (glu_down_gemv.cuh says why).
+  const detail::GluRange range = detail::batched_glu_begin<kThreads, T, false>(a, ws, s_warp);
+  const unsigned gen = tid == 0 ? detail::GridBarrier::generation(ws.sync) : 0u;
+  Glu::run(a, range, s.glu);
+  // Checked after the GLU part, as the batch-1 fused Stage 2 does (SparseFfn passes no header to check).
+  if (!detail::workspace_ready(ws.guard)) {
+    detail::batched_fused_not_ready<kTile>(a.y, a.tokens, a.d_model, ws);
+    return;
+  }
+  // Glu::run ends with a block barrier: every s store of the block precedes thread 0's release.
+  if (tid == 0) detail::GridBarrier::arrive(ws.sync, gen, static_cast<unsigned>(blocks));
+
+  const int n_words = a.d_ff / kWarpSize;
+  const int tiles = ceil_div(a.d_model, kTile);
+  const int parts = max(1, blocks / tiles);
+  bool waited = false;
+#pragma unroll 1
+  for (int task = block; task < tiles * parts; task += blocks) {
+    const int tile = task % tiles;
+    const int part = task / tiles;
+    const int d0 = tile * kTile;
+    int lo = 0;
+    int hi = 0;
+    detail::rank_range(range.total, part, parts, &lo, &hi);
+    float acc[kB][8];
+#pragma unroll
+    for (int b = 0; b < kB; ++b) {
+#pragma unroll
+      for (int c = 0; c < 8; ++c) acc[b][c] = 0.0f;
+    }
+#pragma unroll 1
+    for (int sub = lo; sub < hi; sub += kRows) {
+      const int count = min(kRows, hi - sub);
+      detail::gather_rank_range<kThreads>(a.union_mask, n_words, range.offset, sub, sub + count, s.down.round.rows);
+      __syncthreads();
+      Down::template run<kRows>(a.w_down_t, a.d_model, d0, s.down.round.rows, &s.down.round.val[0][0], count, acc, [&] {
+        if (!waited) {  // block-uniform
+          if (tid == 0) detail::GridBarrier::wait(ws.sync, gen);
+          __syncthreads();
+          waited = true;
+        }
+        // Every token's s of the round's rows, all loads before the first store (one L2 round trip).
+        constexpr int kPer = (kRows + kThreads - 1) / kThreads;
+        float sv[kB][kPer];
+#pragma unroll
+        for (int b = 0; b < kB; ++b) {
+#pragma unroll
+          for (int j = 0; j < kPer; ++j) {
+            const int i = tid + j * kThreads;
+            sv[b][j] = i < count && b < a.tokens
+                           ? __ldcg(a.s + static_cast<std::size_t>(b) * a.d_ff + s.down.round.rows[i])
+                           : 0.0f;
+          }
+        }
+#pragma unroll
+        for (int b = 0; b < kB; ++b) {
+#pragma unroll
+          for (int j = 0; j < kPer; ++j) {
+            const int i = tid + j * kThreads;
+            if (i < count) s.down.round.val[b][i] = sv[b][j];
+          }
+        }
+        __syncthreads();
+      });
+      __syncthreads();  // rows / val are reused by the next round
+    }
+    // Every weight load of this block is done: let the next kernel of the stream launch (PDL) while the
+    // split-K combine runs. Blocks without a down task count as triggered when they exit.
+    if (task + blocks >= tiles * parts) pdl_launch_dependents();
+    Reducer::reduce(s.down.red, acc);
+    detail::batched_tile_combine<kTile, Reducer>(s.down.red, a.y, a.tokens, a.d_model, static_cast<float*>(ws.scratch),
+                                                 ws.sync + detail::kBarrierWords + tile, d0, part, parts);
+    __syncthreads();  // red is reused by the next task
+  }
+}
+
+// ---------------------------------------------------------------- L3: op
+/**
+ * @brief The fused batched Stage 2 as a planned op (operator.cuh's contract), token capacity Tokens (2 or
+ * 4) and a run-time `tokens` in [1, Tokens]. A cooperative launch by default, as GluDownGemvOp.
+ */
+template <class T, class Act = SiLU, int Tokens = 2>
+struct BatchedGluDownGemvOp {
+  static constexpr const char* kName = "batched_glu_down_gemv";
+  static constexpr int kTokens = Tokens;
+  using Args = BatchedGluDownGemvArgs<T>;
+  using Policies = typename BatchedGluDownPoliciesFor<Tokens>::type;
+  struct Options {
+    bool pdl = false;          //!< launch with PDL (sm_90+)
+    bool cooperative = true;   //!< as GluDownGemvOp::Options::cooperative
+    int grid_blocks = 0;       //!< blocks to launch, at most SMs x min(kMinBlocks, blocks that fit); 0 = that
+  };
+
+  template <class P>
+  static constexpr int num_tiles(int d_model) noexcept {
+    return ceil_div(d_model, P::kTile);
+  }
+
+  //! The batched GLU GEMV's rules, W_down^T 16-byte aligned, y element-aligned.
+  static Status can_implement(const Args& a) noexcept {
+    PROX_RETURN_IF_ERROR((BatchedGluGemvOp<T, Act, Tokens>::can_implement(a)));
+    if (a.w_down_t == nullptr || a.y == nullptr) return Status::kErrorNullPointer;
+    if (!is_aligned(a.w_down_t, 16) || !is_aligned(a.y, sizeof(T))) return Status::kErrorMisalignedPointer;
+    return Status::kSuccess;
+  }
+  static bool same_shape(const Args& a, const Args& b) noexcept { return a.d_model == b.d_model && a.d_ff == b.d_ff; }
+  static Status check_options(const Options& o) noexcept {
+    return o.grid_blocks < 0 ? Status::kErrorInvalidArgument : Status::kSuccess;
+  }
+
+  //! GluDownGemvOp's sync words (barrier, then the down tile counters), and the split-K partials of every
+  //! token for the largest grid any policy may have (kMaxFusedGridBlocks).
+  static WorkspaceNeeds workspace_needs(const Args& a) noexcept {
+    WorkspaceNeeds w;
+    w.sync = sizeof(std::uint32_t) * detail::kBarrierWords + detail::tile_counter_bytes<detail::kMinTileWidth>(a.d_model);
+    for_each_policy<Policies>([&](auto p, int) {
+      const int parts = kMaxFusedGridBlocks / num_tiles<decltype(p)>(a.d_model);
+      const std::size_t b = parts > 1 ? sizeof(float) * static_cast<std::size_t>(parts) * Tokens * a.d_model : 0;
+      w.scratch = b > w.scratch ? b : w.scratch;
+    });
+    return w;
+  }
+
+  //! Largest grid of policy P on device `d` (as GluDownGemvOp::max_grid_blocks).
+  template <class P>
+  static Status max_grid_blocks(const DeviceInfo& d, int* out) noexcept {
+    int fit = 0;
+    PROX_RETURN_IF_ERROR((detail::occupancy<batched_glu_down_kernel<P, T, Act>, P::kThreads>(d.device, &fit)));
+    if (fit <= 0 || d.sm_count <= 0) return Status::kErrorUnsupportedDevice;
+    const int blocks = d.sm_count * (fit < P::kMinBlocks ? fit : P::kMinBlocks);
+    *out = blocks < kMaxFusedGridBlocks ? blocks : kMaxFusedGridBlocks;
+    return Status::kSuccess;
+  }
+
+  template <class P>
+  static Status configure(const Args&, const Options& o, const DeviceInfo& d, LaunchConfig* lc) noexcept {
+    int max_blocks = 0;
+    PROX_RETURN_IF_ERROR(max_grid_blocks<P>(d, &max_blocks));
+    if (o.grid_blocks > max_blocks) return Status::kErrorInvalidArgument;  // could not all be resident
+    lc->grid = dim3(static_cast<unsigned>(o.grid_blocks > 0 ? o.grid_blocks : max_blocks));
+    lc->block = dim3(P::kThreads);
+    lc->cooperative = o.cooperative;
+    return Status::kSuccess;
+  }
+  template <class P>
+  static Status launch(const Args& a, const LaunchConfig& lc, const OpWorkspace& ws, cudaStream_t stream) noexcept {
+    return detail::launch_kernel(batched_glu_down_kernel<P, T, Act>, lc, stream, a, ws);
+  }
+};
+
+PROX_NAMESPACE_END
