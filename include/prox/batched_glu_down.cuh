@@ -17,11 +17,11 @@
 //!
 //! Measured on the H100 (docs/history.md), the fused kernel is not faster than the two it replaces on most
 //! shapes: in the PDL-chained FFN, against the batched GLU and down kernels, Qwen3-14B -2.3 % at B = 2 and
-//! -0.2 % at B = 4; 32B within +-0.7 %; 1.7B, 4B and 8B +0.7 to +7.8 %. Alone under ncu (caches flushed) it
-//! takes as long as the two kernels together (8B at B = 4: 85-87 against 54.5 + 29.9 us). So SparseFfn runs
-//! it only when asked (PlanOptions::fuse_batch_stage2).
-//! Where the time goes is not known: the down GEMV's first loads are in flight during the barrier's wait
-//! and the fused kernel saves a launch, yet its down phase is 2-3 us longer than the standalone kernel's.
+//! -0.2 % at B = 4; 32B +0.1 and +0.7 %; 1.7B, 4B and 8B +0.8 to +8.9 %. Alone under ncu (caches flushed)
+//! it takes as long as the two kernels together (8B at B = 4: 85-87 against 54.5 + 29.9 us). So SparseFfn
+//! runs it only when asked (PlanOptions::fuse_batch_stage2). Where the time goes is not known: the down
+//! GEMV's first loads are in flight during the barrier's wait and the fused kernel saves a launch, yet its
+//! down phase runs longer than the standalone down kernel.
 #pragma once
 
 #include <cuda_runtime.h>
