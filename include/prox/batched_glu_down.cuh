@@ -96,23 +96,6 @@ struct BatchedGluDownPoliciesFor<4> {
   using type = PolicyList<BatchedGluDownPolicy<4, 256, 64, 2048, 4, 2>, BatchedGluDownPolicy<4, 320, 64, 2048, 4, 2>>;
 };
 
-namespace detail {
-
-//! The fused batched Stage 2 launched alone on a workspace that is not ready (the whole grid agrees): the
-//! barrier and counters are not used; they are zeroed for the next launch, every token's y is NaN, the
-//! header flagged. Not inlined (as fused_not_ready).
-template <int kTile, class T>
-__device__ __noinline__ void batched_fused_not_ready(T* y, int tokens, int d_model, OpWorkspace ws) {
-  if (threadIdx.x == 0) flag_dirty(ws.guard);
-  grid_zero(ws.sync, kBarrierWords + static_cast<int>(tile_counter_bytes<kTile>(d_model) / sizeof(std::uint32_t)));
-  const long long n = static_cast<long long>(tokens) * d_model;
-  for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<long long>(gridDim.x) * blockDim.x)
-    y[i] = from_float<T>(__int_as_float(0x7fc00000));
-}
-
-}  // namespace detail
-
 // ---------------------------------------------------------------- L2: kernel
 template <class Policy, class T, class Act>
 PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void batched_glu_down_kernel(
@@ -152,7 +135,7 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void batched
   Glu::run(a, range, s.glu);
   // Checked after the GLU part, as the batch-1 fused Stage 2 does (SparseFfn passes no header to check).
   if (!detail::workspace_ready(ws.guard)) {
-    detail::batched_fused_not_ready<kTile>(a.y, a.tokens, a.d_model, ws);
+    detail::fused_not_ready<kTile>(a.y, a.tokens, a.d_model, ws);
     return;
   }
   // Glu::run ends with a block barrier: every s store of the block precedes thread 0's release.
@@ -272,23 +255,13 @@ struct BatchedGluDownGemvOp {
   //! Largest grid of policy P on device `d` (as GluDownGemvOp::max_grid_blocks).
   template <class P>
   static Status max_grid_blocks(const DeviceInfo& d, int* out) noexcept {
-    int fit = 0;
-    PROX_RETURN_IF_ERROR((detail::occupancy<batched_glu_down_kernel<P, T, Act>, P::kThreads>(d.device, &fit)));
-    if (fit <= 0 || d.sm_count <= 0) return Status::kErrorUnsupportedDevice;
-    const int blocks = d.sm_count * (fit < P::kMinBlocks ? fit : P::kMinBlocks);
-    *out = blocks < kMaxFusedGridBlocks ? blocks : kMaxFusedGridBlocks;
-    return Status::kSuccess;
+    return detail::barrier_grid_blocks<batched_glu_down_kernel<P, T, Act>, P::kThreads, P::kMinBlocks>(d, out);
   }
 
   template <class P>
   static Status configure(const Args&, const Options& o, const DeviceInfo& d, LaunchConfig* lc) noexcept {
-    int max_blocks = 0;
-    PROX_RETURN_IF_ERROR(max_grid_blocks<P>(d, &max_blocks));
-    if (o.grid_blocks > max_blocks) return Status::kErrorInvalidArgument;  // could not all be resident
-    lc->grid = dim3(static_cast<unsigned>(o.grid_blocks > 0 ? o.grid_blocks : max_blocks));
-    lc->block = dim3(P::kThreads);
-    lc->cooperative = o.cooperative;
-    return Status::kSuccess;
+    return detail::configure_barrier_grid<batched_glu_down_kernel<P, T, Act>, P::kThreads, P::kMinBlocks>(
+        o.grid_blocks, o.cooperative, d, lc);
   }
   template <class P>
   static Status launch(const Args& a, const LaunchConfig& lc, const OpWorkspace& ws, cudaStream_t stream) noexcept {

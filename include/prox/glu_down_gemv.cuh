@@ -135,16 +135,45 @@ struct GridBarrier {
 //! Sync words of the fused Stage 2: the barrier in the first 256 bytes, the down tile counters after.
 constexpr int kBarrierWords = 64;
 
-//! The fused Stage 2 launched alone on a workspace that is not ready (the whole grid agrees): the
-//! barrier and counters are not used; they are zeroed for the next launch, y is NaN, the header
-//! flagged. Not inlined: kept out of the kernel's register allocation (inlined, it made the 256-thread
-//! candidates spill 8-16 bytes more).
+/**
+ * @brief Largest grid of a kernel with a grid barrier (the fused Stage 2s) on device `d`: SMs x min(kMinBlocks,
+ * blocks of Kernel that fit on one SM), at most kMaxFusedGridBlocks. Plan time (the occupancy is read once
+ * per device).
+ */
+template <auto Kernel, int kThreads, int kMinBlocks>
+Status barrier_grid_blocks(const DeviceInfo& d, int* out) noexcept {
+  int fit = 0;
+  PROX_RETURN_IF_ERROR((occupancy<Kernel, kThreads>(d.device, &fit)));
+  if (fit <= 0 || d.sm_count <= 0) return Status::kErrorUnsupportedDevice;
+  const int blocks = d.sm_count * (fit < kMinBlocks ? fit : kMinBlocks);
+  *out = blocks < kMaxFusedGridBlocks ? blocks : kMaxFusedGridBlocks;
+  return Status::kSuccess;
+}
+
+//! The launch of a kernel with a grid barrier: `grid_blocks` blocks (0: barrier_grid_blocks(); more than
+//! that could not all be resident: kErrorInvalidArgument), cooperative unless asked not to be.
+template <auto Kernel, int kThreads, int kMinBlocks>
+Status configure_barrier_grid(int grid_blocks, bool cooperative, const DeviceInfo& d, LaunchConfig* lc) noexcept {
+  int max_blocks = 0;
+  PROX_RETURN_IF_ERROR((barrier_grid_blocks<Kernel, kThreads, kMinBlocks>(d, &max_blocks)));
+  if (grid_blocks > max_blocks) return Status::kErrorInvalidArgument;
+  lc->grid = dim3(static_cast<unsigned>(grid_blocks > 0 ? grid_blocks : max_blocks));
+  lc->block = dim3(kThreads);
+  lc->cooperative = cooperative;
+  return Status::kSuccess;
+}
+
+//! A fused Stage 2 (batch 1 or batched) launched alone on a workspace that is not ready (the whole grid
+//! agrees): the barrier and counters are not used; they are zeroed for the next launch, y[tokens][d_model]
+//! is NaN, the header flagged. Not inlined: kept out of the kernel's register allocation (inlined, it made
+//! the 256-thread candidates spill 8-16 bytes more).
 template <int kTile, class T>
-__device__ __noinline__ void fused_not_ready(T* y, int d_model, OpWorkspace ws) {
+__device__ __noinline__ void fused_not_ready(T* y, int tokens, int d_model, OpWorkspace ws) {
   if (threadIdx.x == 0) flag_dirty(ws.guard);
   grid_zero(ws.sync, kBarrierWords + static_cast<int>(tile_counter_bytes<kTile>(d_model) / sizeof(std::uint32_t)));
-  for (int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x); i < d_model;
-       i += static_cast<int>(gridDim.x * blockDim.x))
+  const long long n = static_cast<long long>(tokens) * d_model;
+  for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<long long>(gridDim.x) * blockDim.x)
     y[i] = from_float<T>(__int_as_float(0x7fc00000));
 }
 
@@ -194,7 +223,7 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void glu_dow
   // Checked after the GLU part, so nothing of it stays live across the GLU loop (SparseFfn passes no
   // header to check: then this costs no memory access).
   if (!detail::workspace_ready(ws.guard)) {
-    detail::fused_not_ready<kTile>(a.y, a.d_model, ws);
+    detail::fused_not_ready<kTile>(a.y, 1, a.d_model, ws);
     return;
   }
   __syncthreads();  // every s store of the block (rows and zero fill) precedes thread 0's release
@@ -312,23 +341,13 @@ struct GluDownGemvOp {
   //! at most kMaxFusedGridBlocks. Plan time (the occupancy is read once per device).
   template <class P>
   static Status max_grid_blocks(const DeviceInfo& d, int* out) noexcept {
-    int fit = 0;
-    PROX_RETURN_IF_ERROR((detail::occupancy<glu_down_gemv_kernel<P, T, Act>, P::kThreads>(d.device, &fit)));
-    if (fit <= 0 || d.sm_count <= 0) return Status::kErrorUnsupportedDevice;
-    const int blocks = d.sm_count * (fit < P::kMinBlocks ? fit : P::kMinBlocks);
-    *out = blocks < kMaxFusedGridBlocks ? blocks : kMaxFusedGridBlocks;
-    return Status::kSuccess;
+    return detail::barrier_grid_blocks<glu_down_gemv_kernel<P, T, Act>, P::kThreads, P::kMinBlocks>(d, out);
   }
 
   template <class P>
   static Status configure(const Args&, const Options& o, const DeviceInfo& d, LaunchConfig* lc) noexcept {
-    int max_blocks = 0;
-    PROX_RETURN_IF_ERROR(max_grid_blocks<P>(d, &max_blocks));
-    if (o.grid_blocks > max_blocks) return Status::kErrorInvalidArgument;  // could not all be resident
-    lc->grid = dim3(static_cast<unsigned>(o.grid_blocks > 0 ? o.grid_blocks : max_blocks));
-    lc->block = dim3(P::kThreads);
-    lc->cooperative = o.cooperative;
-    return Status::kSuccess;
+    return detail::configure_barrier_grid<glu_down_gemv_kernel<P, T, Act>, P::kThreads, P::kMinBlocks>(
+        o.grid_blocks, o.cooperative, d, lc);
   }
   template <class P>
   static Status launch(const Args& a, const LaunchConfig& lc, const OpWorkspace& ws, cudaStream_t stream) noexcept {
