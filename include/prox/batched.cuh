@@ -1142,9 +1142,9 @@ PROX_DEVICE PROX_FORCEINLINE void batched_down_finish(typename Reducer::Storage&
  * @brief The CUDA-core batched down GEMV's row stream, shared by batched_down_gemv_kernel and the fused
  * batched Stage 2: acc[b][c] += sum_i vals[b][i] W_down^T[rows[i], d0 + slot * 8 + c] over i < count
  * (vals [kB][kStride], rows and vals in shared memory), a 128-output tile (16 threads x 8 outputs per row),
- * double-buffered steps of kU rows per thread. The loads of the first step are issued before
- * `before_compute()` runs (block-uniform; it may wait and fill `vals`), so a caller can overlap a wait
- * with them.
+ * double-buffered steps of kU rows per thread. The loads of the first kAhead steps (1 or 2) are issued
+ * before `before_compute()` runs (block-uniform; it may wait and fill `vals`), so a caller can overlap a
+ * wait with them.
  */
 template <int kB, int kThreads, int kU, class T>
 struct BatchedDownRows {
@@ -1153,7 +1153,7 @@ struct BatchedDownRows {
   static constexpr int kGroups = kThreads / kTn;
   static_assert(kThreads % kTn == 0, "block must hold whole row groups");
 
-  template <int kStride, class BeforeCompute>
+  template <int kStride, int kAhead = 1, class BeforeCompute>
   PROX_DEVICE static PROX_FORCEINLINE void run(const T* __restrict__ w_down_t, int d_model, int d0, const int* rows,
                                                const float* vals, int count, float (&acc)[kB][8],
                                                BeforeCompute&& before_compute) {
@@ -1192,15 +1192,18 @@ struct BatchedDownRows {
     };
     Step b0;
     Step b1;
+    static_assert(kAhead == 1 || kAhead == 2, "one or two steps ahead");
     load_step(0, b0);
+    if constexpr (kAhead == 2) load_step(1, b1);
     before_compute();
     int it = 0;
 #pragma unroll 1
     for (; it + 1 < steps; it += 2) {
-      load_step(it + 1, b1);
+      if constexpr (kAhead == 1) load_step(it + 1, b1);
       compute_step(it, b0);
-      load_step(it + 2, b0);
+      load_step(it + 2, b0);  // past the end: every predicate is false, nothing is read
       compute_step(it + 1, b1);
+      if constexpr (kAhead == 2) load_step(it + 3, b1);
     }
     if (it < steps) compute_step(it, b0);
   }

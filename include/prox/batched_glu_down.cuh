@@ -16,12 +16,12 @@
 //! Token capacities 2 and 4 (CUDA-core GEMVs); at capacity 8 SparseFfn runs the two tensor-core kernels.
 //!
 //! Measured on the H100 (docs/history.md), the fused kernel is not faster than the two it replaces on most
-//! shapes: in the PDL-chained FFN, against the batched GLU and down kernels, Qwen3-14B -2.3 % at B = 2 and
-//! -0.2 % at B = 4; 32B +0.1 and +0.7 %; 1.7B, 4B and 8B +0.8 to +8.9 %. Alone under ncu (caches flushed)
-//! it takes as long as the two kernels together (8B at B = 4: 85-87 against 54.5 + 29.9 us). So SparseFfn
-//! runs it only when asked (PlanOptions::fuse_batch_stage2). Where the time goes is not known: the down
-//! GEMV's first loads are in flight during the barrier's wait and the fused kernel saves a launch, yet its
-//! down phase runs longer than the standalone down kernel.
+//! shapes: in the PDL-chained FFN, against the batched GLU and down kernels at B = 2 / 4, Qwen3-14B -2.7 /
+//! +1.2 %, 8B +0.1 / +0.8 %, 1.7B -0.1 / +6.2 %. Under ncu (caches flushed; one step of rows in flight at
+//! the barrier then) it took as long alone as the two kernels together (8B at B = 4: 85-87 against 54.5 +
+//! 29.9 us). So SparseFfn runs it only when asked (PlanOptions::fuse_batch_stage2). The wait at the barrier
+//! is part of it: two steps of rows in flight there instead of one made the FFN 0.6-2.7 % faster on 1.7B
+//! and 8B.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -164,7 +164,9 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void batched
       const int count = min(kRows, hi - sub);
       detail::gather_rank_range<kThreads>(a.union_mask, n_words, range.offset, sub, sub + count, s.down.round.rows);
       __syncthreads();
-      Down::template run<kRows>(a.w_down_t, a.d_model, d0, s.down.round.rows, &s.down.round.val[0][0], count, acc, [&] {
+      // Two steps of rows in flight while the block waits at the barrier (with one, the FFN was 0.6-2.7 %
+      // slower on the Qwen3 1.7B and 8B shapes at B = 2 and 4, 14B -0.2 / +1.5 %: H100, docs/history.md).
+      Down::template run<kRows, 2>(a.w_down_t, a.d_model, d0, s.down.round.rows, &s.down.round.val[0][0], count, acc, [&] {
         if (!waited) {  // block-uniform
           if (tid == 0) detail::GridBarrier::wait(ws.sync, gen);
           __syncthreads();

@@ -132,10 +132,10 @@ class SparseFfn {
     bool cluster = false;
     bool fuse_stage2 = true;  //!< Stage 2 as one kernel (GluDownGemvOp) instead of GluGemvOp + DownGemvOp
     //! run_batch() at 2..4 tokens: Stage 2 as one kernel (BatchedGluDownGemvOp) instead of the batched GLU
-    //! and down GEMVs. Off by default: measured on the H100 it is 0.8-8.9 % slower on the Qwen3 1.7B-8B
-    //! shapes and up to 2.3 % faster on 14B (batched_glu_down.cuh). Results are deterministic either way,
-    //! not bit-identical between the two (the down GEMV's split-K partials are ranges of the union, not
-    //! chunks of d_ff).
+    //! and down GEMVs. Off by default: measured on the H100 it is up to 6.2 % slower on the Qwen3 1.7B and
+    //! 8B shapes and 2.7 % faster on 14B at B = 2 (batched_glu_down.cuh). Results are deterministic either
+    //! way, not bit-identical between the two (the down GEMV's split-K partials are ranges of the union,
+    //! not chunks of d_ff).
     bool fuse_batch_stage2 = false;
     //! Stage 1's grid, where smaller than the GPU holds, runs at most ceil(blocks / SMs) per SM. On by
     //! default: the 1.7B FFN is 0.4-2.5 us faster on the H100; results are bit-identical either way.
