@@ -16,12 +16,12 @@
 //! Token capacities 2 and 4 (CUDA-core GEMVs); at capacity 8 SparseFfn runs the two tensor-core kernels.
 //!
 //! Measured on the H100 (docs/history.md), the fused kernel is not faster than the two it replaces on most
-//! shapes: in the PDL-chained FFN, against the batched GLU and down kernels at B = 2 / 4, Qwen3-14B -2.7 /
-//! +1.2 %, 8B +0.1 / +0.8 %, 1.7B -0.1 / +6.2 %. Under ncu (caches flushed; one step of rows in flight at
-//! the barrier then) it took as long alone as the two kernels together (8B at B = 4: 85-87 against 54.5 +
-//! 29.9 us). So SparseFfn runs it only when asked (PlanOptions::fuse_batch_stage2). The wait at the barrier
-//! is part of it: two steps of rows in flight there instead of one made the FFN 0.6-2.7 % faster on 1.7B
-//! and 8B.
+//! shapes: in the PDL-chained FFN, against the batched GLU and down kernels at B = 2 / 4, Qwen3-14B -2.5 /
+//! +1.0 %, 32B +0.1 / +1.6 %, 8B +0.2 / +0.7 %, 4B -0.2 / +8.0 %, 1.7B +0.1 / +6.3 %. Under ncu (caches
+//! flushed; one step of rows in flight at the barrier then) it took as long alone as the two kernels
+//! together (8B at B = 4: 85-87 against 54.5 + 29.9 us). So SparseFfn runs it only when asked
+//! (PlanOptions::fuse_batch_stage2). The wait at the barrier is part of it: two steps of rows in flight
+//! there instead of one made the FFN 0.6-2.7 % faster on 1.7B and 8B.
 #pragma once
 
 #include <cuda_runtime.h>

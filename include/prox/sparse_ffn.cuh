@@ -132,8 +132,8 @@ class SparseFfn {
     bool cluster = false;
     bool fuse_stage2 = true;  //!< Stage 2 as one kernel (GluDownGemvOp) instead of GluGemvOp + DownGemvOp
     //! run_batch() at 2..4 tokens: Stage 2 as one kernel (BatchedGluDownGemvOp) instead of the batched GLU
-    //! and down GEMVs. Off by default: measured on the H100 it is up to 6.2 % slower on the Qwen3 1.7B and
-    //! 8B shapes and 2.7 % faster on 14B at B = 2 (batched_glu_down.cuh). Results are deterministic either
+    //! and down GEMVs. Off by default: measured on the H100 it is up to 8 % slower at B = 4 on the Qwen3
+    //! shapes and 2.5 % faster on 14B at B = 2 (batched_glu_down.cuh). Results are deterministic either
     //! way, not bit-identical between the two (the down GEMV's split-K partials are ranges of the union,
     //! not chunks of d_ff).
     bool fuse_batch_stage2 = false;
