@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 #include <prox/operator.cuh>
 
@@ -29,6 +30,24 @@ prox::Status run_op(const typename Op::Args& a, int policy, const DeviceBuffer<c
   PROX_RETURN_IF_ERROR(op.initialize(a, options, policy));
   for (int r = 0; r < reps; ++r) PROX_RETURN_IF_ERROR(op.run(a, ws.get(), ws.bytes(), stream));
   return prox::Status::kSuccess;
+}
+
+//! What a fused Stage 2 (GluDownGemvOp, BatchedGluDownGemvOp) leaves in its op-only workspace for the next
+//! launch: the grid barrier's arrival count, how many of its first `tiles` down tile counters are not zero,
+//! and the header's status. Ready: 0, 0, kSuccess.
+struct FusedWorkspaceState {
+  std::uint32_t arrivals = 0;
+  int counters_not_zero = 0;
+  prox::Status status = prox::Status::kSuccess;
+};
+inline FusedWorkspaceState fused_workspace_state(const DeviceBuffer<char>& ws, int tiles) {
+  const auto bytes = ws.download();
+  const auto* words = reinterpret_cast<const std::uint32_t*>(bytes.data() + prox::detail::kHeaderBytes);
+  FusedWorkspaceState st;
+  st.arrivals = words[0];
+  for (int t = 0; t < tiles; ++t) st.counters_not_zero += words[prox::detail::kBarrierWords + t] != 0u;
+  PROX_TEST_OK(prox::read_workspace_status(ws.get(), nullptr, &st.status));
+  return st;
 }
 
 }  // namespace prox_test

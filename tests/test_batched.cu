@@ -582,15 +582,10 @@ void fused_candidates(int K, int N, int tokens, double density, std::uint64_t se
         for (std::size_t i = static_cast<std::size_t>(tokens) * K; i < y.size(); ++i) past += bits16(y[i]) != 0xFFFFu;
         for (std::size_t i = static_cast<std::size_t>(tokens) * N; i < s.size(); ++i) past += bits32(s[i]) != 0xFFFFFFFFu;
         CHECK(past == 0);
-        const auto wsv = ws.download();
-        const auto* words = reinterpret_cast<const std::uint32_t*>(wsv.data() + prox::detail::kHeaderBytes);
-        CHECK(words[0] == 0u);
-        int counters_bad = 0;
-        for (int t = 0; t < Op::template num_tiles<P>(K); ++t) counters_bad += words[prox::detail::kBarrierWords + t] != 0u;
-        CHECK(counters_bad == 0);
-        prox::Status ws_status = prox::Status::kSuccess;
-        PROX_TEST_OK(prox::read_workspace_status(ws.get(), nullptr, &ws_status));
-        CHECK(ws_status == prox::Status::kSuccess);
+        const FusedWorkspaceState wst = fused_workspace_state(ws, Op::template num_tiles<P>(K));
+        CHECK(wst.arrivals == 0u);
+        CHECK(wst.counters_not_zero == 0);
+        CHECK(wst.status == prox::Status::kSuccess);
         if (coop)
           std::printf("[bgludown] %-5s %-9s K=%-5d N=%-5d B=%d %-28s blocks=%-4d density=%.2f s err/bound=%.3f y "
                       "err/bound=%.3f\n",

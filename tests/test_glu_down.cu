@@ -83,16 +83,10 @@ void glu_down_suite(int K, int N, std::uint64_t seed) {
           double worst_y = 0.0;
           const int bad_y = count_out_of_bound(y_prev, ref.y, &worst_y);
           // Workspace left ready: barrier arrivals and tile counters back at zero, nothing flagged.
-          const auto wsv = ws.download();
-          const auto* words = reinterpret_cast<const std::uint32_t*>(wsv.data() + prox::detail::kHeaderBytes);
-          CHECK(words[0] == 0u);
-          const int tiles = Op::template num_tiles<P>(K);
-          int counters_bad = 0;
-          for (int t = 0; t < tiles; ++t) counters_bad += words[prox::detail::kBarrierWords + t] != 0u;
-          CHECK(counters_bad == 0);
-          prox::Status ws_status = prox::Status::kSuccess;
-          PROX_TEST_OK(prox::read_workspace_status(ws.get(), nullptr, &ws_status));
-          CHECK(ws_status == prox::Status::kSuccess);
+          const FusedWorkspaceState wst = fused_workspace_state(ws, Op::template num_tiles<P>(K));
+          CHECK(wst.arrivals == 0u);
+          CHECK(wst.counters_not_zero == 0);
+          CHECK(wst.status == prox::Status::kSuccess);
           if (coop)
             std::printf(
                 "[gludown] %-5s %-9s K=%-5d N=%-5d %-28s blocks=%-4d density=%.2f s err/bound=%.3f y err/bound=%.3f\n",

@@ -1209,18 +1209,26 @@ struct BatchedDownRows {
   }
 };
 /**
- * @brief The start of both batched down kernels: the union-mask bit of each of this thread's kPer channels
- * of the chunk [c0, c0 + chunk_len) and every token's s there, all loaded together (one memory latency).
- * s is read for every channel of the chunk; the kernels use it only where the union selected the channel.
+ * @brief The start of both batched down kernels. Block (tile, blockIdx.y) takes the chunk [c0, c0 +
+ * chunk_len) of d_ff (detail::split_chunk_length over the grid's chunks). After the PDL wait (then the
+ * next kernel may launch) it loads the header words, and, all together (one memory latency), the
+ * union-mask bit of each of this thread's kPer channels of the chunk and every token's s there. s is read
+ * for every channel of the chunk; the kernels use it only where the union selected the channel. Returns the
+ * header words; `*c0` gets the chunk's first channel.
  */
-template <int kB, int kThreads, int kPer, class T>
-PROX_DEVICE PROX_FORCEINLINE void batched_down_load_chunk(const BatchedDownGemvArgs<T>& a, int c0, int chunk_len,
-                                                          bool (&sel)[kPer], float (&val)[kB][kPer]) {
+template <int kB, int kThreads, int kChunk, int kPer, class T>
+PROX_DEVICE PROX_FORCEINLINE HeaderWords batched_down_begin(const BatchedDownGemvArgs<T>& a, const OpWorkspace& ws,
+                                                            int* c0, bool (&sel)[kPer], float (&val)[kB][kPer]) {
   const int tid = static_cast<int>(threadIdx.x);
+  const int chunk_len = split_chunk_length(a.d_ff, static_cast<int>(gridDim.y), kChunk, 32);
+  *c0 = static_cast<int>(blockIdx.y) * chunk_len;
+  pdl_wait();
+  pdl_launch_dependents();
+  const HeaderWords header = workspace_header(ws.guard, blockIdx.x + blockIdx.y);
 #pragma unroll
   for (int i = 0; i < kPer; ++i) {
     const int t = i * kThreads + tid;
-    const int j = c0 + t;
+    const int j = *c0 + t;
     const bool in = t < chunk_len && j < a.d_ff;
     const std::uint32_t word = in ? a.union_mask[j / kWarpSize] : 0u;
     sel[i] = (word >> (j % kWarpSize)) & 1u;
@@ -1228,6 +1236,7 @@ PROX_DEVICE PROX_FORCEINLINE void batched_down_load_chunk(const BatchedDownGemvA
     for (int b = 0; b < kB; ++b)
       val[b][i] = in && b < a.tokens ? a.s[static_cast<std::size_t>(b) * a.d_ff + j] : 0.0f;
   }
+  return header;
 }
 }  // namespace detail
 
@@ -1250,18 +1259,11 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void batched
   __shared__ typename Reducer::Storage s_red;
 
   const int tid = static_cast<int>(threadIdx.x);
-  const int tile = static_cast<int>(blockIdx.x);
-  const int chunk = static_cast<int>(blockIdx.y);
-  const int d0 = tile * kTile;
-  const int chunk_len = detail::split_chunk_length(a.d_ff, static_cast<int>(gridDim.y), kChunk, 32);
-  const int c0 = chunk * chunk_len;
-  pdl_wait();
-  pdl_launch_dependents();
-  const detail::HeaderWords header = detail::workspace_header(ws.guard, blockIdx.x + blockIdx.y);
-
+  const int d0 = static_cast<int>(blockIdx.x) * kTile;
+  int c0 = 0;
   bool sel[kPer];
   float val[kB][kPer];
-  detail::batched_down_load_chunk<kB, kThreads>(a, c0, chunk_len, sel, val);
+  const detail::HeaderWords header = detail::batched_down_begin<kB, kThreads, kChunk>(a, ws, &c0, sel, val);
   int pos[kPer];
   int totals[kPer];
   block_compact_positions<kThreads, kPer>(sel, s_warp, pos, totals);
@@ -1345,18 +1347,11 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void batched
   const int tid = static_cast<int>(threadIdx.x);
   const int lane = lane_id();
   const int warp = warp_id();
-  const int tile = static_cast<int>(blockIdx.x);
-  const int chunk = static_cast<int>(blockIdx.y);
-  const int d0 = tile * kTile;
-  const int chunk_len = detail::split_chunk_length(a.d_ff, static_cast<int>(gridDim.y), kChunk, 32);
-  const int c0 = chunk * chunk_len;
-  pdl_wait();
-  pdl_launch_dependents();
-  const detail::HeaderWords header = detail::workspace_header(ws.guard, blockIdx.x + blockIdx.y);
-
+  const int d0 = static_cast<int>(blockIdx.x) * kTile;
+  int c0 = 0;
   bool sel[kPer];
   float val[kB][kPer];
-  detail::batched_down_load_chunk<kB, kThreads>(a, c0, chunk_len, sel, val);
+  const detail::HeaderWords header = detail::batched_down_begin<kB, kThreads, kChunk>(a, ws, &c0, sel, val);
   float mx = 0.0f;  // the largest |s| of the rows this block streams
   if constexpr (kScale) {
 #pragma unroll

@@ -244,14 +244,7 @@ struct BatchedGluDownGemvOp {
   //! GluDownGemvOp's sync words (barrier, then the down tile counters), and the split-K partials of every
   //! token for the largest grid any policy may have (kMaxFusedGridBlocks).
   static WorkspaceNeeds workspace_needs(const Args& a) noexcept {
-    WorkspaceNeeds w;
-    w.sync = sizeof(std::uint32_t) * detail::kBarrierWords + detail::tile_counter_bytes<detail::kMinTileWidth>(a.d_model);
-    for_each_policy<Policies>([&](auto p, int) {
-      const int parts = kMaxFusedGridBlocks / num_tiles<decltype(p)>(a.d_model);
-      const std::size_t b = parts > 1 ? sizeof(float) * static_cast<std::size_t>(parts) * Tokens * a.d_model : 0;
-      w.scratch = b > w.scratch ? b : w.scratch;
-    });
-    return w;
+    return detail::barrier_workspace_needs<Policies>(a.d_model, Tokens);
   }
 
   //! Largest grid of policy P on device `d` (as GluDownGemvOp::max_grid_blocks).

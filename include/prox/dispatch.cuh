@@ -86,6 +86,31 @@ constexpr long glu_row_slots(int d_model) noexcept {
   return static_cast<long>(G::steps_per_row(d_model)) * G::kThreads * G::kUnroll;
 }
 
+//! Load slots a batched GLU policy (BatchedGluPolicy) spends on one row of d_model inputs: its steps x its
+//! threads (a CUDA-core thread loads one 16-byte piece of a row per step).
+template <class G>
+constexpr long batched_glu_row_slots(int d_model) noexcept {
+  return static_cast<long>(G::steps_per_row(d_model)) * G::kThreads;
+}
+
+/**
+ * @brief The candidate of `List` with the fewest load slots per row (`slots(policy)`), ties to the lower
+ * index: the fused Stage 2s' and the batched GLU's rule (their GLU steps cover a row with the fewest slots).
+ */
+template <class List, class SlotsFn>
+int fewest_load_slots(SlotsFn&& slots) noexcept {
+  int best = 0;
+  long best_slots = -1;
+  for_each_policy<List>([&](auto p, int i) {
+    const long n = slots(p);
+    if (best_slots < 0 || n < best_slots) {
+      best = i;
+      best_slots = n;
+    }
+  });
+  return best;
+}
+
 }  // namespace detail
 
 //! Any op without a rule of its own: its policy 0 (the fallback every candidate list starts with). A
@@ -126,16 +151,8 @@ int default_policy(DownGemvOp<T>, const DeviceInfo& d, const DownGemvArgs<T>& a)
  */
 template <class T, class Act>
 int default_policy(GluDownGemvOp<T, Act>, const DeviceInfo&, const GluDownGemvArgs<T>& a) noexcept {
-  int best = 0;
-  long best_slots = -1;
-  for_each_policy<GluDownGemvPolicies>([&](auto p, int i) {
-    const long slots = detail::glu_row_slots<decltype(p)>(a.d_model);
-    if (best_slots < 0 || slots < best_slots) {
-      best = i;
-      best_slots = slots;
-    }
-  });
-  return best;
+  return detail::fewest_load_slots<GluDownGemvPolicies>(
+      [&](auto p) { return detail::glu_row_slots<decltype(p)>(a.d_model); });
 }
 
 //! Batched Stage 1 and batched down GEMV: the fewest waves, then the most blocks, as the batch-1 ops
@@ -153,42 +170,20 @@ int default_policy(BatchedDownGemvOp<T, B>, const DeviceInfo& d, const BatchedDo
       d.sm_count, [&](auto p) { return Op::template num_blocks<decltype(p)>(a.d_model, a.d_ff, d.sm_count); });
 }
 
-namespace detail {
-/**
- * @brief The candidate of a list of batched GLU policies (`glu(policy)` gives a policy's BatchedGluPolicy)
- * whose steps cover a row of d_model inputs with the fewest load slots (steps x threads: a CUDA-core thread
- * loads one 16-byte piece of a row per step; a tensor-core list has one candidate), ties to the lower index.
- */
-template <class List, class GluOf>
-int fewest_batched_glu_slots(int d_model, GluOf&& glu) noexcept {
-  int best = 0;
-  long best_slots = -1;
-  for_each_policy<List>([&](auto p, int i) {
-    using G = decltype(glu(p));
-    const long slots = static_cast<long>(G::steps_per_row(d_model)) * G::kThreads;
-    if (best_slots < 0 || slots < best_slots) {
-      best = i;
-      best_slots = slots;
-    }
-  });
-  return best;
-}
-}  // namespace detail
-
 /**
  * @brief Batched GLU GEMV and fused batched Stage 2: as the batch-1 fused Stage 2's rule, the fewest GLU load
- * slots per row of d_model inputs (detail::fewest_batched_glu_slots): at B = 4, 320 threads on d_model 2560
- * and 5120, 256 on 2048 and 4096.
+ * slots per row of d_model inputs (detail::fewest_load_slots): at B = 4, 320 threads on d_model 2560 and
+ * 5120, 256 on 2048 and 4096.
  */
 template <class T, class Act, int B>
 int default_policy(BatchedGluGemvOp<T, Act, B>, const DeviceInfo&, const BatchedGluGemvArgs<T>& a) noexcept {
-  return detail::fewest_batched_glu_slots<typename BatchedGluGemvOp<T, Act, B>::Policies>(a.d_model,
-                                                                                          [](auto p) { return p; });
+  return detail::fewest_load_slots<typename BatchedGluGemvOp<T, Act, B>::Policies>(
+      [&](auto p) { return detail::batched_glu_row_slots<decltype(p)>(a.d_model); });
 }
 template <class T, class Act, int B>
 int default_policy(BatchedGluDownGemvOp<T, Act, B>, const DeviceInfo&, const BatchedGluDownGemvArgs<T>& a) noexcept {
-  return detail::fewest_batched_glu_slots<typename BatchedGluDownGemvOp<T, Act, B>::Policies>(
-      a.d_model, [](auto p) { return typename decltype(p)::Glu{}; });
+  return detail::fewest_load_slots<typename BatchedGluDownGemvOp<T, Act, B>::Policies>(
+      [&](auto p) { return detail::batched_glu_row_slots<typename decltype(p)::Glu>(a.d_model); });
 }
 
 PROX_NAMESPACE_END

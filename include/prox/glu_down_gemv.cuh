@@ -150,6 +150,24 @@ Status barrier_grid_blocks(const DeviceInfo& d, int* out) noexcept {
   return Status::kSuccess;
 }
 
+/**
+ * @brief Workspace of a fused Stage 2 with any of `Policies` (down tiles of P::kTile columns): the barrier
+ * words, then the down tile counters (the same place for every policy and grid), and the split-K partials
+ * of `outputs` values per column (1, or a batch's tokens) for the largest grid any policy may have
+ * (kMaxFusedGridBlocks).
+ */
+template <class Policies>
+WorkspaceNeeds barrier_workspace_needs(int d_model, int outputs) noexcept {
+  WorkspaceNeeds w;
+  w.sync = sizeof(std::uint32_t) * kBarrierWords + tile_counter_bytes<kMinTileWidth>(d_model);
+  for_each_policy<Policies>([&](auto p, int) {
+    const int parts = kMaxFusedGridBlocks / ceil_div(d_model, decltype(p)::kTile);
+    const std::size_t b = parts > 1 ? sizeof(float) * static_cast<std::size_t>(parts) * outputs * d_model : 0;
+    w.scratch = b > w.scratch ? b : w.scratch;
+  });
+  return w;
+}
+
 //! The launch of a kernel with a grid barrier: `grid_blocks` blocks (0: barrier_grid_blocks(); more than
 //! that could not all be resident: kErrorInvalidArgument), cooperative unless asked not to be.
 template <auto Kernel, int kThreads, int kMinBlocks>
@@ -326,15 +344,7 @@ struct GluDownGemvOp {
   //! Barrier words and down tile counters (the same place for every policy and grid), and the split-K
   //! partials of the largest grid any policy may have (kMaxFusedGridBlocks).
   static WorkspaceNeeds workspace_needs(const Args& a) noexcept {
-    WorkspaceNeeds w;
-    w.sync = sizeof(std::uint32_t) * detail::kBarrierWords + detail::tile_counter_bytes<detail::kMinTileWidth>(a.d_model);
-    for_each_policy<Policies>([&](auto p, int) {
-      const int tiles = num_tiles<decltype(p)>(a.d_model);
-      const int parts = kMaxFusedGridBlocks / tiles;
-      const std::size_t b = parts > 1 ? sizeof(float) * static_cast<std::size_t>(parts) * a.d_model : 0;
-      w.scratch = b > w.scratch ? b : w.scratch;
-    });
-    return w;
+    return detail::barrier_workspace_needs<Policies>(a.d_model, 1);
   }
 
   //! Largest grid of policy P on device `d`: SMs x min(P::kMinBlocks, blocks that fit on one SM),

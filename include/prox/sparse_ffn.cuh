@@ -140,9 +140,8 @@ class SparseFfn {
     //! Stage 1's grid, where smaller than the GPU holds, runs at most ceil(blocks / SMs) per SM. On by
     //! default: the 1.7B FFN is 0.4-2.5 us faster on the H100; results are bit-identical either way.
     bool spread = true;
-    //! Launch the fused Stage 2 (and the fused batched one) cooperatively (GluDownGemvOp::Options::
-    //! cooperative); turn off only
-    //! where a platform rejects cooperative launches.
+    //! Launch the fused Stage 2s (batch 1 and batched) cooperatively (GluDownGemvOp::Options::cooperative);
+    //! turn off only where a platform rejects cooperative launches.
     bool cooperative = true;
     //! Stage 1 reads the workspace header (core/workspace.cuh): a workspace never initialized, holding
     //! garbage or last used at another shape then gives the exact dense y and is flagged, never a hang.
@@ -235,8 +234,8 @@ class SparseFfn {
    * row is read once when any token needs it (Stage 1 streams the union of the kept inputs, Stage 2 the
    * union of the channel sets). tokens = 1 runs run()'s kernels. For 2..8 tokens launches 3 kernels (batched
    * Stage 1, GLU, down; 2 for 2..4 tokens with PlanOptions::fuse_batch_stage2: the fused batched Stage 2).
-   * Allocates nothing, never
-   * synchronizes; capturable. Deterministic, not bit-identical to run() (batched.cuh says why).
+   * Allocates nothing, never synchronizes; capturable. Deterministic, not bit-identical to run() (batched.cuh
+   * says why).
    * @param x [tokens][d_model] device, 16-byte aligned; may alias y (x is read before y is written)
    * @param y [tokens][d_model] device, 16-byte aligned (every element written)
    * @param workspace workspace_bytes(config()) bytes, initialized once (shared with run())
@@ -280,16 +279,8 @@ class SparseFfn {
     Operator<BatchedProxyGemvOp<T, Act, B>> proxy{};
     Operator<BatchedGluGemvOp<T, Act, B>> glu{};
     Operator<BatchedDownGemvOp<T, B>> down{};
-    std::conditional_t<kFusedBatch<B>, Operator<BatchedGluDownGemvOp<T, Act, (kFusedBatch<B> ? B : 4)>>, NoStage>
-        fused{};
+    std::conditional_t<kFusedBatch<B>, Operator<BatchedGluDownGemvOp<T, Act, B>>, NoStage> fused{};
   };
-  template <int B>
-  const BatchStages<B>& batch_stages() const noexcept {
-    static_assert(B == 2 || B == 4 || B == 8, "token capacity 2, 4 or 8");
-    if constexpr (B == 2) return batch2_;
-    else if constexpr (B == 4) return batch4_;
-    else return batch8_;
-  }
   //! Whether run_batch() runs the fused Stage 2 at token capacity B.
   template <int B>
   bool fused_batch() const noexcept {
