@@ -416,6 +416,27 @@ TEST_CASE("Stage 1: the plan's default policy takes the fewest waves, then cp.as
   CHECK(dflt(4096, 12288) == 0);  // Qwen3-8B: 384 blocks, one wave
 }
 
+TEST_CASE("batched down GEMV at B = 2: the one-wave-only 3072-channel candidate on Qwen3-14B only", "[validation]") {
+  using Op = prox::BatchedDownGemvOp<__half, 2>;
+  const auto dflt = h100_default<Op>;
+  using OneWave = prox::PolicyAt<2, Op::Policies>;
+  static_assert(OneWave::kOneWave && OneWave::kChunk == 3072, "candidate 2 is the one-wave 3072-channel one");
+  // Qwen3-14B: 40 tiles x 6 chunks = 240 blocks in 264 slots, against 360 (2 waves) for candidate 0.
+  CHECK(Op::num_blocks<OneWave>(5120, 17408, 132) == 240);
+  CHECK(Op::num_blocks<prox::PolicyAt<0, Op::Policies>>(5120, 17408, 132) == 360);
+  CHECK(dflt(5120, 17408) == 2);
+  // Qwen3-32B: 360 blocks, more than one wave: left out. 8B and 4B: candidate 0 fills one wave after the
+  // balanced split (256, 260 blocks) and the one-wave candidate has no more: the tie goes to candidate 0.
+  // 1.7B: the 512-channel candidate's split has the most blocks (256, against 192 and 128).
+  CHECK(Op::num_blocks<OneWave>(5120, 25600, 132) > 264);
+  CHECK(dflt(5120, 25600) == 0);
+  CHECK(Op::num_blocks<OneWave>(4096, 12288, 132) == 256);
+  CHECK(dflt(4096, 12288) == 0);
+  CHECK(dflt(2560, 9728) == 0);
+  CHECK(Op::num_blocks<OneWave>(2048, 6144, 132) == 128);
+  CHECK(dflt(2048, 6144) == 1);
+}
+
 TEST_CASE("batched down GEMV at B = 4: the one-wave-only candidate where its grid fits one wave", "[validation]") {
   using Op = prox::BatchedDownGemvOp<__half, 4>;
   const auto dflt = h100_default<Op>;

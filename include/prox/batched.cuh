@@ -1072,12 +1072,19 @@ struct BatchedDownMmaPolicy {
 //! 45-48 us, 45 -> 55-60 % of DRAM peak; FFN 7.7-8.8 % faster on every Qwen3 shape); at B = 2 and 4 the
 //! tensor-core kernel was slower (8B B = 4: 29-32 -> 33-40 us), so they stay on the CUDA cores. The one-wave
 //! 256-output candidate wins on Qwen3-8B (down 44-45 us against 47-50 us for candidate 0) and lost on 14B,
-//! where it only takes 2.6 waves to 1.3 (80 against 74 us).
+//! where it only takes 2.6 waves to 1.3 (80 against 74 us). B = 2's 3072-channel chunks make the Qwen3-14B
+//! grid one wave (40 tiles x 6 chunks = 240 blocks, not 360 in 1.36 waves): its FFN at B = 2 2.0-2.9 %
+//! faster at e = 40-70 %, fp16 and bf16; every other Qwen3 shape keeps candidate 0 (8B, 4B and 1.7B fill one
+//! wave with it after the balanced split, 32B would need 1.36 waves). Three blocks per SM instead (2048-
+//! channel chunks, 80 registers) also made 14B one wave, 2.1 % faster, but were 0.6-1.6 % slower where
+//! their extra blocks won the tie (8B, 4B, 1.7B): the down GEMV at 15 or 22 warps per SM streamed the
+//! Qwen3-8B union at the same 2.0 TB/s (ncu, H100, docs/history.md).
 template <int Tokens>
 struct BatchedDownPoliciesFor;
 template <>
 struct BatchedDownPoliciesFor<2> {
-  using type = PolicyList<BatchedDownPolicy<2, 256, 2048, 4, 2>, BatchedDownPolicy<2, 256, 512, 4, 2>>;
+  using type = PolicyList<BatchedDownPolicy<2, 256, 2048, 4, 2>, BatchedDownPolicy<2, 256, 512, 4, 2>,
+                         BatchedDownPolicy<2, 256, 3072, 4, 2, true>>;
 };
 template <>
 struct BatchedDownPoliciesFor<4> {
