@@ -487,11 +487,13 @@ TEMPLATE_TEST_CASE("Batched down GEMV: every candidate against the float64 sum",
   down_candidates<T, 2>(520, 1056, 1, 0.7, 1.0, 11);
 }
 
-TEMPLATE_TEST_CASE("Batched down GEMV: whole 3072-channel chunks at capacity 2", "[batched][large][gpu]", __half,
-                   __nv_bfloat16) {
+TEMPLATE_TEST_CASE("Batched down GEMV: whole 3072-channel chunks at capacities 2 and 4", "[batched][large][gpu]",
+                   __half, __nv_bfloat16) {
   // 133 tiles of 128 outputs keep the policy's own split (2 chunks: 3072 + 1056 channels), so the one-wave
-  // candidate's block holds a full chunk of 2765 union rows (density 0.9). 140 MB of weights: [large].
+  // candidates' blocks hold a full chunk of about 2765 union rows (density 0.9; at capacity 4 in dynamic
+  // shared memory). 140 MB of weights: [large].
   down_candidates<TestType, 2>(16904, 4128, 2, 0.9, 1.0, 12);
+  down_candidates<TestType, 4>(16904, 4128, 3, 0.9, 1.0, 13);
 }
 
 namespace {

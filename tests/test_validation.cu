@@ -437,7 +437,7 @@ TEST_CASE("batched down GEMV at B = 2: the one-wave-only 3072-channel candidate 
   CHECK(dflt(2048, 6144) == 1);
 }
 
-TEST_CASE("batched down GEMV at B = 4: the one-wave-only candidate where its grid fits one wave", "[validation]") {
+TEST_CASE("batched down GEMV at B = 4: the one-wave-only candidates where their grids fit one wave", "[validation]") {
   using Op = prox::BatchedDownGemvOp<__half, 4>;
   const auto dflt = h100_default<Op>;
   using OneWave = prox::PolicyAt<2, Op::Policies>;
@@ -445,9 +445,18 @@ TEST_CASE("batched down GEMV at B = 4: the one-wave-only candidate where its gri
   // Qwen3-8B: 32 tiles x 8 chunks = 256 blocks in 264 slots, against 384 (2 waves) for candidate 0.
   CHECK(Op::num_blocks<OneWave>(4096, 12288, 132) == 256);
   CHECK(dflt(4096, 12288) == 2);
-  // Qwen3-14B and 32B: the candidate would only take 3 waves to 2 (4 to 3); it is left out.
+  // Qwen3-14B and 32B: the candidate would only take 3 waves to 2 (4 to 3); it is left out. On 14B the
+  // 3072-channel one-wave candidate (3) fits: 40 tiles x 6 chunks = 240 blocks (77 KB of dynamic shared
+  // memory). On 8B it ties candidate 2 (256 blocks): the lower index.
+  using OneWide = prox::PolicyAt<3, Op::Policies>;
+  static_assert(OneWide::kOneWave && OneWide::kChunk == 3072, "candidate 3 is the one-wave 3072-channel one");
+  STATIC_REQUIRE(prox::detail::BatchedDownSmemDynamic<OneWide>::value);
+  STATIC_REQUIRE(!prox::detail::BatchedDownSmemDynamic<OneWave>::value);
   CHECK(Op::num_blocks<OneWave>(5120, 17408, 132) > 264);
-  CHECK(dflt(5120, 17408) == 0);
+  CHECK(Op::num_blocks<OneWide>(5120, 17408, 132) == 240);
+  CHECK(Op::num_blocks<OneWide>(4096, 12288, 132) == 256);
+  CHECK(dflt(5120, 17408) == 3);
+  CHECK(Op::num_blocks<OneWide>(5120, 25600, 132) > 264);
   CHECK(dflt(5120, 25600) == 0);
   // Qwen3-1.7B: every candidate fits one wave after the balanced split; the tie goes to candidate 0.
   CHECK(dflt(2048, 6144) == 0);

@@ -1075,7 +1075,8 @@ struct BatchedDownMmaPolicy {
 //! where it only takes 2.6 waves to 1.3 (80 against 74 us). B = 2's 3072-channel chunks make the Qwen3-14B
 //! grid one wave (40 tiles x 6 chunks = 240 blocks, not 360 in 1.36 waves): its FFN at B = 2 2.0-2.9 %
 //! faster at e = 40-70 %, fp16 and bf16; every other Qwen3 shape keeps candidate 0 (8B, 4B and 1.7B fill one
-//! wave with it after the balanced split, 32B would need 1.36 waves). Three blocks per SM instead (2048-
+//! wave with it after the balanced split, 32B would need 1.36 waves); at B = 4 they do the same on 14B (77 KB
+//! of shared memory, dynamic): the FFN at B = 4 1.2-2.2 % faster there. Three blocks per SM instead (2048-
 //! channel chunks, 80 registers) also made 14B one wave, 2.1 % faster, but were 0.6-1.6 % slower where
 //! their extra blocks won the tie (8B, 4B, 1.7B): the down GEMV at 15 or 22 warps per SM streamed the
 //! Qwen3-8B union at the same 2.0 TB/s (ncu, H100, docs/history.md).
@@ -1089,7 +1090,7 @@ struct BatchedDownPoliciesFor<2> {
 template <>
 struct BatchedDownPoliciesFor<4> {
   using type = PolicyList<BatchedDownPolicy<4, 256, 1024, 4, 2>, BatchedDownPolicy<4, 256, 512, 4, 2>,
-                         BatchedDownPolicy<4, 256, 1536, 4, 2, true>>;
+                         BatchedDownPolicy<4, 256, 1536, 4, 2, true>, BatchedDownPolicy<4, 256, 3072, 4, 2, true>>;
 };
 template <>
 struct BatchedDownPoliciesFor<8> {
@@ -1247,6 +1248,25 @@ PROX_DEVICE PROX_FORCEINLINE HeaderWords batched_down_begin(const BatchedDownGem
 }
 }  // namespace detail
 
+namespace detail {
+//! The CUDA-core batched down GEMV's shared arrays, in dynamic shared memory (BatchedDownGemvOp::configure
+//! sizes it; above 48 KB for the 3072-channel chunks at capacity 4): the chunk's union rows, every token's s
+//! of them, the tile reduction and the compaction's per-warp counts (all of it dynamic, so that the opt-in
+//! above 48 KB covers the whole block).
+template <class Policy>
+struct BatchedDownSmem {
+  using Reducer = TileReducer<Policy::kThreads, Policy::kTile / 8, 8, Policy::kTokens>;
+  static constexpr int kPer = (Policy::kChunk + Policy::kThreads - 1) / Policy::kThreads;
+  int rows[Policy::kChunk];
+  float val[Policy::kTokens][Policy::kChunk];
+  typename Reducer::Storage red;
+  int warp[kPer * (Policy::kThreads / kWarpSize)];
+};
+//! Whether BatchedDownSmem exceeds the 48 KB a kernel may hold without opting in (then it is dynamic).
+template <class Policy>
+struct BatchedDownSmemDynamic : std::bool_constant<(sizeof(BatchedDownSmem<Policy>) > kDefaultDynamicSmem)> {};
+}  // namespace detail
+
 template <class Policy, class T>
 PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void batched_down_gemv_kernel(
     const BatchedDownGemvArgs<T> a, const OpWorkspace ws) {
@@ -1256,14 +1276,41 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void batched
   constexpr int kChunk = Policy::kChunk;
   constexpr int kU = Policy::kUnroll;
   constexpr int kTn = kTile / 8;
-  using Reducer = detail::TileReducer<kThreads, kTn, 8, kB>;
+  using Smem = detail::BatchedDownSmem<Policy>;
+  using Reducer = typename Smem::Reducer;
+  static_assert(std::is_same_v<Reducer, detail::TileReducer<kThreads, kTn, 8, kB>>, "reducer shape");
   constexpr int kPer = (kChunk + kThreads - 1) / kThreads;
   static_assert(kTile == detail::BatchedDownRows<kB, kThreads, kU, T>::kTile, "the row stream's tile");
 
-  __shared__ int s_rows[kChunk];
-  __shared__ float s_val[kB][kChunk];
-  __shared__ int s_warp[kPer * (kThreads / kWarpSize)];
-  __shared__ typename Reducer::Storage s_red;
+  // Separate static arrays where they fit the default 48 KB (the code of the kernel before the 3072-channel
+  // candidates: as one struct, static or dynamic, the 2048- and 512-channel ones took up to 8 registers
+  // more), one dynamic BatchedDownSmem above it (configure() opts in).
+  static_assert(Smem::kPer == kPer, "compaction counts");
+  int* rows_at;
+  float* val_at;
+  typename Reducer::Storage* red_at;
+  int* warp_at;
+  if constexpr (detail::BatchedDownSmemDynamic<Policy>::value) {
+    extern __shared__ __align__(16) unsigned char prox_batched_down_smem[];
+    Smem& sm = *reinterpret_cast<Smem*>(prox_batched_down_smem);
+    rows_at = sm.rows;
+    val_at = &sm.val[0][0];
+    red_at = &sm.red;
+    warp_at = sm.warp;
+  } else {
+    __shared__ int rows[kChunk];
+    __shared__ float val[kB][kChunk];
+    __shared__ int warp[kPer * (kThreads / kWarpSize)];
+    __shared__ typename Reducer::Storage red;
+    rows_at = rows;
+    val_at = &val[0][0];
+    red_at = &red;
+    warp_at = warp;
+  }
+  int* const s_rows = rows_at;
+  float(&s_val)[kB][kChunk] = *reinterpret_cast<float(*)[kB][kChunk]>(val_at);
+  typename Reducer::Storage& s_red = *red_at;
+  int* const s_warp = warp_at;
 
   const int tid = static_cast<int>(threadIdx.x);
   const int d0 = static_cast<int>(blockIdx.x) * kTile;
@@ -1574,7 +1621,14 @@ struct BatchedDownGemvOp {
     lc->grid = dim3(static_cast<unsigned>(num_tiles<P>(a.d_model)),
                     static_cast<unsigned>(num_chunks<P>(a.d_model, a.d_ff, d.sm_count)));
     lc->block = dim3(P::kThreads);
-    return lc->grid.y > 65535u ? Status::kErrorInvalidShape : Status::kSuccess;
+    if (lc->grid.y > 65535u) return Status::kErrorInvalidShape;
+    if constexpr (P::kMma) {
+      return Status::kSuccess;
+    } else {
+      if constexpr (!detail::BatchedDownSmemDynamic<P>::value) return Status::kSuccess;
+      lc->smem = sizeof(detail::BatchedDownSmem<P>);
+      return detail::allow_dynamic_smem<batched_down_gemv_kernel<P, T>>(d.device, lc->smem);
+    }
   }
   template <class P>
   static Status launch(const Args& a, const LaunchConfig& lc, const OpWorkspace& ws, cudaStream_t stream) noexcept {
