@@ -1279,13 +1279,12 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void batched
   using Smem = detail::BatchedDownSmem<Policy>;
   using Reducer = typename Smem::Reducer;
   static_assert(std::is_same_v<Reducer, detail::TileReducer<kThreads, kTn, 8, kB>>, "reducer shape");
-  constexpr int kPer = (kChunk + kThreads - 1) / kThreads;
+  constexpr int kPer = Smem::kPer;  // chunk channels per thread in the compaction
   static_assert(kTile == detail::BatchedDownRows<kB, kThreads, kU, T>::kTile, "the row stream's tile");
 
   // Separate static arrays where they fit the default 48 KB (the code of the kernel before the 3072-channel
   // candidates: as one struct, static or dynamic, the 2048- and 512-channel ones took up to 8 registers
   // more), one dynamic BatchedDownSmem above it (configure() opts in).
-  static_assert(Smem::kPer == kPer, "compaction counts");
   int* rows_at;
   float* val_at;
   typename Reducer::Storage* red_at;

@@ -622,14 +622,18 @@ Status SparseFfn<T, Act, ProxyFmt>::launch_batch(const BatchStages<B>& st, const
   stamp.stamp = reinterpret_cast<std::uint32_t*>(ws);
   stamp.tag = tag_;
   auto* stage2_sync = reinterpret_cast<std::uint32_t*>(ws + layout_.stage2_sync);
+  // The GLU's per-call arguments, for the batched GLU GEMV and the fused batched Stage 2 alike.
+  const auto bind_glu = [&](BatchedGluGemvArgs<T>& g) {
+    g.x = x;
+    g.tokens = tokens;
+    g.channel_mask = mask;
+    g.union_mask = union_mask;
+    g.s = s;
+  };
   if constexpr (kFusedBatch<B>) {
-    if (opts_.fuse_batch_stage2) {
+    if (fused_batch<B>()) {
       typename BatchedGluDownGemvOp<T, Act, B>::Args f = st.fused.args();
-      f.x = x;
-      f.tokens = tokens;
-      f.channel_mask = mask;
-      f.union_mask = union_mask;
-      f.s = s;
+      bind_glu(f);
       f.y = y;
       OpWorkspace v;
       v.sync = stage2_sync;  // the barrier, then the down counters (as the batch-1 fused Stage 2)
@@ -639,11 +643,7 @@ Status SparseFfn<T, Act, ProxyFmt>::launch_batch(const BatchStages<B>& st, const
     }
   }
   typename BatchedGluGemvOp<T, Act, B>::Args g = st.glu.args();
-  g.x = x;
-  g.tokens = tokens;
-  g.channel_mask = mask;
-  g.union_mask = union_mask;
-  g.s = s;
+  bind_glu(g);
   OpWorkspace vg;
   vg.guard = stamp;
   PROX_RETURN_IF_ERROR(st.glu.launch(g, vg, stream));
