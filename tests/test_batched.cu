@@ -470,6 +470,16 @@ TEMPLATE_TEST_CASE("Batched Stage 1: every candidate, each token against the flo
   proxy_candidates<T, 2>(1000, 2016, 2, 44);
 }
 
+TEMPLATE_TEST_CASE("Batched Stage 1 and FFN: the Qwen3-14B shape, where the split candidate is the default",
+                   "[batched][gpu][large]", __half, __nv_bfloat16) {
+  using T = TestType;
+  // On an H100 the split candidate's grid is 136 tiles x 5 whole 1024-input chunks (test_validation.cu);
+  // every candidate runs here, the FFN with the default.
+  proxy_candidates<T, 2>(5120, 17408, 2, 61);
+  proxy_candidates<T, 4>(5120, 17408, 4, 62);
+  batch_shape<T, prox::SiLU>(5120, 17408, 63, {2, 4}, false);
+}
+
 TEMPLATE_TEST_CASE("Batched down GEMV: every candidate against the float64 sum", "[batched][gpu]", __half,
                    __nv_bfloat16) {
   using T = TestType;

@@ -416,6 +416,35 @@ TEST_CASE("Stage 1: the plan's default policy takes the fewest waves, then cp.as
   CHECK(dflt(4096, 12288) == 0);  // Qwen3-8B: 384 blocks, one wave
 }
 
+TEST_CASE("batched Stage 1 at B = 2 and 4: the split candidate only where its grid needs two waves", "[validation]") {
+  const auto check = [](auto op) {
+    using Op = decltype(op);
+    const auto dflt = h100_default<Op>;
+    using Split = prox::PolicyAt<2, typename Op::Policies>;
+    static_assert(Split::kSplitMats && Split::kTwoWaves && Split::kMinBlocks == 3 && Split::kChunk == 1024,
+                  "candidate 2 is the split one");
+    CAPTURE(Op::kTokens);
+    // Qwen3-14B: 136 tiles x 5 chunks = 680 blocks in 396 slots (2 waves), against 408 in 264 (2 waves) for
+    // candidate 1: the most blocks.
+    CHECK(Op::template num_blocks<Split>(5120, 17408, 132) == 680);
+    CHECK(Op::template num_blocks<prox::PolicyAt<1, typename Op::Policies>>(5120, 17408, 132) == 408);
+    CHECK(dflt(5120, 17408) == 2);
+    // Qwen3-8B: one wave (384 blocks in 396 slots): left out; candidate 1 (192 blocks, one wave of 264).
+    CHECK(Op::template num_blocks<Split>(4096, 12288, 132) == 384);
+    CHECK(dflt(4096, 12288) == 1);
+    // Qwen3-32B: three waves (1000 blocks): left out; candidate 1 (600 blocks, 3 waves of 264).
+    CHECK(Op::template num_blocks<Split>(5120, 25600, 132) == 1000);
+    CHECK(dflt(5120, 25600) == 1);
+    // Qwen3-4B and 1.7B: one wave after the balanced split: left out.
+    CHECK(Op::template num_blocks<Split>(2560, 9728, 132) <= 396);
+    CHECK(dflt(2560, 9728) == 0);
+    CHECK(Op::template num_blocks<Split>(2048, 6144, 132) <= 396);
+    CHECK(dflt(2048, 6144) == 0);
+  };
+  check(prox::BatchedProxyGemvOp<__half, prox::SiLU, 2>{});
+  check(prox::BatchedProxyGemvOp<__half, prox::SiLU, 4>{});
+}
+
 TEST_CASE("batched down GEMV at B = 2: the one-wave-only 3072-channel candidate on Qwen3-14B only", "[validation]") {
   using Op = prox::BatchedDownGemvOp<__half, 2>;
   const auto dflt = h100_default<Op>;

@@ -90,10 +90,16 @@ struct BatchedProxyGemvArgs {
  * @tparam Threads   threads per block
  * @tparam Chunk     input coordinates per block (split-K), a multiple of 16
  * @tparam MinBlocks __launch_bounds__ minimum resident blocks per SM
+ * @tparam SplitMats each warp streams gate or up, not both (kSplitMats)
  */
-template <int Tokens, int Threads, int Chunk, int MinBlocks>
+template <int Tokens, int Threads, int Chunk, int MinBlocks, bool SplitMats = false>
 struct BatchedProxyPolicy {
   static constexpr int kTokens = Tokens;
+  //! Each warp streams one matrix (gate or up: warps in pairs) instead of both: half the accumulators
+  //! and loads per thread, so 80 registers and 3 blocks of 256 threads per SM instead of 128 and 2.
+  static constexpr bool kSplitMats = SplitMats;
+  //! A split candidate is a candidate only where its grid needs exactly two waves (dispatch.cuh).
+  static constexpr bool kTwoWaves = SplitMats;
   static constexpr int kThreads = Threads;
   static constexpr int kChunk = Chunk;
   static constexpr int kMinBlocks = MinBlocks;
@@ -110,7 +116,7 @@ struct BatchedProxyPolicy {
   static_assert(Chunk % 16 == 0, "the tensor-core steps take 16 rows");
   static std::string name() {
     return "bproxy_b" + std::to_string(Tokens) + "_t" + std::to_string(Threads) + "_k" + std::to_string(Chunk) +
-           "_m" + std::to_string(MinBlocks);
+           "_m" + std::to_string(MinBlocks) + (SplitMats ? "_split" : "");
   }
 };
 
@@ -125,15 +131,23 @@ struct BatchedProxyPolicy {
 //! chunks (54 KB, dynamic) make the Qwen3-8B grid one wave of 3 blocks per SM instead of two (768 -> 384
 //! blocks; ncu Stage 1 41.8 -> 34.4 us) and the 14B one 1.7 waves instead of 3.4: FFN at B = 8 3.7-4.3 %
 //! faster on 8B, 14B and 32B. Where shorter chunks also fit one wave (1.7B, 4B) they keep more blocks.
+//! The split candidate (kSplitMats: 80 registers, 3 blocks per SM) is a default only where its grid needs
+//! two waves: on Qwen3-14B (680 blocks against 408, both 2 waves) the FFN at B = 2 and 4 is 1.2 % faster.
+//! In one wave it lost although the kernel was faster (Qwen3-8B B = 2: 384 blocks against 192, Stage 1
+//! 18.4 -> 17.3 us under ncu, the FFN 0.5 % slower: 3 full blocks per SM leave the PDL-launched GLU
+//! kernel no room to start early); in three (Qwen3-32B, 1000 blocks against 600) the FFN was 0.9-1.2 %
+//! slower (H100, docs/history.md).
 template <int Tokens>
 struct BatchedProxyPoliciesFor;
 template <>
 struct BatchedProxyPoliciesFor<2> {
-  using type = PolicyList<BatchedProxyPolicy<2, 256, 1024, 2>, BatchedProxyPolicy<2, 256, 2048, 2>>;
+  using type = PolicyList<BatchedProxyPolicy<2, 256, 1024, 2>, BatchedProxyPolicy<2, 256, 2048, 2>,
+                         BatchedProxyPolicy<2, 256, 1024, 3, true>>;
 };
 template <>
 struct BatchedProxyPoliciesFor<4> {
-  using type = PolicyList<BatchedProxyPolicy<4, 256, 1024, 2>, BatchedProxyPolicy<4, 256, 2048, 2>>;
+  using type = PolicyList<BatchedProxyPolicy<4, 256, 1024, 2>, BatchedProxyPolicy<4, 256, 2048, 2>,
+                         BatchedProxyPolicy<4, 256, 1024, 3, true>>;
 };
 template <>
 struct BatchedProxyPoliciesFor<8> {
@@ -345,9 +359,16 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void batched
   const std::size_t row_bytes = Int4Weights::row_bytes(a.d_ff);
   const char* gate = static_cast<const char*>(Int4Weights::data(a.gate)) + Int4Weights::col_bytes(n);
   const char* up = static_cast<const char*>(Int4Weights::data(a.up)) + Int4Weights::col_bytes(n);
-  float c[2][8][4];
+  // kSplitMats: warp w streams matrix w % 2 (gate, up) only, the pair's steps as one warp's.
+  constexpr int kMw = Policy::kSplitMats ? 1 : 2;  // matrices per warp
+  static_assert(kMw == 2 || kWarps % 2 == 0, "warps in pairs");
+  const int my_m = kMw == 2 ? 0 : (warp & 1);  // kMw == 1: this warp's matrix
+  constexpr int kStreams = kMw == 2 ? kWarps : kWarps / 2;  // warps that stream one matrix's rows
+  const int sw = kMw == 2 ? warp : warp / 2;
+  const char* mat0 = kMw == 2 ? gate : (my_m ? up : gate);
+  float c[kMw][8][4];
 #pragma unroll
-  for (int m = 0; m < 2; ++m) {
+  for (int m = 0; m < kMw; ++m) {
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
 #pragma unroll
@@ -355,7 +376,7 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void batched
     }
   }
   struct Step {
-    Piece<8> w[2][4];  // [gate, up][row 4t + j]
+    Piece<8> w[kMw][4];  // [gate, up] (kSplitMats: [this warp's matrix]) [row 4t + j]
   };
   const int steps = (count + 15) / 16;
   const auto load_step = [&](int st, Step& d) {
@@ -364,15 +385,15 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void batched
       const int r = st * 16 + 4 * t + j;
       const bool ok = col_ok && r < count;
       const std::size_t off = static_cast<std::size_t>(s_rows[ok ? r : 0]) * row_bytes;
-      d.w[0][j] = ld_stream_piece<8>(gate + off, ok, Int4Weights::kFill);
-      d.w[1][j] = ld_stream_piece<8>(up + off, ok, Int4Weights::kFill);
+      d.w[0][j] = ld_stream_piece<8>(mat0 + off, ok, Int4Weights::kFill);
+      if constexpr (kMw == 2) d.w[1][j] = ld_stream_piece<8>(up + off, ok, Int4Weights::kFill);
     }
   };
   const auto compute_step = [&](int st, const Step& d) {
     uint2 xb = make_uint2(0u, 0u);
     if (g < kB) xb = *reinterpret_cast<const uint2*>(&s_x[g < kB ? g : 0][st * 16 + 4 * t]);
 #pragma unroll
-    for (int m = 0; m < 2; ++m) {
+    for (int m = 0; m < kMw; ++m) {
 #pragma unroll
       for (int w = 0; w < 2; ++w) {
         __half2 ev01[4], od01[4], ev23[4], od23[4];  // even / odd channels, rows (4t, 4t+1) / (4t+2, 4t+3)
@@ -390,14 +411,14 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void batched
   };
   Step b0;
   Step b1;
-  int st = warp;
+  int st = sw;
   load_step(st, b0);
 #pragma unroll 1
-  for (; st + kWarps < steps; st += 2 * kWarps) {
-    load_step(st + kWarps, b1);
+  for (; st + kStreams < steps; st += 2 * kStreams) {
+    load_step(st + kStreams, b1);
     compute_step(st, b0);
-    load_step(st + 2 * kWarps, b0);
-    compute_step(st + kWarps, b1);
+    load_step(st + 2 * kStreams, b0);
+    compute_step(st + kStreams, b1);
   }
   if (st < steps) compute_step(st, b0);
   // Word w, pair j: A row g is channel 8w + 2j of the slot, row g + 8 channel 8w + 2j + 1; C columns are
@@ -406,14 +427,22 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void batched
   if (t < Policy::kTokenGroups) {
     const int col = (t * Policy::kSlots + g) * 16;
 #pragma unroll
-    for (int m = 0; m < 2; ++m) {
+    for (int m = 0; m < kMw; ++m) {
+      const int mm = kMw == 2 ? m : my_m;
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
         const int ch = 8 * (i / 4) + 2 * (i % 4);
-        s_red.red[warp][2 * m][Reducer::pad(col + ch)] = c[m][i][0] * Int4Weights::kXUnscale;
-        s_red.red[warp][2 * m + 1][Reducer::pad(col + ch)] = c[m][i][1] * Int4Weights::kXUnscale;
-        s_red.red[warp][2 * m][Reducer::pad(col + ch + 1)] = c[m][i][2] * Int4Weights::kXUnscale;
-        s_red.red[warp][2 * m + 1][Reducer::pad(col + ch + 1)] = c[m][i][3] * Int4Weights::kXUnscale;
+        s_red.red[warp][2 * mm][Reducer::pad(col + ch)] = c[m][i][0] * Int4Weights::kXUnscale;
+        s_red.red[warp][2 * mm + 1][Reducer::pad(col + ch)] = c[m][i][1] * Int4Weights::kXUnscale;
+        s_red.red[warp][2 * mm][Reducer::pad(col + ch + 1)] = c[m][i][2] * Int4Weights::kXUnscale;
+        s_red.red[warp][2 * mm + 1][Reducer::pad(col + ch + 1)] = c[m][i][3] * Int4Weights::kXUnscale;
+        if constexpr (kMw == 1) {  // the other matrix's rows of this warp: 0
+          const int om = 1 - my_m;
+          s_red.red[warp][2 * om][Reducer::pad(col + ch)] = 0.0f;
+          s_red.red[warp][2 * om + 1][Reducer::pad(col + ch)] = 0.0f;
+          s_red.red[warp][2 * om][Reducer::pad(col + ch + 1)] = 0.0f;
+          s_red.red[warp][2 * om + 1][Reducer::pad(col + ch + 1)] = 0.0f;
+        }
       }
     }
   }

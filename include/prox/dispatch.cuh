@@ -28,6 +28,13 @@ struct OneWaveOnly : std::false_type {};
 template <class P>
 struct OneWaveOnly<P, std::void_t<decltype(P::kOneWave)>> : std::bool_constant<P::kOneWave> {};
 
+//! Whether a policy is a candidate only where its grid needs exactly two waves (a `kTwoWaves` member set
+//! true).
+template <class P, class = void>
+struct TwoWavesOnly : std::false_type {};
+template <class P>
+struct TwoWavesOnly<P, std::void_t<decltype(P::kTwoWaves)>> : std::bool_constant<P::kTwoWaves> {};
+
 //! default_fewest_waves()'s preference for multi-wave grids when none is given: no candidate preferred.
 struct NoWavePreference {
   template <class P>
@@ -41,15 +48,18 @@ struct NoWavePreference {
  * resident blocks); when that is more than one wave, a candidate for which `prefer_multi_wave(policy)`
  * holds; then the one with the most blocks (more bytes in flight); ties go to the lower index.
  * `blocks(policy)` returns the grid size of a policy. A policy with `kOneWave` set (OneWaveOnly) is a
- * candidate only where its grid fits one wave; candidate 0 must not be one. Measured reasons (H100): a
- * Qwen3-8B Stage-1 grid of 1.45 waves ran as slowly as 2 full waves; on the Qwen3-32B shape, whose
- * Stage-1 grid needs 2 waves, the cp.async-pipelined candidate was 3-8 us faster than the
- * register-buffered one; the batched down GEMV's one-wave candidate lost where it only made a
- * multi-wave grid shorter.
+ * candidate only where its grid fits one wave, one with `kTwoWaves` set (TwoWavesOnly) only where it
+ * needs exactly two; candidate 0 must be neither. Measured reasons (H100): a Qwen3-8B Stage-1 grid of
+ * 1.45 waves ran as slowly as 2 full waves; on the Qwen3-32B shape, whose Stage-1 grid needs 2 waves,
+ * the cp.async-pipelined candidate was 3-8 us faster than the register-buffered one; the batched down
+ * GEMV's one-wave candidate lost where it only made a multi-wave grid shorter; the batched Stage 1's
+ * split candidate (3 blocks per SM) lost in one wave and in three, won in two (BatchedProxyPoliciesFor).
  */
 template <class List, class BlocksFn, class PreferFn = NoWavePreference>
 int default_fewest_waves(int sm_count, BlocksFn&& blocks, PreferFn&& prefer_multi_wave = PreferFn{}) {
-  static_assert(!OneWaveOnly<typename PolicyAt<0, List>::type>::value, "candidate 0 is the fallback of every grid");
+  static_assert(!OneWaveOnly<typename PolicyAt<0, List>::type>::value &&
+                    !TwoWavesOnly<typename PolicyAt<0, List>::type>::value,
+                "candidate 0 is the fallback of every grid");
   int best_index = 0;
   long best_waves = -1;
   long best_blocks = -1;
@@ -59,6 +69,7 @@ int default_fewest_waves(int sm_count, BlocksFn&& blocks, PreferFn&& prefer_mult
     const long slots = static_cast<long>(sm_count) * decltype(p)::kMinBlocks;
     const long waves = slots > 0 ? (b + slots - 1) / slots : b;
     if (waves > 1 && OneWaveOnly<decltype(p)>::value) return;  // not a candidate for this grid
+    if (waves != 2 && TwoWavesOnly<decltype(p)>::value) return;
     const bool preferred = waves > 1 && prefer_multi_wave(p);
     bool better = false;
     if (best_waves < 0 || waves < best_waves) {

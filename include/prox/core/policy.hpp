@@ -18,6 +18,8 @@
 //!   kMinBlocks  resident blocks per SM asked of the compiler (__launch_bounds__); grids sized "one
 //!               wave" are SMs x kMinBlocks
 //!   kStages     cp.async pipeline depth (0: register double buffering)
+//!   kOneWave    (bool) a candidate of the default rule only where its grid fits one wave
+//!   kTwoWaves   (bool) ... only where its grid needs exactly two waves (dispatch.cuh)
 //! Kernels and launchers order their template parameters <Policy, T, Act, Fmt>.
 #pragma once
 
