@@ -144,21 +144,28 @@ inline Stage1Result stage1_int4(const std::vector<double>& x, int K, int N, floa
   r.kept = kept_inputs(x, tau_x);
   r.s.resize(N);
   const double sub = int4_step_subnormal(x, r.kept);
-  for (int j = 0; j < N; ++j) {
-    double g = 0.0, u = 0.0, ag = 0.0, au = 0.0;
-    for (int k : r.kept) {
+  // Row by row (the packed rows are read in memory order), each channel's sums still adding the kept
+  // rows in ascending order: the same values as a loop over channels, a fraction of the cache misses.
+  std::vector<double> g(N, 0.0), u(N, 0.0), ag(N, 0.0), au(N, 0.0);
+  for (int k : r.kept) {
+    const double xk = x[k];
+    for (int j = 0; j < N; ++j) {
       const double qgk = prox::int4::unpack_host(qg.data(), N, k, j);
       const double quk = prox::int4::unpack_host(qu.data(), N, k, j);
-      g += x[k] * qgk;
-      u += x[k] * quk;
-      ag += std::fabs(x[k] * qgk);
-      au += std::fabs(x[k] * quk);
+      g[j] += xk * qgk;
+      u[j] += xk * quk;
+      ag[j] += std::fabs(xk * qgk);
+      au[j] += std::fabs(xk * quk);
     }
+  }
+  for (int j = 0; j < N; ++j) {
     const double scg = sg[j], scu = su[j];
-    const double eg = gamma(r.kept.size()) * ag + int4_step_rounding(ag) + sub + verify::kUnitRoundoff32 * std::fabs(g);
-    const double eu = gamma(r.kept.size()) * au + int4_step_rounding(au) + sub + verify::kUnitRoundoff32 * std::fabs(u);
-    const Bounded bg{g * scg, eg * scg};
-    const Bounded bu{u * scu, eu * scu};
+    const double eg =
+        gamma(r.kept.size()) * ag[j] + int4_step_rounding(ag[j]) + sub + verify::kUnitRoundoff32 * std::fabs(g[j]);
+    const double eu =
+        gamma(r.kept.size()) * au[j] + int4_step_rounding(au[j]) + sub + verify::kUnitRoundoff32 * std::fabs(u[j]);
+    const Bounded bg{g[j] * scg, eg * scg};
+    const Bounded bu{u[j] * scu, eu * scu};
     r.s[j] = glu(a, bg, bu);
   }
   finish_stage1(r, tau_s);
@@ -173,18 +180,21 @@ inline Stage1Result stage1_dense(const std::vector<double>& x, int K, int N, flo
   Stage1Result r;
   r.kept = kept_inputs(x, tau_x);
   r.s.resize(N);
-  for (int j = 0; j < N; ++j) {
-    double g = 0.0, u = 0.0, ag = 0.0, au = 0.0;
-    for (int k : r.kept) {
-      const double wgk = wg_t[static_cast<std::size_t>(k) * N + j];
-      const double wuk = wu_t[static_cast<std::size_t>(k) * N + j];
-      g += x[k] * wgk;
-      u += x[k] * wuk;
-      ag += std::fabs(x[k] * wgk);
-      au += std::fabs(x[k] * wuk);
+  // Row by row, as stage1_int4: each channel adds the kept rows in ascending order.
+  std::vector<double> g(N, 0.0), u(N, 0.0), ag(N, 0.0), au(N, 0.0);
+  for (int k : r.kept) {
+    const double xk = x[k];
+    const double* rg = wg_t.data() + static_cast<std::size_t>(k) * N;
+    const double* ru = wu_t.data() + static_cast<std::size_t>(k) * N;
+    for (int j = 0; j < N; ++j) {
+      g[j] += xk * rg[j];
+      u[j] += xk * ru[j];
+      ag[j] += std::fabs(xk * rg[j]);
+      au[j] += std::fabs(xk * ru[j]);
     }
-    r.s[j] = glu(a, Bounded{g, gamma(r.kept.size()) * ag}, Bounded{u, gamma(r.kept.size()) * au});
   }
+  for (int j = 0; j < N; ++j)
+    r.s[j] = glu(a, Bounded{g[j], gamma(r.kept.size()) * ag[j]}, Bounded{u[j], gamma(r.kept.size()) * au[j]});
   finish_stage1(r, tau_s);
   (void)K;
   return r;
