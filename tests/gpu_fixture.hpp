@@ -39,6 +39,13 @@ constexpr prox_ref::Act ref_act() {
 class FastNormal {
  public:
   explicit FastNormal(std::uint64_t seed) : s_(seed * 0x9E3779B97F4A7C15ull + 1) {}
+  //! Continue at draw `i` (even) of the stream from the seed, as if the draws before it had been taken:
+  //! splitmix64 is counter-based (draws 2p and 2p + 1 come from states s0 + (2p + 1) C and s0 + (2p + 2) C),
+  //! so chunks of one vector starting at even indices can be drawn apart and give the serial stream.
+  void skip_to(std::uint64_t i) {
+    s_ += i * 0x9E3779B97F4A7C15ull;
+    have_ = false;
+  }
   double operator()() {
     if (have_) {
       have_ = false;
@@ -64,11 +71,18 @@ class FastNormal {
   double spare_ = 0.0;
 };
 
+//! n values sigma * N(0, 1) of the stream of `seed` (drawn in chunks on several threads: the same values).
 template <class T>
 std::vector<T> normal_vector(std::size_t n, std::uint64_t seed, double sigma) {
-  FastNormal g(seed);
   std::vector<T> v(n);
-  for (auto& e : v) e = prox::from_float<T>(static_cast<float>(sigma * g()));
+  prox_ref::parallel_chunks(
+      n,
+      [&](std::size_t b, std::size_t e) {
+        FastNormal g(seed);
+        g.skip_to(b);
+        for (std::size_t i = b; i < e; ++i) v[i] = prox::from_float<T>(static_cast<float>(sigma * g()));
+      },
+      2);
   return v;
 }
 

@@ -9,7 +9,9 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <numeric>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -58,10 +60,63 @@ constexpr double store_rel() {
   return std::is_same_v<T, __half> ? verify::kStoreRelF16 : verify::kStoreRelBf16;
 }
 
+//! Threads parallel_chunks() may use: 0 (the default) = one per hardware thread, at most 16. The tests of
+//! the references set it to compare thread counts.
+inline unsigned& reference_threads() {
+  static unsigned n = 0;
+  return n;
+}
+
+/**
+ * @brief fn(begin, end) over [0, n) in contiguous chunks, on up to 16 threads (one per hardware
+ * thread, or reference_threads(); chunk starts are multiples of `align`; none below `min_chunk`
+ * items). Every index is in exactly one chunk, so a loop whose iterations write disjoint outputs, each
+ * in a fixed order, gives the serial loop's bits. The references and the test fixtures' 8B/14B layers
+ * (90-270 M values) use it.
+ */
+template <class Fn>
+void parallel_chunks(std::size_t n, Fn&& fn, std::size_t align = 1, std::size_t min_chunk = std::size_t{1} << 15) {
+  const unsigned hw = reference_threads() != 0 ? reference_threads() : std::thread::hardware_concurrency();
+  std::size_t threads = std::min<std::size_t>(hw == 0 ? 1 : hw, 16);
+  threads = std::min(threads, std::max<std::size_t>(1, n / std::max<std::size_t>(min_chunk, 1)));
+  if (threads <= 1) {
+    fn(std::size_t{0}, n);
+    return;
+  }
+  std::size_t chunk = (n + threads - 1) / threads;
+  chunk = (chunk + align - 1) / align * align;
+  std::vector<std::thread> pool;
+  for (std::size_t b = chunk; b < n; b += chunk) pool.emplace_back([&fn, b, chunk, n] { fn(b, std::min(n, b + chunk)); });
+  fn(std::size_t{0}, std::min(n, chunk));
+  for (std::thread& t : pool) t.join();
+}
+
+//! float64 copies of fp16/bf16 (or float) values. 2-byte types go through a table of all 65,536 bit
+//! patterns, filled once by the same conversion, so the values are the per-element conversion's.
 template <class T>
 std::vector<double> to_double(const std::vector<T>& v) {
   std::vector<double> out(v.size());
-  for (std::size_t i = 0; i < v.size(); ++i) out[i] = static_cast<double>(prox::to_float(v[i]));
+  if constexpr (sizeof(T) == 2 && std::is_trivially_copyable_v<T>) {
+    static const std::vector<double> table = [] {
+      std::vector<double> t(65536);
+      for (std::uint32_t b = 0; b < 65536; ++b) {
+        const std::uint16_t bits = static_cast<std::uint16_t>(b);
+        T x;
+        std::memcpy(static_cast<void*>(&x), &bits, sizeof(bits));  // raw bits into T
+        t[b] = static_cast<double>(prox::to_float(x));
+      }
+      return t;
+    }();
+    parallel_chunks(v.size(), [&](std::size_t b, std::size_t e) {
+      for (std::size_t i = b; i < e; ++i) {
+        std::uint16_t bits;
+        std::memcpy(&bits, &v[i], sizeof(bits));
+        out[i] = table[bits];
+      }
+    });
+  } else {
+    for (std::size_t i = 0; i < v.size(); ++i) out[i] = static_cast<double>(prox::to_float(v[i]));
+  }
   return out;
 }
 
@@ -86,17 +141,22 @@ inline DenseResult dense_ffn(const std::vector<double>& x, const std::vector<dou
   DenseResult r;
   r.s.assign(N, 0.0);
   r.y.assign(K, 0.0);
-  for (int j = 0; j < N; ++j) {
-    double g = 0.0;
-    double u = 0.0;
-    for (int k = 0; k < K; ++k) {
-      g += x[k] * wg[static_cast<std::size_t>(j) * K + k];
-      u += x[k] * wu[static_cast<std::size_t>(j) * K + k];
+  // Channels, then outputs, split over threads; each value is summed in the same order as serially.
+  parallel_chunks(static_cast<std::size_t>(N), [&](std::size_t jb, std::size_t je) {
+    for (std::size_t j = jb; j < je; ++j) {
+      double g = 0.0;
+      double u = 0.0;
+      for (int k = 0; k < K; ++k) {
+        g += x[k] * wg[j * K + k];
+        u += x[k] * wu[j * K + k];
+      }
+      r.s[j] = u * act(a, g);
     }
-    r.s[j] = u * act(a, g);
-  }
-  for (int j = 0; j < N; ++j)
-    for (int k = 0; k < K; ++k) r.y[k] += r.s[j] * wdt[static_cast<std::size_t>(j) * K + k];
+  }, 1, 64);
+  parallel_chunks(static_cast<std::size_t>(K), [&](std::size_t kb, std::size_t ke) {
+    for (int j = 0; j < N; ++j)
+      for (std::size_t k = kb; k < ke; ++k) r.y[k] += r.s[j] * wdt[static_cast<std::size_t>(j) * K + k];
+  }, 1, 256);
   return r;
 }
 
@@ -146,18 +206,21 @@ inline Stage1Result stage1_int4(const std::vector<double>& x, int K, int N, floa
   const double sub = int4_step_subnormal(x, r.kept);
   // Row by row (the packed rows are read in memory order), each channel's sums still adding the kept
   // rows in ascending order: the same values as a loop over channels, a fraction of the cache misses.
+  // Channel ranges split over threads (whole packed words each).
   std::vector<double> g(N, 0.0), u(N, 0.0), ag(N, 0.0), au(N, 0.0);
-  for (int k : r.kept) {
-    const double xk = x[k];
-    for (int j = 0; j < N; ++j) {
-      const double qgk = prox::int4::unpack_host(qg.data(), N, k, j);
-      const double quk = prox::int4::unpack_host(qu.data(), N, k, j);
-      g[j] += xk * qgk;
-      u[j] += xk * quk;
-      ag[j] += std::fabs(xk * qgk);
-      au[j] += std::fabs(xk * quk);
+  parallel_chunks(static_cast<std::size_t>(N), [&](std::size_t jb, std::size_t je) {
+    for (int k : r.kept) {
+      const double xk = x[k];
+      for (int j = static_cast<int>(jb); j < static_cast<int>(je); ++j) {
+        const double qgk = prox::int4::unpack_host(qg.data(), N, k, j);
+        const double quk = prox::int4::unpack_host(qu.data(), N, k, j);
+        g[j] += xk * qgk;
+        u[j] += xk * quk;
+        ag[j] += std::fabs(xk * qgk);
+        au[j] += std::fabs(xk * quk);
+      }
     }
-  }
+  }, 64, 256);
   for (int j = 0; j < N; ++j) {
     const double scg = sg[j], scu = su[j];
     const double eg =
@@ -182,17 +245,19 @@ inline Stage1Result stage1_dense(const std::vector<double>& x, int K, int N, flo
   r.s.resize(N);
   // Row by row, as stage1_int4: each channel adds the kept rows in ascending order.
   std::vector<double> g(N, 0.0), u(N, 0.0), ag(N, 0.0), au(N, 0.0);
-  for (int k : r.kept) {
-    const double xk = x[k];
-    const double* rg = wg_t.data() + static_cast<std::size_t>(k) * N;
-    const double* ru = wu_t.data() + static_cast<std::size_t>(k) * N;
-    for (int j = 0; j < N; ++j) {
-      g[j] += xk * rg[j];
-      u[j] += xk * ru[j];
-      ag[j] += std::fabs(xk * rg[j]);
-      au[j] += std::fabs(xk * ru[j]);
+  parallel_chunks(static_cast<std::size_t>(N), [&](std::size_t jb, std::size_t je) {
+    for (int k : r.kept) {
+      const double xk = x[k];
+      const double* rg = wg_t.data() + static_cast<std::size_t>(k) * N;
+      const double* ru = wu_t.data() + static_cast<std::size_t>(k) * N;
+      for (std::size_t j = jb; j < je; ++j) {
+        g[j] += xk * rg[j];
+        u[j] += xk * ru[j];
+        ag[j] += std::fabs(xk * rg[j]);
+        au[j] += std::fabs(xk * ru[j]);
+      }
     }
-  }
+  }, 8, 256);
   for (int j = 0; j < N; ++j)
     r.s[j] = glu(a, Bounded{g[j], gamma(r.kept.size()) * ag[j]}, Bounded{u[j], gamma(r.kept.size()) * au[j]});
   finish_stage1(r, tau_s);
@@ -217,30 +282,35 @@ inline Stage2Result stage2(const std::vector<double>& x, const std::vector<doubl
   r.s.assign(N, Bounded{});
   r.y.assign(K, Bounded{});
   std::size_t nsel = 0;
-  for (int j = 0; j < N; ++j) {
-    if (!sel[j]) continue;
-    ++nsel;
-    double g = 0.0, u = 0.0, ag = 0.0, au = 0.0;
-    for (int k = 0; k < K; ++k) {
-      const double pg = x[k] * wg[static_cast<std::size_t>(j) * K + k];
-      const double pu = x[k] * wu[static_cast<std::size_t>(j) * K + k];
-      g += pg;
-      u += pu;
-      ag += std::fabs(pg);
-      au += std::fabs(pu);
+  for (int j = 0; j < N; ++j) nsel += sel[j] != 0;
+  // Selected channels, then outputs, split over threads; each value is summed in the serial order.
+  parallel_chunks(static_cast<std::size_t>(N), [&](std::size_t jb, std::size_t je) {
+    for (std::size_t j = jb; j < je; ++j) {
+      if (!sel[j]) continue;
+      double g = 0.0, u = 0.0, ag = 0.0, au = 0.0;
+      for (int k = 0; k < K; ++k) {
+        const double pg = x[k] * wg[j * K + k];
+        const double pu = x[k] * wu[j * K + k];
+        g += pg;
+        u += pu;
+        ag += std::fabs(pg);
+        au += std::fabs(pu);
+      }
+      r.s[j] = glu(a, Bounded{g, gamma(K) * ag}, Bounded{u, gamma(K) * au});
     }
-    r.s[j] = glu(a, Bounded{g, gamma(K) * ag}, Bounded{u, gamma(K) * au});
-  }
+  }, 1, 64);
   std::vector<double> abs_sum(K, 0.0);
-  for (int j = 0; j < N; ++j) {
-    if (!sel[j]) continue;
-    for (int k = 0; k < K; ++k) {
-      const double w = wdt[static_cast<std::size_t>(j) * K + k];
-      r.y[k].v += r.s[j].v * w;
-      r.y[k].err += r.s[j].err * std::fabs(w);
-      abs_sum[k] += std::fabs(r.s[j].v * w);
+  parallel_chunks(static_cast<std::size_t>(K), [&](std::size_t kb, std::size_t ke) {
+    for (int j = 0; j < N; ++j) {
+      if (!sel[j]) continue;
+      for (std::size_t k = kb; k < ke; ++k) {
+        const double w = wdt[static_cast<std::size_t>(j) * K + k];
+        r.y[k].v += r.s[j].v * w;
+        r.y[k].err += r.s[j].err * std::fabs(w);
+        abs_sum[k] += std::fabs(r.s[j].v * w);
+      }
     }
-  }
+  }, 1, 256);
   for (int k = 0; k < K; ++k) r.y[k].err += gamma(nsel) * abs_sum[k];
   return r;
 }
