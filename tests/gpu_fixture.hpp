@@ -71,18 +71,16 @@ class FastNormal {
   double spare_ = 0.0;
 };
 
-//! n values sigma * N(0, 1) of the stream of `seed` (drawn in chunks on several threads: the same values).
+//! n values sigma * N(0, 1) of the stream of `seed`, drawn on several threads in ranges of whole draw pairs
+//! (FastNormal::skip_to): the serial stream's values.
 template <class T>
 std::vector<T> normal_vector(std::size_t n, std::uint64_t seed, double sigma) {
   std::vector<T> v(n);
-  prox_ref::parallel_chunks(
-      n,
-      [&](std::size_t b, std::size_t e) {
-        FastNormal g(seed);
-        g.skip_to(b);
-        for (std::size_t i = b; i < e; ++i) v[i] = prox::from_float<T>(static_cast<float>(sigma * g()));
-      },
-      2);
+  prox_support::parallel_for((n + 1) / 2, std::size_t{1} << 14, [&](std::size_t pb, std::size_t pe) {
+    FastNormal g(seed);
+    g.skip_to(2 * pb);
+    for (std::size_t i = 2 * pb; i < std::min(n, 2 * pe); ++i) v[i] = prox::from_float<T>(static_cast<float>(sigma * g()));
+  });
   return v;
 }
 

@@ -23,10 +23,10 @@ bool same_bits(const std::vector<prox_ref::Bounded>& a, const std::vector<prox_r
   return true;
 }
 
-//! The reference's thread count for one scope.
+//! prox_support::parallel_for's thread count for one scope.
 struct Threads {
-  explicit Threads(unsigned n) { prox_ref::reference_threads() = n; }
-  ~Threads() { prox_ref::reference_threads() = 0; }
+  explicit Threads(unsigned n) { prox_support::parallel_threads() = n; }
+  ~Threads() { prox_support::parallel_threads() = 0; }
 };
 
 }  // namespace

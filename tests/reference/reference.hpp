@@ -11,13 +11,15 @@
 #include <cstdint>
 #include <cstring>
 #include <numeric>
-#include <thread>
 #include <type_traits>
 #include <vector>
 
 #include <prox/int4_format.hpp>
 #include <prox/core/types.cuh>
 #include <prox_tuning/verify.hpp>
+
+// By its path, as tests/common.hpp includes device_buffer.hpp (standard library only).
+#include "../../tools/common/include/prox_support/parallel.hpp"
 
 // Hidden visibility, as prox's own namespace: the results below hold verify::Bounded, a prox type, and
 // GCC warns of a default-visibility struct with a field of hidden type (-Wattributes; prox/version.hpp).
@@ -60,36 +62,9 @@ constexpr double store_rel() {
   return std::is_same_v<T, __half> ? verify::kStoreRelF16 : verify::kStoreRelBf16;
 }
 
-//! Threads parallel_chunks() may use: 0 (the default) = one per hardware thread, at most 16. The tests of
-//! the references set it to compare thread counts.
-inline unsigned& reference_threads() {
-  static unsigned n = 0;
-  return n;
-}
-
-/**
- * @brief fn(begin, end) over [0, n) in contiguous chunks, on up to 16 threads (one per hardware
- * thread, or reference_threads(); chunk starts are multiples of `align`; none below `min_chunk`
- * items). Every index is in exactly one chunk, so a loop whose iterations write disjoint outputs, each
- * in a fixed order, gives the serial loop's bits. The references and the test fixtures' 8B/14B layers
- * (90-270 M values) use it.
- */
-template <class Fn>
-void parallel_chunks(std::size_t n, Fn&& fn, std::size_t align = 1, std::size_t min_chunk = std::size_t{1} << 15) {
-  const unsigned hw = reference_threads() != 0 ? reference_threads() : std::thread::hardware_concurrency();
-  std::size_t threads = std::min<std::size_t>(hw == 0 ? 1 : hw, 16);
-  threads = std::min(threads, std::max<std::size_t>(1, n / std::max<std::size_t>(min_chunk, 1)));
-  if (threads <= 1) {
-    fn(std::size_t{0}, n);
-    return;
-  }
-  std::size_t chunk = (n + threads - 1) / threads;
-  chunk = (chunk + align - 1) / align * align;
-  std::vector<std::thread> pool;
-  for (std::size_t b = chunk; b < n; b += chunk) pool.emplace_back([&fn, b, chunk, n] { fn(b, std::min(n, b + chunk)); });
-  fn(std::size_t{0}, std::min(n, chunk));
-  for (std::thread& t : pool) t.join();
-}
+//! The references' loops split over threads (prox_support/parallel.hpp): each output of a range is
+//! summed in the serial order, so the bits do not depend on the thread count.
+using ::prox_support::parallel_for;
 
 //! float64 copies of fp16/bf16 (or float) values. 2-byte types go through a table of all 65,536 bit
 //! patterns, filled once by the same conversion, so the values are the per-element conversion's.
@@ -107,7 +82,7 @@ std::vector<double> to_double(const std::vector<T>& v) {
       }
       return t;
     }();
-    parallel_chunks(v.size(), [&](std::size_t b, std::size_t e) {
+    parallel_for(v.size(), std::size_t{1} << 15, [&](std::size_t b, std::size_t e) {
       for (std::size_t i = b; i < e; ++i) {
         std::uint16_t bits;
         std::memcpy(&bits, &v[i], sizeof(bits));
@@ -142,7 +117,7 @@ inline DenseResult dense_ffn(const std::vector<double>& x, const std::vector<dou
   r.s.assign(N, 0.0);
   r.y.assign(K, 0.0);
   // Channels, then outputs, split over threads; each value is summed in the same order as serially.
-  parallel_chunks(static_cast<std::size_t>(N), [&](std::size_t jb, std::size_t je) {
+  parallel_for(static_cast<std::size_t>(N), 64, [&](std::size_t jb, std::size_t je) {
     for (std::size_t j = jb; j < je; ++j) {
       double g = 0.0;
       double u = 0.0;
@@ -152,11 +127,11 @@ inline DenseResult dense_ffn(const std::vector<double>& x, const std::vector<dou
       }
       r.s[j] = u * act(a, g);
     }
-  }, 1, 64);
-  parallel_chunks(static_cast<std::size_t>(K), [&](std::size_t kb, std::size_t ke) {
+  });
+  parallel_for(static_cast<std::size_t>(K), 256, [&](std::size_t kb, std::size_t ke) {
     for (int j = 0; j < N; ++j)
       for (std::size_t k = kb; k < ke; ++k) r.y[k] += r.s[j] * wdt[static_cast<std::size_t>(j) * K + k];
-  }, 1, 256);
+  });
   return r;
 }
 
@@ -206,9 +181,9 @@ inline Stage1Result stage1_int4(const std::vector<double>& x, int K, int N, floa
   const double sub = int4_step_subnormal(x, r.kept);
   // Row by row (the packed rows are read in memory order), each channel's sums still adding the kept
   // rows in ascending order: the same values as a loop over channels, a fraction of the cache misses.
-  // Channel ranges split over threads (whole packed words each).
+  // Channel ranges split over threads.
   std::vector<double> g(N, 0.0), u(N, 0.0), ag(N, 0.0), au(N, 0.0);
-  parallel_chunks(static_cast<std::size_t>(N), [&](std::size_t jb, std::size_t je) {
+  parallel_for(static_cast<std::size_t>(N), 256, [&](std::size_t jb, std::size_t je) {
     for (int k : r.kept) {
       const double xk = x[k];
       for (int j = static_cast<int>(jb); j < static_cast<int>(je); ++j) {
@@ -220,7 +195,7 @@ inline Stage1Result stage1_int4(const std::vector<double>& x, int K, int N, floa
         au[j] += std::fabs(xk * quk);
       }
     }
-  }, 64, 256);
+  });
   for (int j = 0; j < N; ++j) {
     const double scg = sg[j], scu = su[j];
     const double eg =
@@ -245,7 +220,7 @@ inline Stage1Result stage1_dense(const std::vector<double>& x, int K, int N, flo
   r.s.resize(N);
   // Row by row, as stage1_int4: each channel adds the kept rows in ascending order.
   std::vector<double> g(N, 0.0), u(N, 0.0), ag(N, 0.0), au(N, 0.0);
-  parallel_chunks(static_cast<std::size_t>(N), [&](std::size_t jb, std::size_t je) {
+  parallel_for(static_cast<std::size_t>(N), 256, [&](std::size_t jb, std::size_t je) {
     for (int k : r.kept) {
       const double xk = x[k];
       const double* rg = wg_t.data() + static_cast<std::size_t>(k) * N;
@@ -257,7 +232,7 @@ inline Stage1Result stage1_dense(const std::vector<double>& x, int K, int N, flo
         au[j] += std::fabs(xk * ru[j]);
       }
     }
-  }, 8, 256);
+  });
   for (int j = 0; j < N; ++j)
     r.s[j] = glu(a, Bounded{g[j], gamma(r.kept.size()) * ag[j]}, Bounded{u[j], gamma(r.kept.size()) * au[j]});
   finish_stage1(r, tau_s);
@@ -284,7 +259,7 @@ inline Stage2Result stage2(const std::vector<double>& x, const std::vector<doubl
   std::size_t nsel = 0;
   for (int j = 0; j < N; ++j) nsel += sel[j] != 0;
   // Selected channels, then outputs, split over threads; each value is summed in the serial order.
-  parallel_chunks(static_cast<std::size_t>(N), [&](std::size_t jb, std::size_t je) {
+  parallel_for(static_cast<std::size_t>(N), 64, [&](std::size_t jb, std::size_t je) {
     for (std::size_t j = jb; j < je; ++j) {
       if (!sel[j]) continue;
       double g = 0.0, u = 0.0, ag = 0.0, au = 0.0;
@@ -298,9 +273,9 @@ inline Stage2Result stage2(const std::vector<double>& x, const std::vector<doubl
       }
       r.s[j] = glu(a, Bounded{g, gamma(K) * ag}, Bounded{u, gamma(K) * au});
     }
-  }, 1, 64);
+  });
   std::vector<double> abs_sum(K, 0.0);
-  parallel_chunks(static_cast<std::size_t>(K), [&](std::size_t kb, std::size_t ke) {
+  parallel_for(static_cast<std::size_t>(K), 256, [&](std::size_t kb, std::size_t ke) {
     for (int j = 0; j < N; ++j) {
       if (!sel[j]) continue;
       for (std::size_t k = kb; k < ke; ++k) {
@@ -310,7 +285,7 @@ inline Stage2Result stage2(const std::vector<double>& x, const std::vector<doubl
         abs_sum[k] += std::fabs(r.s[j].v * w);
       }
     }
-  }, 1, 256);
+  });
   for (int k = 0; k < K; ++k) r.y[k].err += gamma(nsel) * abs_sum[k];
   return r;
 }

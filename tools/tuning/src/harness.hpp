@@ -28,6 +28,7 @@
 #include <prox_support/device_buffer.hpp>
 #include <prox_tuning/tune.hpp>
 #include <prox_tuning/verify.hpp>
+#include <prox_support/parallel.hpp>
 
 PROX_NAMESPACE_BEGIN
 namespace tuning {
@@ -249,30 +250,8 @@ Status finish(Cache& cache, const Key& key, std::vector<CandidateResult>& res, c
               TuneResult* out);
 
 // ---------------------------------------------------------------- host references
-//! Threads of parallel_for: the float64 references of a large layer take seconds on one core.
-constexpr unsigned kMaxHostThreads = 16;
-
-/**
- * @brief fn(begin, end) over [0, n) split into contiguous ranges, one per thread (at most
- * kMaxHostThreads, at least `grain` items each). Runs inline where threads cannot be started.
- */
-template <class Fn>
-void parallel_for(std::size_t n, std::size_t grain, Fn&& fn) {
-  const unsigned hw = std::max(1u, std::min(kMaxHostThreads, std::thread::hardware_concurrency()));
-  const std::size_t parts = std::max<std::size_t>(1, std::min<std::size_t>(hw, n / std::max<std::size_t>(grain, 1)));
-  const std::size_t chunk = (n + parts - 1) / parts;
-  std::vector<std::thread> threads;
-  std::size_t begin = 0;
-  for (std::size_t p = 1; p < parts && begin + chunk < n; ++p, begin += chunk) {
-    try {
-      threads.emplace_back([&fn, begin, chunk] { fn(begin, begin + chunk); });
-    } catch (...) {
-      fn(begin, begin + chunk);  // no thread: this range inline
-    }
-  }
-  fn(begin, n);
-  for (auto& t : threads) t.join();
-}
+//! The float64 references split over threads (prox_support/parallel.hpp).
+using ::prox_support::parallel_for;
 
 }  // namespace detail
 }  // namespace tuning
