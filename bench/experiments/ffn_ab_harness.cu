@@ -5,7 +5,10 @@
 //! differ between those commits). fp16 SiLU, Qwen3 1.7B / 4B / 8B shapes, e = 40 % and 70 % (thresholds
 //! from the tokens' |x| and copy 0's s~ quantiles), 8 weight copies, 32 runs per graph, median of 30
 //! replays. Argument (substrings, combined): "small": 1.7B and 4B only; "nocheck":
-//! PlanOptions::check_workspace = false; "g0" / "g1": the fused Stage 2's policy forced to 0 / 1.
+//! PlanOptions::check_workspace = false; "g0" / "g1": the fused Stage 2's policy forced to 0 / 1;
+//! "pads": the placement sweep -- each shape is measured five times, with a pad of 0, 1, 3, 8 and 21 MiB
+//! allocated before its weight copies, so that the copies land on other addresses (and physical pages)
+//! with the same data: how much the time moves with placement alone, in one build.
 //! With -DPROX_TRACE -include bench/experiments/trace/prox_trace.cuh, built against a tree that
 //! bench/experiments/trace/instrument.py stamped, one replay is traced per cell: Stage 1's and Stage 2's
 //! time, the hand-offs between them, and Stage 2's GLU, barrier and down phases (%globaltimer per block).
@@ -40,13 +43,23 @@ int main(int argc, char** argv) {
   int force_glud = -1;
   if (argc > 1 && std::string(argv[1]).find("g0") != std::string::npos) force_glud = 0;
   if (argc > 1 && std::string(argv[1]).find("g1") != std::string::npos) force_glud = 1;
+  const bool pads = argc > 1 && std::string(argv[1]).find("pads") != std::string::npos;
+  std::vector<int> pad_mib = {0};
+  if (pads) pad_mib = {0, 1, 3, 8, 21};
   for (const Shape& sh : shapes) {
     if (small && sh.K > 3000) continue;
     const int K = sh.K, N = sh.N, C = 8, T = 8;
-    std::mt19937 rng(1234);
+    std::mt19937 rng0(1234);
     std::normal_distribution<float> nd(0.0f, 1.0f);
     std::vector<__half> hw[3];  // gate, up, down^T: one host draw, the same bytes in every copy
-    for (auto& h : hw) { h.resize(size_t(N) * K); for (auto& v : h) v = __float2half(0.02f * nd(rng)); }
+    for (auto& h : hw) { h.resize(size_t(N) * K); for (auto& v : h) v = __float2half(0.02f * nd(rng0)); }
+    const std::mt19937 rng_after_weights = rng0;
+    const std::normal_distribution<float> nd_after_weights = nd;
+   for (const int pad : pad_mib) {
+    std::mt19937 rng = rng_after_weights;  // the same tokens at every pad
+    std::normal_distribution<float> ndt = nd_after_weights;
+    void* pad_buf = nullptr;
+    if (pad > 0) CK(cudaMalloc(&pad_buf, size_t(pad) << 20));
     std::vector<Copy> cp(C);
     for (int c = 0; c < C; ++c) {
       Copy& q = cp[c];
@@ -61,7 +74,7 @@ int main(int argc, char** argv) {
       PK(prox::int4::pack_device(q.u, K, N, q.qu, q.su, s));
     }
     std::vector<__half> hx(size_t(T) * K);
-    for (auto& v : hx) v = __float2half(nd(rng));
+    for (auto& v : hx) v = __float2half(ndt(rng));
     __half *x, *y; CK(cudaMalloc(&x, hx.size() * 2)); CK(cudaMemcpy(x, hx.data(), hx.size() * 2, cudaMemcpyHostToDevice));
     CK(cudaMalloc(&y, K * 2));
     std::vector<float> ax(hx.size()); for (size_t i = 0; i < hx.size(); ++i) ax[i] = std::fabs(__half2float(hx[i]));
@@ -122,7 +135,7 @@ int main(int argc, char** argv) {
         float ms; cudaEventElapsedTime(&ms, a, b); if (r >= 3) ts.push_back(ms * 1000.0f / L);
       }
       std::sort(ts.begin(), ts.end());
-      std::printf("g%d %s %s e%d: %.3f us (min %.3f)  tau_x %.4f tau_s %.5f\n", force_glud,
+      std::printf("g%d pad%d %s %s e%d: %.3f us (min %.3f)  tau_x %.4f tau_s %.5f\n", force_glud, pad,
 #ifdef PROX_OLD
                   "old",
 #else
@@ -182,6 +195,8 @@ int main(int argc, char** argv) {
     }
     for (auto& q : cp) { cudaFree(q.g); cudaFree(q.u); cudaFree(q.dt); cudaFree(q.qg); cudaFree(q.qu); cudaFree(q.sg); cudaFree(q.su); }
     cudaFree(x); cudaFree(y);
+    if (pad_buf != nullptr) cudaFree(pad_buf);
+   }
   }
   return 0;
 }
