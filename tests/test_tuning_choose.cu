@@ -1,17 +1,22 @@
 // SPDX-License-Identifier: Apache-2.0
 //! @file test_tuning_choose.cu  Host tests of <prox/tuning/choose.cuh> (include/ only, no GPU needed):
-//! the keys of prox's ops, this build's policy table, and choose<Ffn>(), which fills exactly the
+//! the keys of prox's ops (every op of the registry of tuned ops, from the fields its header states),
+//! this build's policy table, and choose<Ffn>(), which fills exactly the
 //! PolicyChoice fields of the Stage-2 form the plan runs, by lookup, and hands misses to the cache's
 //! miss handler in mode 2 (never during capture).
 #include "catch.hpp"
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
 #include <prox/sparse_ffn.cuh>
 #include <prox/tuning/choose.cuh>
+#include <prox/tuning/tuned_ops.cuh>
+
+#include "tuning_fixture.hpp"
 
 namespace pt = prox::tuning;
 
@@ -40,7 +45,34 @@ void record(pt::Cache& c, const pt::Key& key, int index) {
   REQUIRE(c.record(key, {names.at(static_cast<std::size_t>(index)), 5.0, 4.9, 5.1, 20}) == prox::Status::kSuccess);
 }
 
+//! The keys of every op of `List` at (d_model, d_ff, density).
+template <class... Ops>
+std::vector<pt::Key> keys_of(pt::OpList<Ops...>, int d_model, int d_ff, double density) {
+  return {pt::op_key<Ops>(d_model, d_ff, density)...};
+}
+
 }  // namespace
+
+TEST_CASE("tuning choose: every registry op over f16/bf16 x SiLU/GeluTanh keys as the cache files do", "[tuning]") {
+  // What the prox_tuning library compiles, and mode 2's miss handler maps keys back to (open.cu).
+  using Instantiated = pt::TunedOpsFor<pt::TypeList<__half, __nv_bfloat16>, pt::TypeList<prox::SiLU, prox::GeluTanh>>;
+  constexpr int kOps = pt::op_count(Instantiated{});
+  static_assert(kOps == 2 * pt::op_count(pt::TunedTypeOps<__half>{}) +
+                            4 * pt::op_count(pt::TunedLayerOps<__half, prox::SiLU>{}),
+                "the registry over 2 element types and 2 x 2 layer types");
+  const std::vector<pt::Key> got = keys_of(Instantiated{}, 4096, 12288, 0.3);
+  REQUIRE(static_cast<int>(got.size()) == kOps);
+  // Today's keys, each made by exactly one op (an op added to the registry adds keys of its own).
+  const std::vector<pt::Key> want = prox_test::registry_keys(4096, 12288, 5);
+  REQUIRE(want.size() == 20);
+  CHECK(kOps >= 20);
+  for (const pt::Key& k : want) {
+    INFO(k.op << " " << k.dtype << " " << k.weights << " " << k.act << " d_ff " << k.d_ff);
+    CHECK(std::count(got.begin(), got.end(), k) == 1);
+  }
+  for (std::size_t i = 0; i < got.size(); ++i)
+    for (std::size_t j = i + 1; j < got.size(); ++j) CHECK(got[i] != got[j]);
+}
 
 TEST_CASE("tuning choose: the keys of prox's ops", "[tuning]") {
   const pt::Key p = pt::op_key<prox::ProxyGemvOp<__half, prox::SiLU, prox::Int4Weights>>(4096, 12288, 0.3);
@@ -68,6 +100,11 @@ TEST_CASE("tuning choose: the keys of prox's ops", "[tuning]") {
   CHECK(pt::op_key<prox::DownGemvOp<__half>>(64, 128, 0.0).act == "-");
   CHECK(pt::op_key<prox::GluGemvOp<__half, prox::SiLU>>(64, 128, 0.3).op == "glu_gemv");
   CHECK(pt::op_key<prox::GluDownGemvOp<__half, prox::SiLU>>(64, 128, 0.3).op == "glu_down_gemv");
+  // A Stage 1 with a candidate list of its own has no key: the cached names are those of its format's list.
+  using OwnList = prox::ProxyGemvOp<__half, prox::SiLU, prox::Int4Weights,
+                                    prox::PolicyList<prox::ProxyGemvPolicy<256, 256, 512, 2, 3>>>;
+  static_assert(OwnList::kTuneKey.op == nullptr, "no key for a list of its own");
+  static_assert(prox::ProxyGemvOp<__half, prox::SiLU, prox::Int4Weights>::kTuneKey.op != nullptr, "a key");
 }
 
 TEST_CASE("tuning choose: the policy table holds every tuned candidate list", "[tuning]") {

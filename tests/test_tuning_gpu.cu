@@ -268,6 +268,21 @@ TEST_CASE("tuning: every op tunes a small shape to a valid, verified choice", "[
     check_result(r1[0], pt::policy_names<prox::GluDownGemvPolicies>(), *cache);
     CHECK(cache->size() == 3);
   }
+  SECTION("tune<Op>: any registry op, the threshold op without d_ff") {
+    pt::TuneResult r;
+    REQUIRE((pt::tune<prox::ThresholdOp<__nv_bfloat16>>(*cache, 4096, 999, 0.3, nullptr, opts, &r)) ==
+            prox::Status::kSuccess);
+    CHECK(r.key == (pt::op_key<prox::ThresholdOp<__nv_bfloat16>>(4096, 0, 0.3)));
+    CHECK(r.key.d_ff == 0);
+    check_result(r, pt::policy_names<prox::ThresholdPolicies>(), *cache);
+    std::vector<pt::TuneResult> rs;
+    REQUIRE((pt::tune<prox::GluGemvOp<__nv_bfloat16, prox::GeluTanh>>(*cache, K, N, {0.3, 0.5}, nullptr, opts, &rs)) ==
+            prox::Status::kSuccess);
+    REQUIRE(rs.size() == 2);
+    CHECK(rs[1].key == (pt::op_key<prox::GluGemvOp<__nv_bfloat16, prox::GeluTanh>>(K, N, 0.5)));
+    check_result(rs[1], pt::policy_names<prox::GluGemvPolicies>(), *cache);
+    CHECK(cache->size() == 3);
+  }
   SECTION("density 0 and 1 (empty and full masks) tune too") {
     pt::TuneResult r0, r1;
     REQUIRE(pt::tune_down_gemv<__half>(*cache, K, N, 0.0, nullptr, opts, &r0) == prox::Status::kSuccess);

@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
@@ -87,6 +88,40 @@ void check_no_temporaries(const TempDir& dir) {
 }
 
 }  // namespace
+
+// ---------------------------------------------------------------- the ops the library is compiled for
+TEST_CASE("tuning library: mode 2 maps the key of every registry op and layer type to its op, no other", "[tuning]") {
+  // d_model 0: each op is found and refuses the shape (or, without a GPU, the stream) before measuring.
+  // kErrorInvalidArgument means no op of the library makes the key.
+  pt::Cache cache(test_signature(), test_table());
+  std::lock_guard<std::mutex> lock(cache.tuning_mutex());
+  const std::vector<pt::Key> keys = registry_keys(0, 0, 5);
+  for (const pt::Key& k : keys) {
+    INFO(k.op << " " << k.dtype << " " << k.weights << " " << k.act);
+    CHECK(pt::tune_key_locked(cache, k, nullptr) != prox::Status::kErrorInvalidArgument);
+  }
+  const auto changed = [](pt::Key k, std::string pt::Key::*field, const char* value) {
+    k.*field = value;
+    return k;
+  };
+  const auto first = [&](const char* op) {
+    const auto it = std::find_if(keys.begin(), keys.end(), [&](const pt::Key& k) { return k.op == op; });
+    REQUIRE(it != keys.end());
+    return *it;
+  };
+  const pt::Key glu = first("glu_gemv");
+  CHECK(pt::tune_key_locked(cache, changed(glu, &pt::Key::dtype, "f32"), nullptr) ==
+        prox::Status::kErrorInvalidArgument);
+  CHECK(pt::tune_key_locked(cache, changed(glu, &pt::Key::weights, "bf16"), nullptr) ==
+        prox::Status::kErrorInvalidArgument);  // GLU weights are T
+  CHECK(pt::tune_key_locked(cache, changed(glu, &pt::Key::act, "relu"), nullptr) ==
+        prox::Status::kErrorInvalidArgument);
+  CHECK(pt::tune_key_locked(cache, changed(glu, &pt::Key::op, "glu_gemv_int4"), nullptr) ==
+        prox::Status::kErrorInvalidArgument);
+  pt::Key threshold = first("threshold");
+  threshold.d_ff = 128;  // the threshold op's key has no d_ff
+  CHECK(pt::tune_key_locked(cache, threshold, nullptr) == prox::Status::kErrorInvalidArgument);
+}
 
 // ---------------------------------------------------------------- the near-tie rule
 TEST_CASE("tuning library: the near-tie rule picks the lowest index within 0.5% of the best", "[tuning]") {

@@ -102,6 +102,38 @@ inline prox::tuning::Key glu_key(int d_model, int d_ff, int bucket) {
   return k;
 }
 
+/**
+ * @brief The keys of every op of the registry of tuned ops (prox/tuning/tuned_ops.cuh) over f16/bf16 x
+ * silu/gelu_tanh at (d_model, d_ff) and `bucket`, as cache files hold them (docs/tuning.md, "Keys and
+ * values"): 2 x 2 ops of an element type, 4 x 4 of a layer type. Changing one orphans its cached entries.
+ */
+inline std::vector<prox::tuning::Key> registry_keys(int d_model, int d_ff, int bucket) {
+  std::vector<prox::tuning::Key> keys;
+  const auto add = [&](const char* op, const std::string& dtype, const std::string& weights, const char* act,
+                       int n_ff) {
+    prox::tuning::Key k;
+    k.op = op;
+    k.dtype = dtype;
+    k.weights = weights;
+    k.act = act;
+    k.d_model = d_model;
+    k.d_ff = n_ff;
+    k.density16 = bucket;
+    keys.push_back(k);
+  };
+  for (const char* t : {"f16", "bf16"}) {
+    add("threshold", t, "-", "-", 0);  // its length is d_model: no d_ff
+    add("down_gemv", t, t, "-", d_ff);
+    for (const char* act : {"silu", "gelu_tanh"}) {
+      add("proxy_gemv", t, "int4v1", act, d_ff);
+      add("proxy_gemv_dense", t, t, act, d_ff);
+      add("glu_gemv", t, t, act, d_ff);
+      add("glu_down_gemv", t, t, act, d_ff);
+    }
+  }
+  return keys;
+}
+
 inline prox::tuning::Entry entry(const std::string& policy, double median) {
   return prox::tuning::Entry{policy, median, median * 0.98, median * 1.03, 25};
 }

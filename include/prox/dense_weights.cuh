@@ -20,6 +20,8 @@ PROX_NAMESPACE_BEGIN
 template <class W>
 struct DenseWeights {
   static constexpr const char* kName = DTypeTraits<W>::kName;
+  //! Its name in a tuning-cache key (the weights field): the element type, as kName.
+  static constexpr const char* kKeyName = DTypeTraits<W>::kName;
   //! One proxy matrix (gate or up): device pointers, owned by the caller.
   struct Matrix {
     const W* w = nullptr;            //!< [d_model][d_ff] row-major, 16-byte aligned

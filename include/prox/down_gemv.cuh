@@ -19,6 +19,7 @@
 #include "core/math.hpp"
 #include "core/policy.hpp"
 #include "core/status.hpp"
+#include "core/tune_key.hpp"
 #include "core/types.cuh"
 #include "core/vec.cuh"
 #include "core/warp.cuh"
@@ -220,6 +221,8 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void down_ge
 template <class T>
 struct DownGemvOp {
   static constexpr const char* kName = "down_gemv";
+  //! Its tuning-cache key (prox/tuning/choose.cuh): W_down^T is T; no activation.
+  static constexpr TuneKeyFields kTuneKey{"down_gemv", DTypeTraits<T>::kName, DTypeTraits<T>::kName, "-", true};
   using Args = DownGemvArgs<T>;
   using Policies = DownGemvPolicies;
   struct Options {

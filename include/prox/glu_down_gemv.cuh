@@ -34,6 +34,7 @@
 #include "core/policy.hpp"
 #include "core/shape.hpp"
 #include "core/status.hpp"
+#include "core/tune_key.hpp"
 #include "core/types.cuh"
 #include "core/warp.cuh"
 #include "core/workspace.cuh"
@@ -312,6 +313,9 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void glu_dow
 template <class T, class Act = SiLU>
 struct GluDownGemvOp {
   static constexpr const char* kName = "glu_down_gemv";
+  //! Its tuning-cache key (prox/tuning/choose.cuh): the weights are T.
+  static constexpr TuneKeyFields kTuneKey{"glu_down_gemv", DTypeTraits<T>::kName, DTypeTraits<T>::kName, Act::kName,
+                                          true};
   using Args = GluDownGemvArgs<T>;
   using Policies = GluDownGemvPolicies;
   struct Options {

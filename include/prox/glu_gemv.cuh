@@ -22,6 +22,7 @@
 #include "core/math.hpp"
 #include "core/policy.hpp"
 #include "core/status.hpp"
+#include "core/tune_key.hpp"
 #include "core/types.cuh"
 #include "core/vec.cuh"
 #include "core/warp.cuh"
@@ -265,6 +266,8 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void glu_gem
 template <class T, class Act = SiLU>
 struct GluGemvOp {
   static constexpr const char* kName = "glu_gemv";
+  //! Its tuning-cache key (prox/tuning/choose.cuh): W_gate and W_up are T.
+  static constexpr TuneKeyFields kTuneKey{"glu_gemv", DTypeTraits<T>::kName, DTypeTraits<T>::kName, Act::kName, true};
   using Args = GluGemvArgs<T>;
   using Policies = GluGemvPolicies;
   struct Options {

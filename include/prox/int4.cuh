@@ -80,6 +80,8 @@ PROX_DEVICE PROX_FORCEINLINE void dequant_word(uint32_t q, float (&out)[8]) {
  */
 struct Int4Weights {
   static constexpr const char* kName = "int4";
+  //! Its name in a tuning-cache key (the weights field): the format and its layout version.
+  static constexpr const char* kKeyName = "int4v1";
   //! One proxy matrix (gate or up): device pointers, owned by the caller.
   struct Matrix {
     const std::uint32_t* packed = nullptr;  //!< [d_model][d_ff/8] words, 16-byte aligned (pack_host/pack_device)
@@ -141,6 +143,7 @@ struct Int4Weights {
     }
   }
 };
+static_assert(int4::kLayoutVersion == 1, "Int4Weights::kKeyName names layout version 1: bump it with the layout");
 
 namespace int4 {
 

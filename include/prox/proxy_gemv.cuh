@@ -19,6 +19,7 @@
 
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "activation.cuh"
 #include "core/config.hpp"
@@ -28,6 +29,7 @@
 #include "core/policy.hpp"
 #include "core/shape.hpp"
 #include "core/status.hpp"
+#include "core/tune_key.hpp"
 #include "core/types.cuh"
 #include "core/vec.cuh"
 #include "core/warp.cuh"
@@ -102,14 +104,16 @@ using ProxyGemvPolicies = PolicyList<
 using DenseProxyGemvPolicies =
     PolicyList<ProxyGemvPolicy<256, 256, 256, 4, 2>, ProxyGemvPolicy<256, 128, 256, 4, 2>>;
 
-//! The candidate list of a proxy weight format.
+//! The candidate list of a proxy weight format, and its name in a tuning cache.
 template <class Fmt>
 struct ProxyGemvPoliciesFor {
   using type = ProxyGemvPolicies;
+  static constexpr const char* kName = "proxy_gemv";
 };
 template <class W>
 struct ProxyGemvPoliciesFor<DenseWeights<W>> {
   using type = DenseProxyGemvPolicies;
+  static constexpr const char* kName = "proxy_gemv_dense";
 };
 
 // ---------------------------------------------------------------- L1: row streaming
@@ -406,6 +410,11 @@ struct ProxyGemvOp {
   static constexpr const char* kName = "proxy_gemv";
   using Args = ProxyGemvArgs<T, Fmt>;
   using Policies = List;  //!< the candidates (a list of one's own: experiments, tests)
+  //! Its tuning-cache key (prox/tuning/choose.cuh): the format's candidate list and layout. With a
+  //! list of its own it has none (op nullptr): the cached names are those of the format's list.
+  static constexpr TuneKeyFields kTuneKey{
+      std::is_same<List, typename ProxyGemvPoliciesFor<Fmt>::type>::value ? ProxyGemvPoliciesFor<Fmt>::kName : nullptr,
+      DTypeTraits<T>::kName, Fmt::kKeyName, Act::kName, true};
 
   struct Options {
     bool pdl = false;  //!< launch with PDL (sm_90+)

@@ -19,6 +19,7 @@
 #include "core/math.hpp"
 #include "core/policy.hpp"
 #include "core/status.hpp"
+#include "core/tune_key.hpp"
 #include "core/types.cuh"
 #include "core/warp.cuh"
 #include "core/workspace.cuh"
@@ -137,6 +138,8 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads) void threshold_kernel(const Thre
 template <class T>
 struct ThresholdOp {
   static constexpr const char* kName = "threshold";
+  //! Its tuning-cache key (prox/tuning/choose.cuh): its length is d_model; no weights, no activation.
+  static constexpr TuneKeyFields kTuneKey{"threshold", DTypeTraits<T>::kName, "-", "-", false};
   using Args = ThresholdArgs<T>;
   using Policies = ThresholdPolicies;
   struct Options {

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-//! @file choose.cuh  The tuning cache as SparseFfn::plan() uses it: the cache key of every tuned op,
-//! the policy table of this build, opening a cache file by its path, and choose<Ffn>(), which fills a
+//! @file choose.cuh  The tuning cache as SparseFfn::plan() uses it: the cache key of a tuned op (OpKey,
+//! from the fields the op's own header states), the policy table of this build (from the registry of
+//! tuned ops, tuned_ops.cuh), opening a cache file by its path, and choose<Ffn>(), which fills a
 //! PlanOptions' PolicyChoice by lookup (docs/tuning.md).
 //!
 //! Run-time only: no measuring, no file writing, no environment. The prox_tuning library (tools/tuning)
@@ -10,24 +11,19 @@
 
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
-#include "../activation.cuh"
 #include "../core/config.hpp"
 #include "../core/status.hpp"
+#include "../core/tune_key.hpp"
 #include "../core/types.cuh"
-#include "../dense_weights.cuh"
-#include "../down_gemv.cuh"
-#include "../glu_down_gemv.cuh"
-#include "../glu_gemv.cuh"
-#include "../int4.cuh"
-#include "../int4_format.hpp"
-#include "../proxy_gemv.cuh"
 #include "../sparse_ffn.cuh"
-#include "../threshold.cuh"
 #include "cache.hpp"
+#include "tuned_ops.cuh"
 
 PROX_NAMESPACE_BEGIN
 
@@ -49,63 +45,19 @@ inline Key make_key(const char* op, std::string dtype, std::string weights, std:
 }
 
 /**
- * @brief How a tuned op is keyed in the cache: `kOp`, the name of its candidate list in the file,
- * and `key(d_model, d_ff, density)`. The density is the fraction of inputs kept for Stage 1 and the
- * threshold op (whose length is d_model; d_ff is ignored), and the fraction of channels selected for
- * the Stage-2 ops. One specialization per op; an op without one cannot be tuned (no primary template).
+ * @brief How a tuned op is keyed in the cache, from the fields its own header states (`Op::kTuneKey`,
+ * core/tune_key.hpp): `kOp`, the name of its candidate list in the file, and `key(d_model, d_ff,
+ * density)`. The density is the fraction of inputs kept for Stage 1 and the threshold op (whose length
+ * is d_model; d_ff is ignored and keyed as 0), and the fraction of channels selected for the Stage-2
+ * ops. An op without kTuneKey, or whose kTuneKey.op is null, cannot be tuned.
  */
 template <class Op>
-struct OpKey;
-
-template <class T>
-struct OpKey<ThresholdOp<T>> {
-  static constexpr const char* kOp = "threshold";
-  static Key key(int n, int /*d_ff*/, double density) {
-    return make_key(kOp, DTypeTraits<T>::kName, "-", "-", n, 0, density);
-  }
-};
-
-//! Stage 1 with INT4 proxies: the weight field carries the INT4 layout version.
-template <class T, class Act>
-struct OpKey<ProxyGemvOp<T, Act, Int4Weights>> {
-  static constexpr const char* kOp = "proxy_gemv";
+struct OpKey {
+  static constexpr TuneKeyFields kFields = Op::kTuneKey;
+  static_assert(kFields.op != nullptr, "this op has no tuning-cache key (a ProxyGemvOp with a list of its own?)");
+  static constexpr const char* kOp = kFields.op;
   static Key key(int d_model, int d_ff, double density) {
-    return make_key(kOp, DTypeTraits<T>::kName, "int4v" + std::to_string(int4::kLayoutVersion), Act::kName, d_model,
-                    d_ff, density);
-  }
-};
-
-//! Stage 1 with fp16/bf16 proxies (the A1 ablation): a candidate list of its own.
-template <class T, class Act, class W>
-struct OpKey<ProxyGemvOp<T, Act, DenseWeights<W>>> {
-  static constexpr const char* kOp = "proxy_gemv_dense";
-  static Key key(int d_model, int d_ff, double density) {
-    return make_key(kOp, DTypeTraits<T>::kName, DTypeTraits<W>::kName, Act::kName, d_model, d_ff, density);
-  }
-};
-
-template <class T, class Act>
-struct OpKey<GluGemvOp<T, Act>> {
-  static constexpr const char* kOp = "glu_gemv";
-  static Key key(int d_model, int d_ff, double density) {
-    return make_key(kOp, DTypeTraits<T>::kName, DTypeTraits<T>::kName, Act::kName, d_model, d_ff, density);
-  }
-};
-
-template <class T>
-struct OpKey<DownGemvOp<T>> {
-  static constexpr const char* kOp = "down_gemv";
-  static Key key(int d_model, int d_ff, double density) {
-    return make_key(kOp, DTypeTraits<T>::kName, DTypeTraits<T>::kName, "-", d_model, d_ff, density);
-  }
-};
-
-//! The fused Stage 2 (what SparseFfn runs by default).
-template <class T, class Act>
-struct OpKey<GluDownGemvOp<T, Act>> {
-  static constexpr const char* kOp = "glu_down_gemv";
-  static Key key(int d_model, int d_ff, double density) {
-    return make_key(kOp, DTypeTraits<T>::kName, DTypeTraits<T>::kName, Act::kName, d_model, d_ff, density);
+    return make_key(kOp, kFields.dtype, kFields.weights, kFields.act, d_model, kFields.has_d_ff ? d_ff : 0, density);
   }
 };
 
@@ -116,18 +68,33 @@ Key op_key(int d_model, int d_ff, double density) {
 }
 
 // ---------------------------------------------------------------- the policy table
-template <class... Ops>
-struct OpList {};
-
 /**
- * @brief One instance of every tuned candidate list. A list depends on the op and the weight format,
- * not on the element type or the activation, so one instance stands for all of them.
+ * @brief One instance of every tuned candidate list: the registry (tuned_ops.cuh) for one element type
+ * and activation. A list depends on the op and the weight format, not on the element type or the
+ * activation, so one instance stands for all of them.
  */
-using TunedOps =
-    OpList<ThresholdOp<__half>, ProxyGemvOp<__half, SiLU, Int4Weights>, ProxyGemvOp<__half, SiLU, DenseWeights<__half>>,
-           GluGemvOp<__half, SiLU>, DownGemvOp<__half>, GluDownGemvOp<__half, SiLU>>;
+using TunedOps = TunedOpsFor<TypeList<__half>, TypeList<SiLU>>;
 
 namespace detail {
+//! Whether two strings are equal (constexpr).
+constexpr bool same_text(const char* a, const char* b) noexcept {
+  while (*a != '\0' && *a == *b) {
+    ++a;
+    ++b;
+  }
+  return *a == *b;
+}
+
+//! Whether the ops of a list name distinct candidate lists (the policy table has one row per name).
+template <class... Ops>
+constexpr bool distinct_lists(OpList<Ops...>) noexcept {
+  const char* const names[] = {OpKey<Ops>::kOp..., ""};
+  for (std::size_t i = 0; i < sizeof...(Ops); ++i)
+    for (std::size_t j = i + 1; j < sizeof...(Ops); ++j)
+      if (same_text(names[i], names[j])) return false;
+  return true;
+}
+
 template <class... Ops>
 PolicyTable make_policy_table(OpList<Ops...>) {
   PolicyTable t;
@@ -135,6 +102,8 @@ PolicyTable make_policy_table(OpList<Ops...>) {
   return t;
 }
 }  // namespace detail
+
+static_assert(detail::distinct_lists(TunedOps{}), "two tuned ops name the same candidate list (kTuneKey.op)");
 
 /**
  * @brief The candidate names of every tuned op in this build: the table a Cache maps names with and

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 //! @file tune_op.hpp  The one generic tuning entry point, tune_op<Op>: declared here, defined in
-//! bench.cuh and compiled for every op of instances.cuh's InstantiatedOps (instances_*.cu), so that
-//! translation units that only dispatch to it (the miss handler) compile no kernel.
+//! bench.cuh and compiled, with the public tune<Op>, for every op of the registry of tuned ops
+//! (prox/tuning/tuned_ops.cuh) in instances_*.cu, so that translation units that only dispatch to it
+//! (open.cu: the miss handler, the named functions, tune_ffn) compile no kernel.
 #pragma once
 
 #include <cuda_runtime.h>

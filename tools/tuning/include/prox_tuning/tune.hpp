@@ -4,9 +4,10 @@
 //! from the environment (open_cache, default_cache); serves mode 2 (tune on miss) as a Cache's miss
 //! handler. `prox-tune` is its command line; engines that want online tuning link it too.
 //!
-//! Host-only declarations (C++17); the definitions are compiled into the library for the layer
-//! types prox instantiates: T in {__half, __nv_bfloat16}, Act in {SiLU, GeluTanh}, proxy formats
-//! Int4Weights and DenseWeights<T>, and tune_ffn for SparseFfn<T, Act, Int4Weights>.
+//! Host-only declarations (C++17); the definitions are compiled into the library: tune<Op> for every
+//! op of the registry of tuned ops (prox/tuning/tuned_ops.cuh) over T in {__half, __nv_bfloat16} and
+//! Act in {SiLU, GeluTanh} (Stage 1 with Int4Weights and DenseWeights<T> proxies), the named functions
+//! of the same ops (tune_threshold ... tune_glu_down_gemv), and tune_ffn for SparseFfn<T, Act, Int4Weights>.
 //!
 //! Measurement protocol (docs/tuning.md): synthetic random data at the bucket's density (its upper
 //! edge, so every density of the bucket is covered); weights rotated over enough copies that more
@@ -108,6 +109,20 @@ int choose_index(const std::vector<double>& medians, double tolerance = kTieTole
 // kErrorCudaRuntime if allocation fails, or policy 0 fails to launch or to match the float64
 // reference (the TuneResult says which).
 
+/**
+ * @brief Any tuned op: `Op` is an op of the registry (prox/tuning/tuned_ops.cuh) for a layer type the
+ * library is compiled for, at input densities (Stage 1, threshold) or selected-channel densities
+ * (Stage 2). An op keyed by d_model alone (the threshold op, of length d_model) ignores d_ff. The
+ * named functions below are this for prox's first ops.
+ * @code
+ * std::vector<prox::tuning::TuneResult> r;
+ * prox::tuning::tune<prox::GluGemvOp<__half, prox::SiLU>>(cache, 4096, 12288, {0.233, 0.3}, stream, {}, &r);
+ * @endcode
+ */
+template <class Op>
+Status tune(Cache& cache, int d_model, int d_ff, const std::vector<double>& densities, cudaStream_t stream,
+            const TuneOptions& options = {}, std::vector<TuneResult>* results = nullptr) noexcept;
+
 //! The threshold op on vectors of n elements of T, at input densities `densities`.
 template <class T>
 Status tune_threshold(Cache& cache, int n, const std::vector<double>& densities, cudaStream_t stream,
@@ -169,6 +184,15 @@ Status tune_one(Fn&& fn, TuneResult* result) noexcept {
 }
 }  // namespace detail
 
+template <class Op>
+Status tune(Cache& cache, int d_model, int d_ff, double density, cudaStream_t stream, const TuneOptions& options = {},
+            TuneResult* result = nullptr) noexcept {
+  return detail::tune_one(
+      [&](std::vector<TuneResult>* r) {
+        return tune<Op>(cache, d_model, d_ff, std::vector<double>{density}, stream, options, r);
+      },
+      result);
+}
 template <class T>
 Status tune_threshold(Cache& cache, int n, double density, cudaStream_t stream, const TuneOptions& options = {},
                       TuneResult* result = nullptr) noexcept {
