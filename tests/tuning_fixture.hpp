@@ -90,16 +90,22 @@ inline prox::tuning::CacheOptions file_options(const std::string& path) {
   return o;
 }
 
-inline prox::tuning::Key glu_key(int d_model, int d_ff, int bucket) {
+//! A key from its fields as a cache file spells them (the tests state keys literally, not through OpKey).
+inline prox::tuning::Key text_key(std::string op, std::string dtype, std::string weights, std::string act, int d_model,
+                                  int d_ff, int bucket) {
   prox::tuning::Key k;
-  k.op = "glu_gemv";
-  k.dtype = "f16";
-  k.weights = "f16";
-  k.act = "silu";
+  k.op = std::move(op);
+  k.dtype = std::move(dtype);
+  k.weights = std::move(weights);
+  k.act = std::move(act);
   k.d_model = d_model;
   k.d_ff = d_ff;
   k.density16 = bucket;
   return k;
+}
+
+inline prox::tuning::Key glu_key(int d_model, int d_ff, int bucket) {
+  return text_key("glu_gemv", "f16", "f16", "silu", d_model, d_ff, bucket);
 }
 
 /**
@@ -109,17 +115,8 @@ inline prox::tuning::Key glu_key(int d_model, int d_ff, int bucket) {
  */
 inline std::vector<prox::tuning::Key> registry_keys(int d_model, int d_ff, int bucket) {
   std::vector<prox::tuning::Key> keys;
-  const auto add = [&](const char* op, const std::string& dtype, const std::string& weights, const char* act,
-                       int n_ff) {
-    prox::tuning::Key k;
-    k.op = op;
-    k.dtype = dtype;
-    k.weights = weights;
-    k.act = act;
-    k.d_model = d_model;
-    k.d_ff = n_ff;
-    k.density16 = bucket;
-    keys.push_back(k);
+  const auto add = [&](const char* op, const char* dtype, const char* weights, const char* act, int n_ff) {
+    keys.push_back(text_key(op, dtype, weights, act, d_model, n_ff, bucket));
   };
   for (const char* t : {"f16", "bf16"}) {
     add("threshold", t, "-", "-", 0);  // its length is d_model: no d_ff
