@@ -17,6 +17,10 @@
 //!                                      bytes at the same bandwidth
 //!   frac_floor                         speedup_vs_dense / floor_speedup: how much of it Prox reaches
 //!
+//! batch_ffn_empty/<model>/<dtype>/b<B>: the same plans (Config::max_tokens = 8, the same PlanOptions) with
+//! thresholds +inf, so no input is kept, no channel is selected and no weight byte is read: the batched
+//! FFN's fixed cost at B tokens (batch 1: prox_bench's ffn_empty). Counter t_us (median per call).
+//!
 //! Own flags: --prox_shapes=8B,14B --prox_dtypes=f16,bf16 --prox_targets=40,50,60,70
 //! --prox_batches=1,2,4,8 --prox_masks=indep,corr --prox_iterations=N --prox_warmup=N
 //! --prox_min_launches=N --prox_rotate_gb=G --prox_max_device_gb=G --prox_fuse_batch=0|1 --prox_commit=SHA.
@@ -132,6 +136,7 @@ struct Context : ContextBase {
   std::vector<float> abs_ind;
   int launches = 0;
   std::map<int, std::unique_ptr<Sparse<T>>> sparse;
+  std::unique_ptr<Sparse<T>> empty;  //!< batch_ffn_empty's plans: thresholds +inf (made on first use)
 };
 
 std::string g_ctx_key;
@@ -156,16 +161,30 @@ Context<T>& context_for(const FfnShape& shape) {
   return ref;
 }
 
+//! One plan per weight copy at sp's thresholds (max_tokens = 8), and their workspace.
+template <class T>
+void plan_sparse(Context<T>& ctx, Sparse<T>& sp) {
+  using Ffn = typename Sparse<T>::Ffn;
+  sp.ffns.resize(static_cast<std::size_t>(ctx.layer.copies()));
+  for (int c = 0; c < ctx.layer.copies(); ++c) {
+    typename Ffn::Config cfg{ctx.shape.d_model, ctx.shape.d_ff, sp.tau_x, sp.tau_s};
+    cfg.max_tokens = kMaxB;
+    typename Ffn::PlanOptions po;
+    po.fuse_batch_stage2 = g_opt.fuse_batch;
+    PROX_BENCH_PROX(sp.ffns[c].plan(cfg, ctx.layer.copy(c).template ffn_weights<prox::SiLU>(), po));
+  }
+  sp.ws = DeviceBuffer(sp.ffns[0].workspace_bytes(), "workspace");
+  PROX_BENCH_PROX(prox::initialize_workspace(sp.ws.get(), sp.ws.bytes(), g.stream));
+}
+
 //! Thresholds of target e calibrated on the independent tokens (thresholds are per layer: the same
 //! for every batch size and mask model), and one plan per weight copy.
 template <class T>
 Sparse<T>& sparse_for(Context<T>& ctx, int e_pct) {
-  using Ffn = typename Sparse<T>::Ffn;
   auto it = ctx.sparse.find(e_pct);
   if (it != ctx.sparse.end()) return *it->second;
   auto sp = std::make_unique<Sparse<T>>();
   const int K = ctx.shape.d_model;
-  const int N = ctx.shape.d_ff;
   PROX_BENCH_PROX(prox::allocate_sparsity(e_pct / 100.0, &sp->target));
   sp->tau_x = prox_bench::magnitude_threshold(ctx.abs_ind, sp->target.s1);
   std::vector<const T*> toks;
@@ -174,19 +193,21 @@ Sparse<T>& sparse_for(Context<T>& ctx, int e_pct) {
   const auto weights_of = [&](int c) { return ctx.layer.copy(c).template ffn_weights<prox::SiLU>(); };
   sp->tau_s = prox_bench::calibrate_tau_s<T, prox::SiLU, prox::Int4Weights>(weights_of(0), ctx.shape, sp->tau_x,
                                                                             sp->target.s2, toks, {}, g.stream);
-  sp->ffns.resize(static_cast<std::size_t>(ctx.layer.copies()));
-  for (int c = 0; c < ctx.layer.copies(); ++c) {
-    typename Ffn::Config cfg{K, N, sp->tau_x, sp->tau_s};
-    cfg.max_tokens = kMaxB;
-    typename Ffn::PlanOptions po;
-    po.fuse_batch_stage2 = g_opt.fuse_batch;
-    PROX_BENCH_PROX(sp->ffns[c].plan(cfg, weights_of(c), po));
-  }
-  sp->ws = DeviceBuffer(sp->ffns[0].workspace_bytes(), "workspace");
-  PROX_BENCH_PROX(prox::initialize_workspace(sp->ws.get(), sp->ws.bytes(), g.stream));
+  plan_sparse(ctx, *sp);
   Sparse<T>& ref = *sp;
   ctx.sparse[e_pct] = std::move(sp);
   return ref;
+}
+
+//! batch_ffn_empty's plans: as sparse_for's, with thresholds +inf (no input kept, no channel selected).
+template <class T>
+Sparse<T>& empty_for(Context<T>& ctx) {
+  if (ctx.empty) return *ctx.empty;
+  auto sp = std::make_unique<Sparse<T>>();
+  sp->tau_x = sp->tau_s = std::numeric_limits<float>::infinity();
+  plan_sparse(ctx, *sp);
+  ctx.empty = std::move(sp);
+  return *ctx.empty;
 }
 
 void report_error(benchmark::State& st, const std::string& name, const std::exception& e) {
@@ -290,10 +311,49 @@ void bench_batch(benchmark::State& st, const std::string& name, const FfnShape& 
   }
 }
 
+//! The batched FFN's fixed cost: empty_for's plans at B tokens, nothing kept, no weight byte read.
+template <class T>
+void bench_batch_empty(benchmark::State& st, const std::string& name, const FfnShape& shape, int B) {
+  try {
+    Context<T>& ctx = context_for<T>(shape);
+    Sparse<T>& sp = empty_for(ctx);
+    T* y = ctx.y.template as<T>();
+    const int copies = ctx.layer.copies();
+    GraphReplay prox_g(g.stream, ctx.launches, [&](int i, cudaStream_t s) {
+      PROX_BENCH_PROX(sp.ffns[i % copies].run_batch(ctx.batch(Masks::kIndependent, i), y, B, sp.ws.get(),
+                                                    sp.ws.bytes(), s));
+    });
+    for (int i = 0; i < g_opt.warmup; ++i) prox_g.replay();
+    std::vector<double> tp;
+    for (auto _ : st) {
+      const double p = prox_g.replay_timed();
+      st.SetIterationTime(p);
+      tp.push_back(p);
+    }
+    const Timing t = prox_bench::summarize(std::move(tp), ctx.launches);
+    prox_bench::check_workspace(sp.ws, "workspace", g.stream);
+    st.counters["t_us"] = t.median_s * 1e6;
+    st.counters["tokens"] = B;
+    st.counters["d_model"] = shape.d_model;
+    st.counters["d_ff"] = shape.d_ff;
+  } catch (const std::exception& e) {
+    report_error(st, name, e);
+  }
+}
+
 template <class T>
 void register_shape(const FfnShape& shape, const std::vector<int>& targets, const std::vector<int>& batches,
                     const std::vector<Masks>& masks) {
   const std::string base = std::string(shape.name) + "/" + prox_bench::dtype_name<T>();
+  for (int B : batches) {
+    const std::string name = "batch_ffn_empty/" + base + "/b" + std::to_string(B);
+    benchmark::RegisterBenchmark(name.c_str(), [name, shape, B](benchmark::State& st) {
+      bench_batch_empty<T>(st, name, shape, B);
+    })
+        ->UseManualTime()
+        ->Iterations(g_opt.iterations)
+        ->Unit(benchmark::kMicrosecond);
+  }
   for (int e : targets) {
     for (Masks m : masks) {
       for (int B : batches) {

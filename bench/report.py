@@ -91,7 +91,8 @@ class BenchRun:
 
     def __init__(self, path, commit_override=None):
         data = read_run(self, path, commit_override)
-        samples = {}
+        self.empty = {}  # (model, dtype, B) -> batch_ffn_empty row: the batched FFN's fixed cost
+        samples, empties = {}, {}
         medians = {}
         for b in data.get("benchmarks", []):
             run_name = b.get("run_name") or b.get("name", "")
@@ -174,10 +175,17 @@ class BatchRun:
 
     def __init__(self, path, commit_override=None):
         data = read_run(self, path, commit_override)
-        samples = {}
+        self.empty = {}  # (model, dtype, B) -> batch_ffn_empty row: the batched FFN's fixed cost
+        samples, empties = {}, {}
         for b in data.get("benchmarks", []):
             run_name = b.get("run_name") or b.get("name", "")
             parts = [p for p in run_name.split("/") if p and ":" not in p and p not in ("manual_time", "real_time")]
+            if len(parts) == 4 and parts[0] == "batch_ffn_empty" and re.fullmatch(r"b\d+", parts[3]):
+                if b.get("error_occurred"):
+                    self.errors.append((run_name, b.get("error_message", "")))
+                elif b.get("run_type") != "aggregate":
+                    empties.setdefault((parts[1], parts[2], int(parts[3][1:])), []).append(b)
+                continue
             if (len(parts) != 6 or parts[0] != "batch_ffn" or not re.fullmatch(r"e\d+", parts[3])
                     or not re.fullmatch(r"b\d+", parts[4])):
                 continue
@@ -188,9 +196,15 @@ class BatchRun:
                 samples.setdefault(key, []).append(b)
         for key, rows in samples.items():
             self.rows[key] = merge_rows(rows)
+        for key, rows in empties.items():
+            self.empty[key] = merge_rows(rows)
 
     def get(self, model, dtype, e, b, mask):
         return self.rows.get((model, dtype, e, b, mask))
+
+    def fixed_us(self, model, dtype, b):
+        """The batched FFN's fixed cost at B tokens (batch_ffn_empty's t_us), or None."""
+        return cell(self.empty.get((model, dtype, b)), "t_us")
 
     def models(self):
         return sorted({k[0] for k in self.rows}, key=model_order)
@@ -669,6 +683,86 @@ def batch_rows(br, d, mask):
     return rows
 
 
+def batch_split(br, m, d, b, x):
+    """A batch row x split as time_split does for batch 1: the batched FFN's fixed cost at B (batch_ffn_empty),
+    the floor (union bytes at the copy bandwidth), the streaming part's fraction of copy now, the fraction it
+    would need for each batch target with the fixed cost as it is (None where the target does not apply or
+    the fixed cost alone exceeds the budget: out of reach), and cuBLAS dense's own fraction of copy at the
+    same B (dense bytes / dense time). None when the run has no batch_ffn_empty row for (m, d, b)."""
+    fixed = br.fixed_us(m, d, b)
+    copy, t, dense = x.get("copy_GBps"), x.get("t_us"), x.get("dense_us")
+    ub, fl = x.get("union_bytes"), x.get("floor_speedup")
+    if fixed is None or not (copy and t and dense and ub and fl):
+        return None
+    floor = ub / (copy * 1e3)
+
+    def needed(budget):
+        return floor / (budget - fixed) if budget > fixed else None
+
+    return {"fixed": fixed, "floor": floor, "now": floor / (t - fixed) if t > fixed else None,
+            "copy": needed(floor / BATCH_COPY_FRAC),
+            "floor_frac": needed(dense / (BATCH_FLOOR_FRAC * fl)) if b in BATCH_FLOOR_BATCHES else None,
+            "dense": ub * fl / (dense * 1e3) / copy}
+
+
+def batch_budget(br, d):
+    """The batch targets as a time budget on the 8B and 14B shapes (dtype d): what each would need of the
+    streaming part with the batched FFN's fixed cost as it is, against cuBLAS dense's own fraction of copy."""
+    rows, tallies = [], {"copy": [], "floor_frac": []}
+    for m in BATCH_COPY_MODELS:
+        for mask in br.masks():
+            for e in br.targets():
+                for b in br.batches():
+                    x = br.get(m, d, e, b, mask)
+                    if b < 2 or x is None:
+                        continue
+                    sp = batch_split(br, m, d, b, x)
+                    if sp is None:
+                        continue
+                    for k, got in (("copy", x.get("frac_copy")), ("floor_frac", x.get("frac_floor"))):
+                        if k == "copy" or b in BATCH_FLOOR_BATCHES:
+                            met = got is not None and got >= (BATCH_COPY_FRAC if k == "copy" else BATCH_FLOOR_FRAC)
+                            tallies[k].append((met, sp[k], sp["dense"]))
+                    rows.append([m, BATCH_MASK_TEXT.get(mask, mask), f"{e} %", b, fmt_us(x.get("t_us")),
+                                 fmt_us(sp["fixed"]), f"{x['union_bytes'] / 1e6:.0f}", fmt_us(sp["floor"]),
+                                 fmt_us(sp["floor"] + sp["fixed"]), fmt_pct(sp["now"]),
+                                 fmt_pct(sp["copy"]) if sp["copy"] is not None else "out of reach",
+                                 "" if b not in BATCH_FLOOR_BATCHES else
+                                 fmt_pct(sp["floor_frac"]) if sp["floor_frac"] is not None else "out of reach",
+                                 fmt_pct(sp["dense"])])
+    if not rows:
+        return []
+    fixed = ", ".join(f"{m.replace('Qwen3-', '')} " + " / ".join(fmt_us(br.fixed_us(m, d, b)) for b in br.batches())
+                      for m in BATCH_COPY_MODELS if any(br.fixed_us(m, d, b) for b in br.batches()))
+    out = [f"**Time budget of the batch targets** ({d}). The batched FFN's fixed cost (`batch_ffn_empty`: the "
+           "same plans with thresholds +inf, so nothing is kept and no weight byte is read) at B = "
+           + " / ".join(str(b) for b in br.batches()) + f": {fixed} µs. With that cost as it is, each target "
+           "leaves the streaming part (the time less the fixed cost) a budget, and so needs a fraction of copy "
+           "bandwidth from it; cuBLAS dense reaches its own fraction at the same B in the same run (dense bytes / "
+           "dense time), streaming whole contiguous matrices:", ""]
+    names = {"copy": f"union bytes at ≥ {BATCH_COPY_FRAC * 100:.0f} % of copy (B ≥ 2)",
+             "floor_frac": f"≥ {BATCH_FLOOR_FRAC * 100:.0f} % of the union byte floor (B = "
+                           + " and ".join(str(b) for b in BATCH_FLOOR_BATCHES) + ")"}
+    for k, cells in tallies.items():
+        if not cells:
+            continue
+        missed = [c for c in cells if not c[0]]
+        above = [c for c in missed if c[1] is None or c[1] > c[2]]
+        need = [c[1] for c in missed if c[1] is not None]
+        line = f"- {names[k]}: {len(cells) - len(missed)} of {len(cells)} cells met"
+        if missed:
+            line += (f"; the {len(missed)} missed need the streaming part at "
+                     + (f"{fmt_pct(min(need))} to {fmt_pct(max(need))} of copy" if need else "more than its budget")
+                     + f", above cuBLAS dense's own fraction in {len(above)} of them")
+        out.append(line + ".")
+    out += ["", "<details><summary>Time budget per cell (8B and 14B, " + d + ")</summary>", "",
+            table(["model", "tokens", "e", "B", "Prox µs", "fixed µs", "union MB", "floor µs", "floor + fixed µs",
+                   "streaming now, of copy", f"needed for {BATCH_COPY_FRAC * 100:.0f} % of copy",
+                   f"needed for {BATCH_FLOOR_FRAC * 100:.0f} % of floor", "cuBLAS dense, of copy"], rows),
+            "", "</details>", ""]
+    return out
+
+
 def section_batch(br):
     """Batched decode: where Prox stops beating dense, the batch targets, and every row of the run."""
     ctx = br.context
@@ -730,6 +824,8 @@ def section_batch(br):
     if trows:
         out += ["Targets (issue 23). \"of copy\" is the FFN's union bytes over its time, against the copy "
                 "bandwidth of the same run.", "", table(["target", "where", "measured", "verdict", "run"], trows), ""]
+
+    out += batch_budget(br, d0)
 
     header = ["model", "e", "B", "Prox µs", "dense µs", "speed-up", "inputs kept: token / union",
               "channels: token / union", "floor speed-up", "of floor", "of copy"]
