@@ -747,13 +747,15 @@ def batch_budget(br, d):
         if not cells:
             continue
         missed = [c for c in cells if not c[0]]
-        above = [c for c in missed if c[1] is None or c[1] > c[2]]
         need = [c[1] for c in missed if c[1] is not None]
+        over = sum(1 for c in missed if c[1] is None or c[1] > 1.0)
+        dense = [c[2] for c in missed]
         line = f"- {names[k]}: {len(cells) - len(missed)} of {len(cells)} cells met"
         if missed:
-            line += (f"; the {len(missed)} missed need the streaming part at "
+            line += (f"; the {len(missed)} missed would need the streaming part at "
                      + (f"{fmt_pct(min(need))} to {fmt_pct(max(need))} of copy" if need else "more than its budget")
-                     + f", above cuBLAS dense's own fraction in {len(above)} of them")
+                     + (f" ({over} of them above 100 %: out of reach)" if over else "")
+                     + f", where cuBLAS dense streams at {fmt_pct(min(dense))} to {fmt_pct(max(dense))}")
         out.append(line + ".")
     out += ["", "<details><summary>Time budget per cell (8B and 14B, " + d + ")</summary>", "",
             table(["model", "tokens", "e", "B", "Prox µs", "fixed µs", "union MB", "floor µs", "floor + fixed µs",
