@@ -91,8 +91,7 @@ class BenchRun:
 
     def __init__(self, path, commit_override=None):
         data = read_run(self, path, commit_override)
-        self.empty = {}  # (model, dtype, B) -> batch_ffn_empty row: the batched FFN's fixed cost
-        samples, empties = {}, {}
+        samples = {}
         medians = {}
         for b in data.get("benchmarks", []):
             run_name = b.get("run_name") or b.get("name", "")
@@ -233,6 +232,12 @@ def fmt_pct(v):
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return "-"
     return f"{100.0 * v:.0f} %"
+
+
+def fmt_range_pct(vals):
+    """'a % to b %' over vals, or one 'a %' where both ends print alike."""
+    lo, hi = fmt_pct(min(vals)), fmt_pct(max(vals))
+    return lo if lo == hi else f"{lo} to {hi}"
 
 
 def fmt_x(v):
@@ -753,9 +758,9 @@ def batch_budget(br, d):
         line = f"- {names[k]}: {len(cells) - len(missed)} of {len(cells)} cells met"
         if missed:
             line += (f"; the {len(missed)} missed would need the streaming part at "
-                     + (f"{fmt_pct(min(need))} to {fmt_pct(max(need))} of copy" if need else "more than its budget")
+                     + (f"{fmt_range_pct(need)} of copy" if need else "more than its budget")
                      + (f" ({over} of them above 100 %: out of reach)" if over else "")
-                     + f", where cuBLAS dense streams at {fmt_pct(min(dense))} to {fmt_pct(max(dense))}")
+                     + f", where cuBLAS dense streams at {fmt_range_pct(dense)}")
         out.append(line + ".")
     out += ["", "<details><summary>Time budget per cell (8B and 14B, " + d + ")</summary>", "",
             table(["model", "tokens", "e", "B", "Prox µs", "fixed µs", "union MB", "floor µs", "floor + fixed µs",
