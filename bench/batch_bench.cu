@@ -6,8 +6,8 @@
 //! Benchmark names: batch_ffn/<model>/<dtype>/e<target %>/b<B>/<masks>, masks = indep (every token
 //! drawn independently: the worst case for the union) or corr (x_b = 0.8 shared + 0.6 own, both N(0, 1):
 //! tokens of one sequence or prompt share much of their activations). Each iteration replays the Prox
-//! graph and the dense graph (cuBLAS GEMMs of n = B, fp32 compute) in alternation, as prox_bench's
-//! ffn_paired. Counters:
+//! graph and the dense graph (cuBLAS GEMMs of n = B, fp32 compute) in alternation (bench_loop.cuh's
+//! run_paired_loop, as prox_bench's ffn_paired). Counters:
 //!   t_us, dense_us, speedup_vs_dense   medians of Prox and dense per call, and their ratio
 //!   in_token, ch_token                 mean density of one token's input set and channel set
 //!   in_union, ch_union                 density of the union over the batch: the rows each stage streams
@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "bench_common.cuh"
+#include "bench_loop.cuh"
 #include "dense_baseline.cuh"
 
 namespace {
@@ -264,27 +265,9 @@ void bench_batch(benchmark::State& st, const std::string& name, const FfnShape& 
       // and GEMM shape.
       ctx.dense.run(l.w_gate, l.w_up, l.w_down_t, ctx.batch(m, i), y, s, B);
     });
-    for (int i = 0; i < g_opt.warmup; ++i) {
-      dense_g.replay();
-      prox_g.replay();
-    }
-    std::vector<double> tp, td;
-    int pair = 0;
-    for (auto _ : st) {
-      double d = 0.0, p = 0.0;
-      if (pair++ % 2 == 0) {
-        d = dense_g.replay_timed();
-        p = prox_g.replay_timed();
-      } else {
-        p = prox_g.replay_timed();
-        d = dense_g.replay_timed();
-      }
-      st.SetIterationTime(p);
-      tp.push_back(p);
-      td.push_back(d);
-    }
-    const Timing tprox = prox_bench::summarize(std::move(tp), ctx.launches);
-    const Timing tdense = prox_bench::summarize(std::move(td), ctx.launches);
+    const prox_bench::PairedTiming pt = prox_bench::run_paired_loop(st, prox_g, dense_g, g_opt.warmup);
+    const Timing& tprox = pt.prox;
+    const Timing& tdense = pt.dense;
     prox_bench::check_workspace(sp.ws, "workspace", g.stream);
     const double speedup = tdense.median_s / tprox.median_s;
     const double gbps = union_bytes / tprox.median_s / 1e9;
@@ -323,14 +306,7 @@ void bench_batch_empty(benchmark::State& st, const std::string& name, const FfnS
       PROX_BENCH_PROX(sp.ffns[i % copies].run_batch(ctx.batch(Masks::kIndependent, i), y, B, sp.ws.get(),
                                                     sp.ws.bytes(), s));
     });
-    for (int i = 0; i < g_opt.warmup; ++i) prox_g.replay();
-    std::vector<double> tp;
-    for (auto _ : st) {
-      const double p = prox_g.replay_timed();
-      st.SetIterationTime(p);
-      tp.push_back(p);
-    }
-    const Timing t = prox_bench::summarize(std::move(tp), ctx.launches);
+    const Timing t = prox_bench::run_loop(st, prox_g, g_opt.warmup);
     prox_bench::check_workspace(sp.ws, "workspace", g.stream);
     st.counters["t_us"] = t.median_s * 1e6;
     st.counters["tokens"] = B;

@@ -56,6 +56,7 @@
 #include <vector>
 
 #include "bench_common.cuh"
+#include "bench_loop.cuh"
 #include "dense_baseline.cuh"
 #include "prox/tuning/choose.cuh"
 
@@ -65,6 +66,7 @@ using prox_bench::check_workspace;
 using prox_bench::DeviceBuffer;
 using prox_bench::FfnShape;
 using prox_bench::GraphReplay;
+using prox_bench::PairedTiming;
 using prox_bench::Timing;
 
 // ---------------------------------------------------------------- options and process-wide state
@@ -499,52 +501,7 @@ SparseSetup<T>& sparse_setup(Context<T>& ctx, int e_pct) {
   return ref;
 }
 
-// ---------------------------------------------------------------- the timed loop and counters
-//! Replays `graph` once per benchmark iteration (the manual time is the per-launch time) and
-//! returns the summary over those iterations.
-Timing run_loop(benchmark::State& st, GraphReplay& graph) {
-  for (int i = 0; i < g_opt.warmup; ++i) graph.replay();
-  std::vector<double> per_launch;
-  per_launch.reserve(static_cast<std::size_t>(g_opt.iterations));
-  for (auto _ : st) {
-    const double t = graph.replay_timed();
-    st.SetIterationTime(t);
-    per_launch.push_back(t);
-  }
-  return prox_bench::summarize(std::move(per_launch), graph.launches());
-}
-
-//! The Prox and dense FFN graphs timed in alternation, one pair per benchmark iteration (the
-//! iteration time is Prox's). `ratio` summarizes dense / prox per pair (its fields are ratios, not seconds).
-struct PairedTiming {
-  Timing prox, dense, ratio;
-};
-PairedTiming run_paired_loop(benchmark::State& st, GraphReplay& prox, GraphReplay& dense) {
-  for (int i = 0; i < g_opt.warmup; ++i) {
-    dense.replay();
-    prox.replay();
-  }
-  std::vector<double> tp, td, ratio;
-  int pair = 0;
-  for (auto _ : st) {
-    // Alternate which goes first, so neither always runs right after the other.
-    double d = 0.0, p = 0.0;
-    if (pair++ % 2 == 0) {
-      d = dense.replay_timed();
-      p = prox.replay_timed();
-    } else {
-      p = prox.replay_timed();
-      d = dense.replay_timed();
-    }
-    st.SetIterationTime(p);
-    tp.push_back(p);
-    td.push_back(d);
-    ratio.push_back(d / p);
-  }
-  return {prox_bench::summarize(std::move(tp), prox.launches()),
-          prox_bench::summarize(std::move(td), dense.launches()), prox_bench::summarize(std::move(ratio), 1)};
-}
-
+// ---------------------------------------------------------------- the counters
 template <class T>
 void set_counters(benchmark::State& st, const std::string& name, const Context<T>& ctx, const Timing& t, double bytes,
                   bool rotates = true) {
@@ -678,7 +635,7 @@ void bench_dense(benchmark::State& st, const std::string& name, FfnShape shape, 
   try {
     Context<T>& ctx = context_for<T>(shape);
     GraphReplay graph(g.stream, ctx.launches, [&](int i, cudaStream_t s) { enqueue_dense(ctx, k, i, s); });
-    const Timing t = run_loop(st, graph);
+    const Timing t = prox_bench::run_loop(st, graph, g_opt.warmup);
     dense_seconds(ctx, k, &t);
     set_counters(st, name, ctx, t, dense_bytes<T>(shape, k));
     if (k == DenseKind::kFfn) st.counters["speedup_vs_dense"] = 1.0;
@@ -845,7 +802,7 @@ void bench_prox(benchmark::State& st, const std::string& name, FfnShape shape, i
     Timing t;
     if (op == Op::kFfnPaired) {
       GraphReplay dense(g.stream, ctx.launches, [&](int i, cudaStream_t s) { enqueue_dense_ffn(ctx, i, s); });
-      const PairedTiming pt = run_paired_loop(st, graph, dense);
+      const PairedTiming pt = prox_bench::run_paired_loop(st, graph, dense, g_opt.warmup);
       t = pt.prox;
       st.counters["dense_us"] = pt.dense.median_s * 1e6;
       st.counters["speedup_vs_dense"] = pt.dense.median_s / pt.prox.median_s;
@@ -853,7 +810,7 @@ void bench_prox(benchmark::State& st, const std::string& name, FfnShape shape, i
       st.counters["speedup_pair_min"] = pt.ratio.min_s;
       st.counters["speedup_pair_max"] = pt.ratio.max_s;
     } else {
-      t = run_loop(st, graph);
+      t = prox_bench::run_loop(st, graph, g_opt.warmup);
     }
     if (op == Op::kFfn || op == Op::kFfnPaired) {
       // Read the densities back after timing, from the timed plans and workspace: they must be the
