@@ -83,6 +83,11 @@ PlanFlags flags_of(at::IntArrayRef o) {
   f.spread = (o[0] & 8) != 0;
   f.cooperative = (o[0] & 16) != 0;
   f.check_workspace = (o[0] & 32) != 0;
+  // The fused Stage 2 waits at a grid-wide barrier: only a cooperative launch guarantees every block is
+  // resident, so a non-cooperative one can hang the GPU (glu_down_gemv.cuh).
+  TORCH_CHECK_VALUE(f.cooperative || !f.fuse_stage2,
+                    "prox: options: cooperative off (flag 16 clear) needs fuse_stage2 off (flag 4 clear): the "
+                    "fused Stage 2's grid barrier is safe only in a cooperative launch (it can hang otherwise)");
   for (int i = 1; i < 5; ++i) TORCH_CHECK_VALUE(o[i] >= -1 && o[i] < 64, "prox: policy index out of range: ", o[i]);
   f.proxy = static_cast<int>(o[1]);
   f.glu = static_cast<int>(o[2]);
@@ -208,26 +213,32 @@ struct KeyHash {
   }
 };
 
-//! A bounded LRU of plans (a model holds one per layer; re-planned layers evict the oldest).
+//! A bounded LRU of plans (a model holds one or two per layer; re-planned layers evict the oldest). Plans
+//! are pinned, never evicted, while an owner holds a pin (plan_ffn(pin=True): PlannedFfn, SparseMLP.plan();
+//! released by unpin()) and once a call used them during stream capture (a captured layer can always be
+//! captured again, as torch.compile's CUDA graphs re-record). The capacity bounds the unpinned plans.
 class PlanCache {
  public:
-  static constexpr std::size_t kCapacity = 4096;
+  static constexpr std::size_t kDefaultCapacity = 4096;
 
-  std::shared_ptr<const FfnPlan> get(const FfnDesc& d, int device, cudaStream_t stream) {
+  //! The plan of `d`; with `pin`, also a pin on it (*handle, for unpin()).
+  std::shared_ptr<const FfnPlan> get(const FfnDesc& d, int device, cudaStream_t stream, bool pin = false,
+                                     std::int64_t* handle = nullptr) {
     const Key k = key_of(d, device);
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    TORCH_CHECK(cudaStreamIsCapturing(stream, &cs) == cudaSuccess, "prox: cudaStreamIsCapturing failed");
+    const bool capturing = cs != cudaStreamCaptureStatusNone;
     {
       std::lock_guard<std::mutex> lock(mu_);
       auto it = map_.find(k);
       if (it != map_.end()) {
-        order_.splice(order_.begin(), order_, it->second.second);
-        return it->second.first;
+        order_.splice(order_.begin(), order_, it->second.pos);
+        mark(it->second, capturing, pin, k, handle);
+        return it->second.plan;
       }
     }
     // plan() reads device attributes and sets kernel attributes: not while a graph is captured.
-    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-    TORCH_CHECK(cudaStreamIsCapturing(stream, &cs) == cudaSuccess, "prox: cudaStreamIsCapturing failed");
-    TORCH_CHECK(cs == cudaStreamCaptureStatusNone,
-                "prox: this layer has no plan yet (max_tokens ", d.max_tokens,
+    TORCH_CHECK(!capturing, "prox: this layer has no plan yet (max_tokens ", d.max_tokens,
                 ") and the stream is being captured; plan it before capture (prox.PlannedFfn plans at "
                 "construction, SparseMLP.plan() plans, or run the call once eagerly)");
     std::unique_ptr<FfnPlan> p;
@@ -235,30 +246,93 @@ class PlanCache {
     std::shared_ptr<const FfnPlan> sp(std::move(p));
     std::lock_guard<std::mutex> lock(mu_);
     auto it = map_.find(k);
-    if (it != map_.end()) return it->second.first;  // another thread planned it meanwhile
-    order_.push_front(k);
-    map_.emplace(k, std::make_pair(sp, order_.begin()));
-    if (map_.size() > kCapacity) {
-      map_.erase(order_.back());
-      order_.pop_back();
-    }
-    return sp;
+    if (it == map_.end()) {
+      order_.push_front(k);
+      it = map_.emplace(k, Entry{sp, order_.begin()}).first;
+    }  // else another thread planned it meanwhile
+    mark(it->second, false, pin, k, handle);
+    evict();
+    return it->second.plan;
   }
 
+  void unpin(std::int64_t handle) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto h = handles_.find(handle);
+    if (h == handles_.end()) return;
+    auto it = map_.find(h->second);
+    handles_.erase(h);
+    if (it == map_.end()) return;
+    const bool was = pinned(it->second);
+    --it->second.pins;
+    if (was && !pinned(it->second)) --pinned_;
+    evict();
+  }
+
+  void set_capacity(std::size_t n) {
+    std::lock_guard<std::mutex> lock(mu_);
+    capacity_ = n;
+    evict();
+  }
+  std::size_t capacity() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return capacity_;
+  }
   std::size_t size() {
     std::lock_guard<std::mutex> lock(mu_);
     return map_.size();
+  }
+  std::size_t pinned_count() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return pinned_;
   }
   void clear() {
     std::lock_guard<std::mutex> lock(mu_);
     map_.clear();
     order_.clear();
+    handles_.clear();
+    pinned_ = 0;
   }
 
  private:
+  struct Entry {
+    std::shared_ptr<const FfnPlan> plan;
+    std::list<Key>::iterator pos;
+    int pins = 0;           //!< owners' pins (plan_ffn(pin=True) not yet unpinned)
+    bool captured = false;  //!< used by a call during stream capture: kept until clear()
+  };
+  static bool pinned(const Entry& e) { return e.pins > 0 || e.captured; }
+
+  // Under mu_.
+  void mark(Entry& e, bool capturing, bool pin, const Key& k, std::int64_t* handle) {
+    const bool was = pinned(e);
+    if (capturing) e.captured = true;
+    if (pin) {
+      ++e.pins;
+      const std::int64_t h = next_handle_++;
+      handles_.emplace(h, k);
+      if (handle != nullptr) *handle = h;
+    }
+    if (!was && pinned(e)) ++pinned_;
+  }
+  // Under mu_: drop the least recently used unpinned plans beyond the capacity.
+  void evict() {
+    auto it = order_.end();
+    while (map_.size() - pinned_ > capacity_ && it != order_.begin()) {
+      --it;
+      auto e = map_.find(*it);
+      if (pinned(e->second)) continue;
+      map_.erase(e);
+      it = order_.erase(it);
+    }
+  }
+
   std::mutex mu_;
+  std::size_t capacity_ = kDefaultCapacity;
+  std::size_t pinned_ = 0;
+  std::int64_t next_handle_ = 1;
   std::list<Key> order_;
-  std::unordered_map<Key, std::pair<std::shared_ptr<const FfnPlan>, std::list<Key>::iterator>, KeyHash> map_;
+  std::unordered_map<Key, Entry, KeyHash> map_;
+  std::unordered_map<std::int64_t, Key> handles_;
 };
 
 PlanCache& cache() {
@@ -418,20 +492,23 @@ int check_max_tokens(int64_t max_tokens) {
 
 //! max_tokens: the plan's token capacity. A batched sparse_ffn call uses the capacity its workspace
 //! holds (plan_capacity()), so plan that one before capturing batched calls.
+//! pin: keep the plan until unpin_plan(handle) (the handle is a fifth entry of the result).
 std::vector<int64_t> plan_ffn_cuda(const at::Tensor& w_gate, const at::Tensor& w_up, const at::Tensor& w_down_t,
                                    const at::Tensor& proxy_gate, const at::Tensor& scale_gate,
                                    const at::Tensor& proxy_up, const at::Tensor& scale_up,
                                    const at::Tensor& thresholds, int64_t act, at::IntArrayRef options,
-                                   int64_t max_tokens) {
+                                   int64_t max_tokens, bool pin) {
   FfnDesc d = describe(w_gate, w_up, w_down_t, proxy_gate, scale_gate, proxy_up, scale_up, thresholds, act,
                        options);
   d.max_tokens = check_max_tokens(max_tokens);
   const at::Device dev = w_gate.device();
   const c10::cuda::CUDAGuard guard(dev);
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream(dev.index());
-  const std::shared_ptr<const FfnPlan> plan = cache().get(d, dev.index(), stream);
+  std::int64_t handle = 0;
+  const std::shared_ptr<const FfnPlan> plan = cache().get(d, dev.index(), stream, pin, &handle);
   int p[4];
   plan->policies(p);
+  if (pin) return {p[0], p[1], p[2], p[3], handle};
   return {p[0], p[1], p[2], p[3]};
 }
 
@@ -443,9 +520,17 @@ void initialize_workspace_cuda(const at::Tensor& ws) {
                "initialize_workspace");
 }
 
+//! The status word lies at the end of the header (prox::detail::kHeaderStatusOffset): a workspace must
+//! hold the whole header to be read.
+void check_header(const at::Tensor& ws) {
+  const std::size_t need = workspace_header_bytes();
+  TORCH_CHECK_VALUE(static_cast<std::size_t>(ws.numel()) >= need, "prox: workspace has ", ws.numel(),
+                    " bytes; a workspace holds at least its ", need, "-byte header");
+}
+
 bool workspace_dirty_cuda(const at::Tensor& ws) {
   check_tensor(ws, "workspace", ws.device(), at::kByte, 16);
-  TORCH_CHECK_VALUE(ws.numel() >= 16, "prox: workspace too small to hold a header");
+  check_header(ws);
   const c10::cuda::CUDAGuard guard(ws.device());
   bool dirty = false;
   check_status(workspace_dirty(ws.data_ptr(), at::cuda::getCurrentCUDAStream(ws.device().index()), &dirty),
@@ -458,24 +543,35 @@ bool workspace_dirty_cuda(const at::Tensor& ws) {
   TORCH_CHECK_VALUE(false, "prox: ", op, " runs on CUDA tensors only (the layer's tensors are on the CPU)");
   throw;  // unreachable
 }
+//! They validate what needs no device first (act, options), so a bad option is the same error everywhere.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sparse_ffn_cpu(
     const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-    const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t, at::IntArrayRef, bool, bool,
-    bool, const std::optional<at::Tensor>&) {
+    const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t act, at::IntArrayRef options,
+    bool, bool, bool, const std::optional<at::Tensor>&) {
+  act_of(act);
+  flags_of(options);
   needs_cuda("sparse_ffn");
 }
 at::Tensor proxy_values_cpu(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
                             const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                            const at::Tensor&, const at::Tensor&, int64_t, at::IntArrayRef) {
+                            const at::Tensor&, const at::Tensor&, int64_t act, at::IntArrayRef options) {
+  act_of(act);
+  flags_of(options);
   needs_cuda("proxy_values");
 }
 std::vector<int64_t> plan_ffn_cpu(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                  const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t,
-                                  at::IntArrayRef, int64_t) {
+                                  const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                  int64_t act, at::IntArrayRef options, int64_t max_tokens, bool) {
+  act_of(act);
+  flags_of(options);
+  check_max_tokens(max_tokens);
   needs_cuda("plan_ffn");
 }
 void initialize_workspace_cpu(const at::Tensor&) { needs_cuda("initialize_workspace"); }
-bool workspace_dirty_cpu(const at::Tensor&) { needs_cuda("workspace_dirty"); }
+bool workspace_dirty_cpu(const at::Tensor& ws) {
+  check_header(ws);
+  needs_cuda("workspace_dirty");
+}
 
 int64_t workspace_bytes_op(int64_t d_model, int64_t d_ff, int64_t max_tokens) {
   TORCH_CHECK_VALUE(d_model >= 8 && d_model % 8 == 0 && d_model <= (1 << 20),
@@ -495,7 +591,15 @@ std::tuple<double, double> allocate_sparsity_op(double e) {
 
 std::string int4_layout_op() { return int4_layout_tag(); }
 
+int64_t workspace_header_bytes_op() { return static_cast<int64_t>(workspace_header_bytes()); }
 int64_t plan_cache_size_op() { return static_cast<int64_t>(cache().size()); }
+int64_t plan_cache_capacity_op() { return static_cast<int64_t>(cache().capacity()); }
+int64_t plan_cache_pinned_op() { return static_cast<int64_t>(cache().pinned_count()); }
+void set_plan_cache_capacity_op(int64_t n) {
+  TORCH_CHECK_VALUE(n >= 1, "prox: the plan cache capacity must be >= 1, got ", n);
+  cache().set_capacity(static_cast<std::size_t>(n));
+}
+void unpin_plan_op(int64_t handle) { cache().unpin(handle); }
 void clear_plan_cache_op() { cache().clear(); }
 
 }  // namespace
@@ -516,13 +620,19 @@ TORCH_LIBRARY(prox, m) {
       "Tensor proxy_up, Tensor scale_up, Tensor thresholds, Tensor(a!) workspace, int act, int[] options) -> Tensor");
   m.def(
       "plan_ffn(Tensor w_gate, Tensor w_up, Tensor w_down_t, Tensor proxy_gate, Tensor scale_gate, "
-      "Tensor proxy_up, Tensor scale_up, Tensor thresholds, int act, int[] options, int max_tokens=1) -> int[]");
+      "Tensor proxy_up, Tensor scale_up, Tensor thresholds, int act, int[] options, int max_tokens=1, "
+      "bool pin=False) -> int[]");
   m.def("initialize_workspace(Tensor(a!) workspace) -> ()");
   m.def("workspace_dirty(Tensor workspace) -> bool");
   m.def("workspace_bytes(int d_model, int d_ff, int max_tokens=1) -> int", &prox_ext::workspace_bytes_op);
   m.def("allocate_sparsity(float e) -> (float, float)", &prox_ext::allocate_sparsity_op);
   m.def("int4_layout() -> str", &prox_ext::int4_layout_op);
+  m.def("workspace_header_bytes() -> int", &prox_ext::workspace_header_bytes_op);
   m.def("plan_cache_size() -> int", &prox_ext::plan_cache_size_op);
+  m.def("plan_cache_capacity() -> int", &prox_ext::plan_cache_capacity_op);
+  m.def("set_plan_cache_capacity(int capacity) -> ()", &prox_ext::set_plan_cache_capacity_op);
+  m.def("plan_cache_pinned() -> int", &prox_ext::plan_cache_pinned_op);
+  m.def("unpin_plan(int handle) -> ()", &prox_ext::unpin_plan_op);
   m.def("clear_plan_cache() -> ()", &prox_ext::clear_plan_cache_op);
 }
 

@@ -98,6 +98,9 @@ prox::Status transpose(DType t, const void* in, int rows, int cols, void* out, c
 prox::Status pack_int4_host(DType t, const void* w, int d_model, int d_ff, std::uint32_t* packed, float* scales);
 prox::Status transpose_host(DType t, const void* in, int rows, int cols, void* out);
 prox::Status initialize_workspace(void* ws, std::size_t bytes, cudaStream_t stream) noexcept;
+//! Bytes of a workspace's header (prox::detail::kHeaderBytes): the least any workspace holds; its status
+//! word, which workspace_dirty() reads, is at the header's end.
+std::size_t workspace_header_bytes() noexcept;
 //! *dirty = whether a kernel found the workspace not ready since its initialization (synchronizes).
 prox::Status workspace_dirty(const void* ws, cudaStream_t stream, bool* dirty) noexcept;
 //! prox::allocate_sparsity with the paper's rule.

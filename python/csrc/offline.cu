@@ -54,6 +54,8 @@ prox::Status initialize_workspace(void* ws, std::size_t bytes, cudaStream_t stre
   return prox::initialize_workspace(ws, bytes, stream);
 }
 
+std::size_t workspace_header_bytes() noexcept { return prox::detail::kHeaderBytes; }
+
 prox::Status workspace_dirty(const void* ws, cudaStream_t stream, bool* dirty) noexcept {
   prox::Status s = prox::Status::kSuccess;
   const prox::Status st = prox::read_workspace_status(ws, stream, &s);

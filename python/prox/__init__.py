@@ -9,15 +9,19 @@ sequential calibration.
     out = model.generate(ids, max_new_tokens=64)        # decode steps run Prox, prefill runs dense
 
 The pure-Python parts (allocation rule, calibration rule, torch reference, thresholds file) work without
-the compiled extension; the ops need it (prox.ops_available()).
+the compiled extension; the ops need it (prox.ops_available(); prox.ops_import_error() says why not).
 """
 from ._ops import (ACTS, MAX_TOKENS, FfnOutputs, PlanOptions, allocate_sparsity_native,
-                   available as ops_available, clear_plan_cache, initialize_workspace, int4_layout, new_workspace,
-                   pack_int4, plan_cache_size, transpose, workspace_bytes, workspace_dirty, workspace_tokens)
+                   available as ops_available, check_layer, check_workspace, clear_plan_cache,
+                   cuda_unavailable_reason, import_error as ops_import_error, initialize_workspace, int4_layout,
+                   new_workspace, pack_int4, plan_cache_capacity, plan_cache_pinned, plan_cache_size,
+                   set_plan_cache_capacity, transpose, workspace_bytes, workspace_dirty, workspace_header_bytes,
+                   workspace_tokens)
 from .allocation import (ALPHA, StageSparsity, allocate_sparsity, effective_sparsity, max_effective_sparsity,
                          split_candidates)
 from .calibration import Calibrator, LayerThresholds, ThresholdResult, calibrate_layer, quantile_threshold
-from .nn import SparseMLP, find_mlps, memory_report, set_mode, swap_mlps
+from .nn import (SparseMLP, WorkspacePool, find_mlps, free_workspaces, memory_report, refresh, set_mode, swap_mlps,
+                 workspace_pool)
 from .planned import PlannedFfn, new_counters, sparsity_report as counters_report
 from .sparsify import apply_thresholds, sparsify, sparsity_report
 from .thresholds import LayerRecord, ThresholdConfig, find_config, load_thresholds, save_thresholds
@@ -27,11 +31,13 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ACTS", "ALPHA", "Calibrator", "FfnOutputs", "LayerRecord", "LayerThresholds", "MAX_TOKENS", "PlanOptions",
-    "PlannedFfn", "SparseMLP", "StageSparsity", "ThresholdConfig", "ThresholdResult", "allocate_sparsity",
-    "allocate_sparsity_native", "apply_thresholds", "calibrate_layer", "clear_plan_cache", "counters_report",
-    "effective_sparsity", "find_config", "find_mlps", "initialize_workspace", "int4_layout", "load_thresholds",
-    "max_effective_sparsity", "memory_report", "new_counters", "new_workspace", "ops_available", "pack_int4",
-    "plan_cache_size", "quantile_threshold", "reference", "save_thresholds", "set_mode", "sparsify",
-    "sparsity_report", "split_candidates", "swap_mlps", "transpose", "workspace_bytes", "workspace_dirty",
-    "workspace_tokens",
+    "PlannedFfn", "SparseMLP", "StageSparsity", "ThresholdConfig", "ThresholdResult", "WorkspacePool",
+    "allocate_sparsity", "allocate_sparsity_native", "apply_thresholds", "calibrate_layer", "check_layer",
+    "check_workspace", "clear_plan_cache", "counters_report", "cuda_unavailable_reason", "effective_sparsity",
+    "find_config", "find_mlps", "free_workspaces", "initialize_workspace", "int4_layout", "load_thresholds",
+    "max_effective_sparsity", "memory_report", "new_counters", "new_workspace", "ops_available",
+    "ops_import_error", "pack_int4", "plan_cache_capacity", "plan_cache_pinned", "plan_cache_size",
+    "quantile_threshold", "reference", "refresh", "save_thresholds", "set_mode", "set_plan_cache_capacity",
+    "sparsify", "sparsity_report", "split_candidates", "swap_mlps", "transpose", "workspace_bytes",
+    "workspace_dirty", "workspace_header_bytes", "workspace_pool", "workspace_tokens",
 ]

@@ -15,15 +15,62 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import glob
+import os
+import sys
+import warnings
 from typing import NamedTuple, Optional
 
 import torch
 
-_IMPORT_ERROR: Optional[BaseException] = None
-try:
-    from . import _C  # noqa: F401  (registers torch.ops.prox.*)
-except (ImportError, OSError) as exc:  # no compiled extension, or no CUDA runtime to load it with
-    _IMPORT_ERROR = exc
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _other_builds() -> list:
+    """Compiled extensions of other copies of the prox package on sys.path (an installed one, when this
+    copy is the source tree python/prox that shadows it)."""
+    found = []
+    for entry in sys.path:
+        d = os.path.join(entry or os.getcwd(), "prox")
+        try:
+            if os.path.realpath(d) == os.path.realpath(_HERE):
+                continue
+        except OSError:
+            continue
+        found += sorted(glob.glob(os.path.join(d, "_C*.so")) + glob.glob(os.path.join(d, "_C*.pyd")))
+    return found
+
+
+def _load() -> tuple[Optional[BaseException], Optional[str]]:
+    """Import prox._C (registers torch.ops.prox.*): (the exception, why in words) or (None, None)."""
+    import importlib
+    import importlib.util
+    name = f"{__package__}._C"
+    if importlib.util.find_spec(name) is None:
+        exc = ModuleNotFoundError(f"No module named {name!r}", name=name)
+        others = _other_builds()
+        if others:
+            return exc, (f"prox was imported from {_HERE}, which has no compiled extension, while a build "
+                         f"exists at {others[0]}: this source tree shadows the installed package (run from "
+                         "outside python/, or remove it from sys.path)")
+        return exc, ("the compiled extension prox._C is not built: install with "
+                     "`pip install ./python --no-build-isolation` against this torch")
+    try:
+        importlib.import_module(name)
+        return None, None
+    except ImportError as exc:  # an undefined symbol (ABI mismatch), a wrong ELF
+        return exc, (f"the compiled extension prox._C exists but could not be loaded ({type(exc).__name__}: "
+                     f"{exc}); rebuild it against this torch (`pip install ./python --no-build-isolation`)")
+    except OSError as exc:  # a library it needs (the CUDA runtime) could not be loaded
+        return exc, (f"the compiled extension prox._C could not be loaded ({type(exc).__name__}: {exc}): a "
+                     "library it needs is missing")
+
+
+_IMPORT_ERROR, _IMPORT_REASON = _load()
+if _IMPORT_ERROR is not None and not (isinstance(_IMPORT_ERROR, ModuleNotFoundError) and not _other_builds()):
+    # A build that exists but does not load (an ABI or undefined-symbol error, a missing library) or that
+    # this copy shadows: say so now; only a package with no build at all is quiet (its pure-Python parts work).
+    warnings.warn(f"prox: {_IMPORT_REASON}", RuntimeWarning, stacklevel=2)
 
 
 def available() -> bool:
@@ -31,13 +78,41 @@ def available() -> bool:
     return _IMPORT_ERROR is None
 
 
+def import_error() -> Optional[str]:
+    """Why the compiled extension is not loaded (None when it is): not built, shadowed by this source tree,
+    or built but not loadable, with the import error."""
+    return _IMPORT_REASON
+
+
 def _require() -> None:
     if _IMPORT_ERROR is not None:
-        raise RuntimeError(
-            "prox: the compiled extension prox._C could not be loaded "
-            f"({type(_IMPORT_ERROR).__name__}: {_IMPORT_ERROR}); install with "
-            "`pip install ./python --no-build-isolation` against this torch"
-        ) from _IMPORT_ERROR
+        raise RuntimeError(f"prox: {_IMPORT_REASON}") from _IMPORT_ERROR
+
+
+def _driver_present() -> bool:
+    import ctypes
+    for name in ("libcuda.so.1", "libcuda.so", "nvcuda.dll"):
+        try:
+            ctypes.CDLL(name)
+            return True
+        except OSError:
+            continue
+    return False
+
+
+@functools.lru_cache(maxsize=None)
+def cuda_unavailable_reason() -> Optional[str]:
+    """None when torch sees a CUDA GPU; else why not, in words: "no CUDA driver/GPU found" where no driver
+    is installed (the CUDA runtime calls that "CUDA driver version is insufficient"), else torch's reason."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if torch.cuda.is_available():
+            return None
+    if not _driver_present():
+        return "no CUDA driver/GPU found (libcuda.so.1 is not installed)"
+    if torch.version.cuda is None:
+        return f"this torch ({torch.__version__}) is built without CUDA"
+    return "no CUDA GPU found (a driver is installed, but torch sees no device)"
 
 
 #: Most tokens one sparse_ffn call runs (prox::kMaxBatchTokens).
@@ -60,7 +135,11 @@ def act_code(act: str | int) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class PlanOptions:
-    """SparseFfn::PlanOptions (include/prox/sparse_ffn.cuh). Policy indices -1 = the default."""
+    """SparseFfn::PlanOptions (include/prox/sparse_ffn.cuh). Policy indices -1 = the default.
+
+    ``cooperative=False`` needs ``fuse_stage2=False``: the fused Stage 2 waits at a grid-wide barrier that
+    only a cooperative launch guarantees to be reachable (every block resident); launched otherwise it can
+    hang the GPU, so the combination is refused here and by the op."""
 
     pdl: bool = True
     cluster: bool = False
@@ -72,6 +151,16 @@ class PlanOptions:
     glu: int = -1
     down: int = -1
     glu_down: int = -1
+
+    def __post_init__(self):
+        if self.fuse_stage2 and not self.cooperative:
+            raise ValueError("prox: PlanOptions(cooperative=False) needs fuse_stage2=False: the fused Stage 2 "
+                             "waits at a grid-wide barrier, which only a cooperative launch makes safe (a "
+                             "non-cooperative grid can hang); pass fuse_stage2=False with cooperative=False")
+        for name in ("proxy", "glu", "down", "glu_down"):
+            v = getattr(self, name)
+            if not (isinstance(v, int) and -1 <= v < 64):
+                raise ValueError(f"prox: PlanOptions.{name} must be a policy index in [-1, 63], got {v!r}")
 
     def encode(self) -> list[int]:
         flags = (1 if self.pdl else 0) | (2 if self.cluster else 0) | (4 if self.fuse_stage2 else 0)
@@ -152,6 +241,31 @@ def new_workspace(d_model: int, d_ff: int, device: torch.device | str = "cuda", 
     return ws
 
 
+def workspace_header_bytes() -> int:
+    """Bytes of a workspace's header (prox::detail::kHeaderBytes): the least any workspace holds."""
+    _require()
+    return int(torch.ops.prox.workspace_header_bytes())
+
+
+def check_workspace(workspace, device: Optional[torch.device] = None, *, need: int = 0,
+                    what: str = "workspace") -> None:
+    """A workspace as the ops take it: a contiguous uint8 tensor, 16-byte aligned, on ``device`` (when given),
+    of at least ``need`` bytes (and at least the header). Raises TypeError / ValueError naming it."""
+    if not isinstance(workspace, torch.Tensor):
+        raise TypeError(f"prox: {what} must be a torch.uint8 tensor (it is {type(workspace).__name__})")
+    if workspace.dtype != torch.uint8:
+        raise TypeError(f"prox: {what} must be torch.uint8 (it is {workspace.dtype})")
+    if device is not None and workspace.device != device:
+        raise ValueError(f"prox: {what} is on {workspace.device}, the layer's tensors on {device}")
+    if not workspace.is_contiguous():
+        raise ValueError(f"prox: {what} must be contiguous")
+    if workspace.device.type != "meta" and workspace.data_ptr() % 16:
+        raise ValueError(f"prox: {what} must be 16-byte aligned (data_ptr {workspace.data_ptr():#x})")
+    need = max(need, workspace_header_bytes())
+    if workspace.numel() < need:
+        raise ValueError(f"prox: {what} has {workspace.numel()} bytes; it needs at least {need}")
+
+
 def initialize_workspace(workspace: torch.Tensor) -> None:
     """Zero a workspace and write its header (two memsets on the current stream; capturable)."""
     _require()
@@ -160,8 +274,10 @@ def initialize_workspace(workspace: torch.Tensor) -> None:
 
 def workspace_dirty(workspace: torch.Tensor) -> bool:
     """Whether a kernel found this workspace not initialized since its last initialization (the runs it
-    flagged were exact-dense). Synchronizes the current stream: not for the hot path."""
+    flagged were exact-dense). Synchronizes the current stream: not for the hot path. The workspace must
+    hold at least the header (workspace_header_bytes()): the status word lies at its end."""
     _require()
+    check_workspace(workspace)
     return bool(torch.ops.prox.workspace_dirty(workspace))
 
 
@@ -210,10 +326,91 @@ def int4_layout() -> str:
 
 
 def plan_cache_size() -> int:
+    """Plans the extension holds (a layer has at most two: batch 1 and batches)."""
     _require()
     return int(torch.ops.prox.plan_cache_size())
 
 
+def plan_cache_capacity() -> int:
+    """The most unpinned plans the cache keeps (least recently used ones are evicted past it)."""
+    _require()
+    return int(torch.ops.prox.plan_cache_capacity())
+
+
+def set_plan_cache_capacity(capacity: int) -> None:
+    """Bound the unpinned plans (>= 1; default 4096). Pinned plans (PlannedFfn's, SparseMLP.plan()'s, and
+    every plan a captured call used) are never evicted and do not count against it."""
+    _require()
+    torch.ops.prox.set_plan_cache_capacity(int(capacity))
+
+
+def plan_cache_pinned() -> int:
+    """Plans the cache may not evict: pinned by an owner (plan_ffn(pin=True)) or used during stream capture."""
+    _require()
+    return int(torch.ops.prox.plan_cache_pinned())
+
+
+def unpin_plan(handle: int) -> None:
+    """Release a pin plan_ffn(pin=True) returned (its owner is gone); the plan becomes evictable. Unknown
+    handles are ignored (clear_plan_cache() dropped them)."""
+    if available():
+        torch.ops.prox.unpin_plan(int(handle))
+
+
 def clear_plan_cache() -> None:
+    """Drop every plan, pinned ones included: layers plan again on their next eager call (or plan());
+    calls captured afterwards need that first."""
     _require()
     torch.ops.prox.clear_plan_cache()
+
+
+# ---------------------------------------------------------------- validation where the user is
+
+
+def _check_tensor(t, name: str, device: torch.device, dtype, shape: tuple, align: int) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"prox: {name} must be a tensor (it is {type(t).__name__})")
+    if t.dtype != dtype:
+        raise TypeError(f"prox: {name} must be {dtype} (it is {t.dtype})")
+    if t.device != device:
+        raise ValueError(f"prox: {name} is on {t.device}, the layer's tensors (w_gate) on {device}")
+    if tuple(t.shape) != tuple(shape):
+        raise ValueError(f"prox: {name} must have shape {tuple(shape)} (it has {tuple(t.shape)})")
+    if not t.is_contiguous():
+        raise ValueError(f"prox: {name} must be contiguous")
+    if t.device.type != "meta" and t.data_ptr() % align:
+        raise ValueError(f"prox: {name} must be {align}-byte aligned (data_ptr {t.data_ptr():#x})")
+
+
+def check_layer(w_gate, w_up, w_down_t, proxy_gate, scale_gate, proxy_up, scale_up, thresholds,
+                workspace=None, *, max_tokens: int = 1) -> tuple[int, int]:
+    """The checks the op makes on a layer's tensors, made when the layer is built (PlannedFfn, SparseMLP) so
+    that the error names the tensor where the user is: dtype, device and its index, shape, contiguity and
+    alignment of each, the workspace's size for ``max_tokens`` tokens. Returns (d_model, d_ff). The op checks
+    again on every call (the second line, for C++ and raw-op callers)."""
+    if not isinstance(w_gate, torch.Tensor) or w_gate.dim() != 2:
+        raise ValueError("prox: w_gate must be a 2-D [d_ff, d_model] tensor")
+    if w_gate.dtype not in (torch.float16, torch.bfloat16):
+        raise TypeError(f"prox: w_gate must be torch.float16 or torch.bfloat16 (it is {w_gate.dtype})")
+    d_ff, d_model = (int(v) for v in w_gate.shape)
+    if not (8 <= d_model <= 1 << 20 and d_model % 8 == 0):
+        raise ValueError(f"prox: d_model must be a multiple of 8 in [8, 2^20], got {d_model}")
+    if not (32 <= d_ff <= 1 << 20 and d_ff % 32 == 0):
+        raise ValueError(f"prox: d_ff must be a multiple of 32 in [32, 2^20], got {d_ff}")
+    if not 1 <= max_tokens <= MAX_TOKENS:
+        raise ValueError(f"prox: max_tokens must be in [1, {MAX_TOKENS}], got {max_tokens}")
+    dev, dt = w_gate.device, w_gate.dtype
+    _check_tensor(w_gate, "w_gate", dev, dt, (d_ff, d_model), 16)
+    _check_tensor(w_up, "w_up", dev, dt, (d_ff, d_model), 16)
+    _check_tensor(w_down_t, "w_down_t (W_down transposed)", dev, dt, (d_ff, d_model), 16)
+    _check_tensor(proxy_gate, "proxy_gate", dev, torch.int32, (d_model, d_ff // 8), 16)
+    _check_tensor(proxy_up, "proxy_up", dev, torch.int32, (d_model, d_ff // 8), 16)
+    _check_tensor(scale_gate, "scale_gate", dev, torch.float32, (d_ff,), 4)
+    _check_tensor(scale_up, "scale_up", dev, torch.float32, (d_ff,), 4)
+    _check_tensor(thresholds, "thresholds", dev, torch.float32, (2,), 4)
+    if workspace is not None:
+        need = workspace_bytes(d_model, d_ff, max_tokens)
+        check_workspace(workspace, dev, need=need,
+                        what=f"workspace (for calls of up to {max_tokens} token{'s' if max_tokens > 1 else ''}: "
+                             f"prox.workspace_bytes({d_model}, {d_ff}, max_tokens={max_tokens}))")
+    return d_model, d_ff

@@ -3,6 +3,12 @@
 
     python -m prox.bench_decode                       # the default sweep (about 6-7 min on an H100)
     python -m prox.bench_decode --models 8b --dtypes bf16 --contexts 512 --steps lean
+    python -m prox.bench_decode --device cpu --models tiny   # a smoke test of the code paths: no timings
+
+Prox is timed through the CUDA op only: without the compiled extension (or with a source tree shadowing the
+installed package) the benchmark stops instead of timing the torch reference. The JSON records the backend
+the layers ran ("backend_used"), whether the extension loaded, and why not. On the CPU it is a smoke test:
+every step kind runs a few tokens through the torch reference and nothing is timed or compared.
 
 Setup (the same for dense and Prox; only the MLPs differ):
 - a transformers Qwen3ForCausalLM built from a Qwen3Config in code (nothing downloaded), random weights on
@@ -399,11 +405,17 @@ def run_model(args, name: str, dtype_name: str, results: dict, save):
     dense_mlps = [layer.mlp for layer in model.model.layers]
     thresholds = torch.zeros(len(dense_mlps), 2, dtype=torch.float32, device=dev)
     sparse = []
+    pool = prox.WorkspacePool()  # this model's workspaces
     for i, m in enumerate(dense_mlps):
-        sp = SparseMLP.from_mlp(m, act="silu", keep_down=True, track_sparsity=True)
+        sp = SparseMLP.from_mlp(m, act="silu", keep_down=True, track_sparsity=True, workspace_pool=pool,
+                                backend="torch" if args.smoke else "op")
         sp.thresholds = thresholds[i]  # one [L, 2] table: switching e is one copy
         sparse.append(sp)
-    zero = [ZeroMLP() for _ in dense_mlps]
+    used = {sp.backend_in_use() for sp in sparse}
+    if not args.smoke and used != {"op"}:
+        raise RuntimeError(f"prox.bench_decode: the layers would run {sorted(used)}, not the CUDA op: refusing to "
+                           "report Prox timings of the torch reference")
+    results["backend_used"] = sorted(used)[0]
     mem = prox.memory_report(nn.ModuleList(sparse))
     log(f"{name} {dtype_name}: model built in {time.time() - t:.1f} s; Prox adds "
         f"{mem['proxies'] / 2**30:.2f} GiB proxies + {mem['w_down_t'] / 2**30:.2f} GiB W_down^T "
@@ -411,6 +423,10 @@ def run_model(args, name: str, dtype_name: str, results: dict, save):
     tables, xs = calibrate_random(model, sparse, args.e, args.calib_tokens, dev, cfg.vocab_size)
     log(f"  thresholds calibrated for e = {args.e}")
 
+    if args.smoke:
+        log("  smoke test: the FFN alone is not timed")
+        return run_cells(args, name, dtype_name, results, save, model, cfg, dense_mlps, sparse, thresholds, tables,
+                         max_len, use_graph, None, dtype)
     # the FFN alone, dense vs Prox, on the inputs captured from the model: the speed-up of this run
     lean_tmp = LeanDecoder(model, cfg, 8, dense_mlps, compile=not args.no_compile)
     xs1 = [x[-1:].contiguous() for x in xs]
@@ -430,7 +446,14 @@ def run_model(args, name: str, dtype_name: str, results: dict, save):
 
     log(f"  FFN alone: dense {ffn['dense_us']:.1f} us/layer; Prox "
         + ", ".join(f"e={k}: {v:.1f} us ({ffn['speedup'][k]:.2f}x)" for k, v in ffn["prox_us"].items()))
+    run_cells(args, name, dtype_name, results, save, model, cfg, dense_mlps, sparse, thresholds, tables, max_len,
+              use_graph, ffn, dtype)
 
+
+def run_cells(args, name, dtype_name, results, save, model, cfg, dense_mlps, sparse, thresholds, tables, max_len,
+              use_graph, ffn, dtype):
+    dev = torch.device(args.device)
+    zero = [ZeroMLP() for _ in dense_mlps]
     tok = torch.ones(1, 1, dtype=torch.long, device=dev)
     pos = torch.zeros(1, dtype=torch.long, device=dev)
     for ctx in args.contexts:
@@ -447,7 +470,11 @@ def run_model(args, name: str, dtype_name: str, results: dict, save):
             cell.update(model=name, dtype=dtype_name, context=ctx, step=kind, ffn=ffn, seconds=time.time() - t)
             results["cells"][key] = cell
             save()
-            if "error" not in cell:
+            if "error" not in cell and args.smoke:
+                log(f"  {key}: smoke test passed (dense, no-MLP and Prox steps ran; realized e "
+                    + ", ".join(f"{k}: {v['realized']['effective']:.2f}" for k, v in cell["prox"].items())
+                    + f"; nothing timed) [{time.time() - t:.0f} s]")
+            elif "error" not in cell:
                 log(f"  {key}: dense {cell['dense']['tok_s']:.1f} tok/s ({cell['dense']['ms']:.2f} ms), MLP share "
                     f"{cell['mlp_share']:.0%}; Prox " + ", ".join(
                         f"e={k}: {v['speedup']:.2f}x (bound {v['amdahl_bound']:.2f}x, {v['fraction_of_bound']:.0%})"
@@ -476,6 +503,20 @@ def run_cell(args, kind, model, cfg, dense_mlps, sparse, zero, thresholds, table
             if name == "dense":
                 compile_s = time.time() - t
         set_mlps(model, dense_mlps)
+    if args.smoke:  # run every step kind, time nothing
+        cell = {"smoke": True, "prox": {}}
+        for r in ("dense", "none"):
+            runners[r].time(args.new_tokens, 1)
+        for e in args.e:
+            thresholds.copy_(tables[e])
+            for sp in sparse:
+                sp.reset_counters()
+            runners["prox"].time(args.new_tokens, 1)
+            rep = prox.sparsity_report(nn.ModuleList(sparse))
+            cell["prox"][str(e)] = {"realized": {k: rep[k] for k in ("s1", "s2", "effective")},
+                                    "target": {"s1": prox.allocate_sparsity(e).s1, "s2": prox.allocate_sparsity(e).s2}}
+        del runners
+        return cell
     t_dense = runners["dense"].time(args.new_tokens, args.repeats)
     t_none = runners["none"].time(args.new_tokens, args.repeats)
     share = max(t_dense - t_none, 0.0) / t_dense
@@ -585,14 +626,29 @@ def main(argv=None) -> int:
     for s in args.steps:
         if s not in ("hf", "lean", "hfc"):
             p.error(f"unknown step {s}")
-    if args.device == "cuda" and not torch.cuda.is_available():
-        p.error("no CUDA device (use --device cpu --models tiny for a smoke test)")
+    args.smoke = torch.device(args.device).type != "cuda"
+    if args.smoke:
+        if args.models != ["tiny"]:
+            p.error(f"--device {args.device} is a smoke test of the code paths (the torch reference, no timings): "
+                    "use --models tiny")
+        args.no_compile, args.new_tokens, args.repeats = True, min(args.new_tokens, 4), 1
+        log("smoke test on the CPU: each step kind runs a few tokens through the torch reference of Prox; "
+            "nothing is timed (speed-ups are measured on a GPU with the CUDA op)")
+    else:
+        if prox.cuda_unavailable_reason():
+            p.error(f"--device {args.device}: {prox.cuda_unavailable_reason()} (--device cpu --models tiny runs a "
+                    "smoke test)")
+        if not prox.ops_available():
+            raise SystemExit(f"prox.bench_decode: the CUDA op is not loaded: {prox.ops_import_error()}. Refusing to "
+                             "time Prox through the torch reference")
     torch._dynamo.config.cache_size_limit = 64
     torch._dynamo.config.accumulated_cache_size_limit = 512
 
     results = {"device": torch.cuda.get_device_name() if args.device == "cuda" else platform.processor() or "cpu",
                "torch": torch.__version__, "transformers": __import__("transformers").__version__,
-               "commit": git_commit(), "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+               "commit": git_commit(), "date": time.strftime("%Y-%m-%d %H:%M:%S"), "smoke": args.smoke,
+               "prox_file": prox.__file__, "ops_available": prox.ops_available(),
+               "ops_import_error": prox.ops_import_error(),
                "argv": sys.argv[1:] if argv is None else list(argv),
                "config": {"new_tokens": args.new_tokens, "repeats": args.repeats, "e": args.e,
                           "calibration_tokens": args.calib_tokens}, "cells": {}}

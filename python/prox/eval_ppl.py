@@ -9,16 +9,25 @@ directory or a GGUF file (dequantized by transformers with the gguf package).
 Protocol (after the paper's appendix, at a smaller scale): thresholds are calibrated layer by layer in the
 paper's sequential order on one text (prox/data/calibration.txt: instruction/response pairs, standing in
 for Alpaca) and perplexity is measured on another (prox/data/evaluation.txt: encyclopedic articles,
-standing in for WikiText), in non-overlapping windows of --seq-len tokens. Every token of a window runs
-through Prox ("we sparsify the full sequence"), so the scored hidden states are computed under sparsity.
-Both texts were written for this repository (Apache-2.0); --calib-text / --eval-text take others.
+standing in for WikiText), in non-overlapping windows of --seq-len tokens. Every window starts with the
+model's BOS token (its EOS where it has none), as lm-evaluation-harness's rolling windows do: the text is
+tokenized without special tokens and cut into windows of seq-len - 1 text tokens, each scored after the
+BOS (Gemma-family models depend on it). Every token of a window runs through Prox ("we sparsify the full
+sequence"), so the scored hidden states are computed under sparsity. Both texts were written for this
+repository (Apache-2.0); --calib-text / --eval-text take others.
+
+Before scoring sparsity the dense model is checked: its perplexity must stay under --max-dense-ppl
+(default 300), or the run stops (a missing BOS, a wrong tokenizer or a broken dequantization gives
+hundreds to thousands, and every Prox row built on it would be noise); its greedy continuation of a short
+prompt is printed and recorded.
 
 Splits: "paper" = the allocation rule's (s1, s2) for every layer; "search" = each layer's (s1, s2) on the
 line of equal e chosen by the FFN output error on the calibration tokens (prox.sparsify(split="search")).
 The realized sparsity on the evaluation text is measured with the runtime counters.
 
 Backends: on fp16/bf16 CUDA tensors the CUDA op runs each token (batch-1 decoding, token by token);
-elsewhere (CPU, float32) the torch reference of the method (prox.reference) runs, batched.
+elsewhere (CPU, float32) the torch reference of the method (prox.reference) runs, batched. The JSON
+records which ran ("backend_used"), whether the extension loaded and why not.
 """
 from __future__ import annotations
 
@@ -83,13 +92,32 @@ def read(path_or_name: str) -> str:
         return f.read()
 
 
-def windows(ids: torch.Tensor, seq_len: int, min_len: int = 64) -> list:
-    out = [ids[i:i + seq_len] for i in range(0, ids.numel(), seq_len)]
-    return [w for w in out if w.numel() >= min_len]
+#: A prompt whose greedy continuation is printed and recorded (a glance at whether the dense model works).
+PROMPT = "The capital of France is"
+MAX_DENSE_PPL = 300.0
+
+
+def prefix_token(tok) -> int:
+    """The token every window starts with: BOS, else EOS (lm-evaluation-harness's prefix token)."""
+    for t in (tok.bos_token_id, tok.eos_token_id):
+        if t is not None:
+            return int(t)
+    raise ValueError("prox: the tokenizer has neither a BOS nor an EOS token to start the windows with")
+
+
+def windows(ids: torch.Tensor, seq_len: int, bos: int, min_len: int = 64) -> list:
+    """Non-overlapping windows of seq_len tokens, each [bos] + seq_len - 1 text tokens (the last may be
+    shorter; windows of fewer than min_len text tokens are dropped). Every text token is scored once."""
+    if seq_len < 2:
+        raise ValueError(f"prox: seq_len must be >= 2 (a BOS and a token), got {seq_len}")
+    n = seq_len - 1
+    head = torch.tensor([bos], dtype=ids.dtype)
+    return [torch.cat([head, ids[i:i + n]]) for i in range(0, ids.numel(), n) if ids[i:i + n].numel() >= min_len]
 
 
 @torch.no_grad()
 def perplexity(model, wins, device) -> tuple[float, int]:
+    """exp(mean NLL) of every token after each window's first (the BOS, which is context, not scored)."""
     nll, n = 0.0, 0
     for w in wins:
         ids = w[None].to(device)
@@ -98,6 +126,30 @@ def perplexity(model, wins, device) -> tuple[float, int]:
         nll += float(loss)
         n += ids.numel() - 1
     return math.exp(nll / n), n
+
+
+def check_dense(ppl: float, bound: float) -> None:
+    """Refuse a dense perplexity no working model gets on this text (the sparse rows would be noise)."""
+    if not (ppl <= bound):  # NaN too
+        raise SystemExit(f"prox.eval_ppl: the dense model's perplexity is {ppl:.1f}, above {bound:g}: the model "
+                         "or its tokenizer is probably misconfigured (a missing BOS, a wrong tokenizer, a broken "
+                         "dequantization), so Prox's rows would compare against noise. Fix the model, or pass "
+                         "--max-dense-ppl to score it anyway")
+
+
+@torch.no_grad()
+def greedy(model, tok, device, prompt: str = PROMPT, new_tokens: int = 8) -> str:
+    ids = torch.tensor([[prefix_token(tok)] + tok(prompt, add_special_tokens=False).input_ids], device=device)
+    for _ in range(new_tokens):
+        nxt = model(input_ids=ids, use_cache=False).logits[0, -1].argmax()
+        ids = torch.cat([ids, nxt.view(1, 1)], dim=1)
+    return tok.decode(ids[0, 1:].tolist())
+
+
+def backend_used(model) -> str:
+    """What the model's SparseMLPs ran: "op", "torch" or "mixed"."""
+    kinds = {m.backend_in_use() for _, m in prox.nn.sparse_mlps(model)}
+    return kinds.pop() if len(kinds) == 1 else ("mixed" if kinds else "none")
 
 
 def main(argv=None) -> int:
@@ -116,27 +168,39 @@ def main(argv=None) -> int:
     p.add_argument("--thresholds", default="", help="thresholds file: load configs found there, save new ones")
     p.add_argument("--out", default="", help="markdown table path (also printed)")
     p.add_argument("--json", default="", help="JSON results path")
+    p.add_argument("--max-dense-ppl", type=float, default=MAX_DENSE_PPL,
+                   help="refuse to score sparsity when the dense perplexity is above this (a misconfigured model)")
+    p.add_argument("--no-strict", action="store_true",
+                   help="apply a --thresholds file even where it does not match the model (warns)")
     args = p.parse_args(argv)
+    if args.device.startswith("cuda") and prox.cuda_unavailable_reason():
+        p.error(f"--device {args.device}: {prox.cuda_unavailable_reason()}")
     dtype = DTYPES[args.dtype] if args.dtype else (torch.float16 if args.device.startswith("cuda") else torch.float32)
     es = [float(e) for e in args.e.split(",") if e]
     splits = [s for s in args.splits.split(",") if s]
 
     model, tok, desc = load(args.model, dtype, args.device)
-    cal_ids = tok(read(args.calib_text), return_tensors="pt").input_ids[0]
-    ev_ids = tok(read(args.eval_text), return_tensors="pt").input_ids[0]
+    bos = prefix_token(tok)
+    cal_ids = tok(read(args.calib_text), return_tensors="pt", add_special_tokens=False).input_ids[0]
+    ev_ids = tok(read(args.eval_text), return_tensors="pt", add_special_tokens=False).input_ids[0]
     if args.calib_tokens:
         cal_ids = cal_ids[:args.calib_tokens]
     if args.eval_tokens:
         ev_ids = ev_ids[:args.eval_tokens]
-    cal_w, ev_w = windows(cal_ids, args.seq_len), windows(ev_ids, args.seq_len)
+    cal_w, ev_w = windows(cal_ids, args.seq_len, bos), windows(ev_ids, args.seq_len, bos)
     mlps = prox.find_mlps(model)
     d_model, d_ff = mlps[0][1].gate_proj.weight.shape[1], mlps[0][1].gate_proj.weight.shape[0]
     log(f"{desc}: {len(mlps)} MLPs (d_model {d_model}, d_ff {d_ff}), {str(dtype).replace('torch.', '')} on "
         f"{args.device}; calibration {sum(w.numel() for w in cal_w)} tokens, evaluation "
         f"{sum(w.numel() for w in ev_w)} tokens in windows of {args.seq_len}")
 
+    if not prox.ops_available() and args.device.startswith("cuda"):
+        log(f"the CUDA op is not loaded ({prox.ops_import_error()}): Prox runs through the torch reference")
     dense_ppl, n_scored = perplexity(model, ev_w, args.device)
-    log(f"dense: perplexity {dense_ppl:.3f} over {n_scored} predicted tokens")
+    continuation = greedy(model, tok, args.device)
+    log(f"dense: perplexity {dense_ppl:.3f} over {n_scored} predicted tokens (windows start with token {bos}); "
+        f"greedy: {continuation!r}")
+    check_dense(dense_ppl, args.max_dense_ppl)
     # One copy of the dense weights: each configuration swaps the MLPs for SparseMLPs, which share the original
     # modules' Linear layers (keep_down=True: W_down stays referenced, as the originals hold it anyway), and
     # puts the original modules back afterwards.
@@ -149,10 +213,10 @@ def main(argv=None) -> int:
             kw = dict(backend=args.backend, keep_down=True, track_sparsity=True, prefill="sparse")
             try:
                 cfg = prox.find_config(known, e, split)
-                prox.sparsify(model, e, thresholds=cfg, split=split, **kw)
+                prox.sparsify(model, e, thresholds=cfg, split=split, strict=not args.no_strict, model_name=desc, **kw)
                 how = "loaded"
             except KeyError:
-                cfg = prox.sparsify(model, e, [w[None] for w in cal_w], split=split, **kw)
+                cfg = prox.sparsify(model, e, [w[None] for w in cal_w], split=split, model_name=desc, **kw)
                 cfg.calibration["text"] = os.path.basename(args.calib_text)
                 how = "calibrated"
                 if args.thresholds:
@@ -163,16 +227,21 @@ def main(argv=None) -> int:
             rep = prox.sparsity_report(model)
             splits_used = sorted({(round(r.s1, 3), round(r.s2, 3)) for r in cfg.layers})
             err = sum(r.output_error for r in cfg.layers) / len(cfg.layers)
+            used = backend_used(model)
             rows.append({"e": e, "split": split, "ppl": ppl, "rel": ppl / dense_ppl - 1.0, "realized": rep,
-                         "layer_splits": [[r.s1, r.s2] for r in cfg.layers], "mean_ffn_error": err})
+                         "layer_splits": [[r.s1, r.s2] for r in cfg.layers], "mean_ffn_error": err,
+                         "backend_used": used})
             log(f"e={e:.2f} {split}: perplexity {ppl:.3f} ({100 * (ppl / dense_ppl - 1):+.1f} %), realized "
                 f"s1 {rep['s1']:.3f} s2 {rep['s2']:.3f} e^ {rep['effective']:.3f}; {len(splits_used)} distinct "
-                f"(s1, s2); mean FFN error {err:.4f} ({how}, {time.time() - t:.0f} s)")
+                f"(s1, s2); mean FFN error {err:.4f} ({how}, {used}, {time.time() - t:.0f} s)")
             prox.nn.restore_mlps(model, originals=originals)  # back to dense for the next configuration
 
+    used = sorted({r["backend_used"] for r in rows})
     lines = [f"Perplexity of {desc} on prox/data/{os.path.basename(args.eval_text)} "
-             f"({n_scored} predicted tokens, windows of {args.seq_len}; {str(dtype).replace('torch.', '')}, "
-             f"{args.device}); thresholds calibrated on {sum(w.numel() for w in cal_w)} tokens of "
+             f"({n_scored} predicted tokens, windows of {args.seq_len} starting with BOS; "
+             f"{str(dtype).replace('torch.', '')}, {args.device}, Prox through "
+             f"{' and '.join('the CUDA op' if u == 'op' else 'the torch reference' if u == 'torch' else u for u in used) or '-'}); "
+             f"thresholds calibrated on {sum(w.numel() for w in cal_w)} tokens of "
              f"{os.path.basename(args.calib_text)} in the paper's sequential order.", "",
              "| e | split | perplexity | vs dense | realized s1 / s2 / e^ (eval text) | mean FFN rel. error (calib) |",
              "|---|---|---|---|---|---|",
@@ -192,6 +261,9 @@ def main(argv=None) -> int:
                        "device_name": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
                        "torch": torch.__version__, "seq_len": args.seq_len, "eval_tokens": n_scored,
                        "calibration_tokens": int(sum(w.numel() for w in cal_w)), "dense_ppl": dense_ppl,
+                       "bos_token_id": bos, "greedy": {"prompt": PROMPT, "continuation": continuation},
+                       "ops_available": prox.ops_available(), "ops_import_error": prox.ops_import_error(),
+                       "backend": args.backend, "backend_used": used, "prox_version": prox.__version__,
                        "rows": rows, "argv": sys.argv[1:] if argv is None else list(argv)}, f, indent=1)
     return 0
 

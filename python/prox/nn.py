@@ -18,6 +18,8 @@ transposed operand, no copy), so the only extra memory is the proxies (memory_re
 """
 from __future__ import annotations
 
+import threading
+import warnings
 from typing import Iterator, Optional
 
 import torch
@@ -65,77 +67,158 @@ def _set_submodule(model: nn.Module, name: str, new: nn.Module) -> None:
     setattr(model.get_submodule(parent) if parent else model, leaf, new)
 
 
-_SHARED_WORKSPACES: dict = {}
+def _raw_stream(device: torch.device) -> int:
+    """The current stream's handle on a CUDA device (a plain int: cheap, no Stream object)."""
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    get = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    return int(get(idx)) if get is not None else int(torch.cuda.current_stream(idx).cuda_stream)
+
+
+class WorkspacePool:
+    """Workspaces for a set of layers that run one after another: one per (device, d_model, d_ff, stream),
+    each sized for MAX_TOKENS tokens and initialized on its stream when first asked for.
+
+    Why per stream: the fused Stage 2 keeps a grid barrier and split-K counters in the workspace, so two
+    calls in flight at once on one workspace (two streams) can release the barrier early or hang. The
+    layers of one stream run in order and share one safely. Why per model: swap_mlps() / sparsify() give
+    each model its own pool, so two models never share a workspace, whatever streams or CUDA graphs run
+    them. Thread-safe. clear() drops the pool's workspaces (layers take new ones at their next call)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._ws: dict = {}
+
+    def get(self, d_model: int, d_ff: int, device: torch.device) -> torch.Tensor:
+        """The workspace of the current stream of ``device`` (made and initialized on it the first time;
+        not during stream capture, where it cannot be allocated: warm up on the stream first)."""
+        device = torch.device(device)
+        if device.index is None:
+            device = torch.device(device.type, torch.cuda.current_device())
+        key = (device.index, d_model, d_ff, _raw_stream(device))
+        ws = self._ws.get(key)
+        if ws is None:
+            with self._lock:
+                ws = self._ws.get(key)
+                if ws is None:
+                    ws = self._ws[key] = _ops.new_workspace(d_model, d_ff, device, max_tokens=_ops.MAX_TOKENS)
+        return ws
+
+    def clear(self) -> None:
+        with self._lock:
+            self._ws.clear()
+
+    def __len__(self) -> int:
+        return len(self._ws)
+
+    def nbytes(self) -> int:
+        return sum(w.numel() for w in list(self._ws.values()))
+
+
+#: The pool of SparseMLPs built on their own (not through swap_mlps() / sparsify()), unless given one.
+DEFAULT_POOL = WorkspacePool()
 
 
 def shared_workspace(d_model: int, d_ff: int, device: torch.device) -> torch.Tensor:
-    """One initialized workspace per (device, d_model, d_ff), sized for batches of MAX_TOKENS tokens: prox lets
-    every layer of a shape running on one stream share it, whatever each call's token count."""
-    key = (str(device), d_model, d_ff)
-    ws = _SHARED_WORKSPACES.get(key)
-    if ws is None:
-        ws = _SHARED_WORKSPACES[key] = _ops.new_workspace(d_model, d_ff, device, max_tokens=_ops.MAX_TOKENS)
-    return ws
+    """DEFAULT_POOL's workspace of (d_model, d_ff) for the current stream of ``device``."""
+    return DEFAULT_POOL.get(d_model, d_ff, device)
+
+
+def free_workspaces() -> None:
+    """Drop DEFAULT_POOL's workspaces (a model's own pool: ``prox.nn.workspace_pool(model).clear()``)."""
+    DEFAULT_POOL.clear()
+
+
+_WARNED: set = set()
+
+
+def _warn_once(key, msg: str) -> None:
+    """One RuntimeWarning per process and key (a slow path is worth one line, not one per layer)."""
+    if key not in _WARNED:
+        _WARNED.add(key)
+        warnings.warn(msg, RuntimeWarning, stacklevel=4)
 
 
 class SparseMLP(nn.Module):
     """Prox for one gated MLP.
 
     Args:
-        gate_proj, up_proj: the nn.Linear modules (kept, and shared with the dense path).
-        down_proj: the down projection's nn.Linear; its weight is transposed into ``down_t`` and dropped
-            unless keep_down=True.
+        gate_proj, up_proj: the nn.Linear modules (kept, and shared with the dense path). Bias-free: a
+            bias is refused (Prox computes u * act(g) W_down without one).
+        down_proj: the down projection's nn.Linear (bias-free); its weight is transposed into ``down_t`` and
+            dropped unless keep_down=True.
         act: "silu" or "gelu_tanh".
         backend: "op" (CUDA op), "torch" (reference implementation, any device) or "auto" (the op for
-            fp16/bf16 CUDA tensors when the extension is loaded, else torch).
+            fp16/bf16 CUDA weights when the extension is loaded, else torch; on CUDA it warns once that the
+            reference runs, and why).
         prefill: "dense" or "sparse" (what several tokens at once run when they do not run as one batch).
         tau_x, tau_s: thresholds; they live in the device tensor ``thresholds`` (set_thresholds()).
         options: the op's PlanOptions.
-        workspace: the op's workspace; default: the one shared by the layers of this shape on the device,
-            sized for 8 tokens. A given one serves the batches it holds (prox.workspace_tokens()).
+        workspace: the op's workspace, used as given for every call (one per stream that may run at the
+            same time as another: prox.new_workspace()). Default: the workspace of ``workspace_pool`` for
+            the current stream, sized for 8 tokens.
+        workspace_pool: a WorkspacePool (default: prox.nn.DEFAULT_POOL; swap_mlps() and sparsify() give each
+            model its own).
         track_sparsity: accumulate runtime sparsity counters (sparsity_report(); a batch counts each token).
         batched: 2..8 tokens on the op's path run as one batched op call, whatever ``prefill`` says; False:
             they follow ``prefill``, as more tokens do.
+
+    State: the proxies and W_down^T are derived from the weights. load_state_dict() re-derives them; after
+    changing the weights in place otherwise, call refresh() (a call on weights changed since raises). The
+    state dict is the dense MLP's ({gate,up,down}_proj.weight), W_down included with keep_down=False.
     """
 
     def __init__(self, gate_proj: nn.Linear, up_proj: nn.Linear, down_proj: nn.Linear, act: str = "silu", *,
                  backend: str = "auto", prefill: str = "dense", keep_down: bool = False, tau_x: float = 0.0,
                  tau_s: float = 0.0, options: PlanOptions = PlanOptions(), workspace: Optional[torch.Tensor] = None,
-                 track_sparsity: bool = False, batched: bool = True):
+                 workspace_pool: Optional[WorkspacePool] = None, track_sparsity: bool = False,
+                 batched: bool = True):
         super().__init__()
         if backend not in ("auto", "op", "torch"):
             raise ValueError(f"prox: backend must be 'auto', 'op' or 'torch', got {backend!r}")
         if prefill not in ("dense", "sparse"):
             raise ValueError(f"prox: prefill must be 'dense' or 'sparse', got {prefill!r}")
+        if not isinstance(options, PlanOptions):
+            raise TypeError(f"prox: options must be a prox.PlanOptions, got {type(options).__name__}")
         _ops.act_code(act)
+        for name, lin in (("gate_proj", gate_proj), ("up_proj", up_proj), ("down_proj", down_proj)):
+            if not isinstance(getattr(lin, "weight", None), torch.Tensor) or lin.weight.dim() != 2:
+                raise TypeError(f"prox: {name} must be a linear layer with a 2-D weight (nn.Linear)")
+            if getattr(lin, "bias", None) is not None:
+                raise ValueError(f"prox: {name} has a bias; Prox computes bias-free gated MLPs (Llama, Qwen, "
+                                 "Mistral, Gemma), and a bias would be left out of the result")
         w = gate_proj.weight
         self.d_ff, self.d_model = (int(v) for v in w.shape)
         if self.d_model % 8 or self.d_ff % 32:
             raise ValueError(f"prox: d_model must be a multiple of 8 and d_ff of 32, got ({self.d_model}, {self.d_ff})")
         if tuple(up_proj.weight.shape) != (self.d_ff, self.d_model) or \
                 tuple(down_proj.weight.shape) != (self.d_model, self.d_ff):
-            raise ValueError("prox: gate_proj, up_proj, down_proj shapes do not form a gated MLP")
+            raise ValueError(f"prox: gate_proj {tuple(w.shape)}, up_proj {tuple(up_proj.weight.shape)} and down_proj "
+                             f"{tuple(down_proj.weight.shape)} do not form a gated MLP ([d_ff, d_model] twice, then "
+                             "[d_model, d_ff])")
+        if up_proj.weight.dtype != w.dtype or down_proj.weight.dtype != w.dtype or \
+                up_proj.weight.device != w.device or down_proj.weight.device != w.device:
+            raise ValueError("prox: gate_proj, up_proj and down_proj must share one dtype and device")
         self.act = act
         self.backend = backend
         self.prefill = prefill
         self.batched = bool(batched)
         # Workspace bytes for 1..MAX_TOKENS tokens, read by forward() (a plain tuple: torch.compile traces it).
         self._ws_sizes = _ops._workspace_sizes(self.d_model, self.d_ff) if _ops.available() else None
+        if workspace is not None and _ops.available():
+            _ops.check_workspace(workspace, need=self._ws_sizes[0],
+                                 what=f"workspace (prox.workspace_bytes({self.d_model}, {self.d_ff}))")
         self.options = options
         self._options = options.encode()
         self.act_code = _ops.act_code(act)
         self.gate_proj = gate_proj
         self.up_proj = up_proj
-        with torch.no_grad():
-            wd = down_proj.weight.detach()
-            use_op = wd.is_cuda and _ops.available() and wd.dtype in (torch.float16, torch.bfloat16)
-            down_t = _ops.transpose(wd.contiguous()) if use_op else wd.t().contiguous()
-            pack = _ops.pack_int4 if (_ops.available() and w.dtype in (torch.float16, torch.bfloat16)) \
-                else reference.pack_int4
-            pg, sg = pack(gate_proj.weight.detach().contiguous())
-            pu, su = pack(up_proj.weight.detach().contiguous())
         self.keep_down = keep_down
-        self.down_proj = down_proj if keep_down else None
+        # A module slot even when W_down is dropped: its state-dict key ("down_proj.weight") is ours to save
+        # and load (from down_t), not an unexpected one.
+        self.register_module("down_proj", down_proj if keep_down else None)
+        with torch.no_grad():
+            down_t = self._transpose(down_proj.weight.detach())
+            pg, sg, pu, su = self._pack()
         self.register_buffer("down_t", down_t, persistent=False)
         self.register_buffer("proxy_gate", pg, persistent=False)
         self.register_buffer("scale_gate", sg, persistent=False)
@@ -145,10 +228,17 @@ class SparseMLP(nn.Module):
                                                         device=w.device), persistent=False)
         self.register_buffer("counters", torch.zeros(4, dtype=torch.int64, device=w.device) if track_sparsity
                              else None, persistent=False)
-        if workspace is None and use_op:
-            workspace = shared_workspace(self.d_model, self.d_ff, w.device)
+        # A given workspace is used as given; otherwise the pool's workspace of the current stream, re-taken
+        # in forward() when the stream changes (_bind_workspace()).
+        self._pool = None if workspace is not None else (workspace_pool or DEFAULT_POOL)
+        self._ws_stream = None
         self.register_buffer("workspace", workspace, persistent=False)
         self._q_cache = None  # unpacked proxies for the torch backend
+        self._fingerprint = None  # (weight versions, thresholds.layer_fingerprint), computed when asked for
+        self._plan_pins: list = []  # plan-cache pins of plan()
+        self._derived_from = self._weight_versions()
+        self._after_move()
+        self.register_load_state_dict_post_hook(SparseMLP._after_load)
 
     @classmethod
     def from_mlp(cls, mlp: nn.Module, act: Optional[str] = None, **kw) -> "SparseMLP":
@@ -162,26 +252,152 @@ class SparseMLP(nn.Module):
         return (f"d_model={self.d_model}, d_ff={self.d_ff}, act={self.act}, backend={self.backend}, "
                 f"prefill={self.prefill}, batched={self.batched}, keep_down={self.keep_down}")
 
+    # ------------------------------------------------------------ derived state
+
+    def _op_weights(self, w: torch.Tensor) -> bool:
+        return w.is_cuda and w.dtype in (torch.float16, torch.bfloat16) and _ops.available()
+
+    def _transpose(self, wd: torch.Tensor) -> torch.Tensor:
+        """W_down^T [d_ff, d_model], contiguous (the op's transpose on CUDA, bit-identical to torch's)."""
+        return _ops.transpose(wd.contiguous()) if self._op_weights(wd) else wd.t().contiguous()
+
+    def _pack(self):
+        pack = _ops.pack_int4 if (_ops.available() and self.gate_proj.weight.dtype in (torch.float16, torch.bfloat16)) \
+            else reference.pack_int4
+        pg, sg = pack(self.gate_proj.weight.detach().contiguous())
+        pu, su = pack(self.up_proj.weight.detach().contiguous())
+        return pg, sg, pu, su
+
+    def _weight_versions(self) -> tuple:
+        """The version counters of the weights the derived state comes from (bumped by in-place writes; None
+        for inference tensors, which have none)."""
+        ws = (self.gate_proj.weight, self.up_proj.weight, self.down_proj.weight if self.keep_down else self.down_t)
+        return tuple(None if w.is_inference() else w._version for w in ws)
+
+    @torch.no_grad()
+    def refresh(self) -> None:
+        """Re-derive the proxies (and W_down^T with keep_down=True) from the current weights. In place where
+        the shape, dtype and device are unchanged, so plans and CUDA graphs captured before see the new
+        values; not during capture (packing synchronizes). load_state_dict() calls it; call it after any
+        other in-place change of the weights (a LoRA merge, a weight update through .data)."""
+        pg, sg, pu, su = self._pack()
+        fresh = {"proxy_gate": pg, "scale_gate": sg, "proxy_up": pu, "scale_up": su}
+        if self.keep_down:
+            fresh["down_t"] = self._transpose(self.down_proj.weight.detach())
+        for k, t in fresh.items():
+            old = self._buffers[k]
+            if old is not None and old.shape == t.shape and old.dtype == t.dtype and old.device == t.device and \
+                    (torch.is_inference_mode_enabled() or not old.is_inference()):
+                old.copy_(t)
+            else:
+                self._buffers[k] = t
+        self._q_cache = None
+        self._fingerprint = None
+        self._derived_from = self._weight_versions()
+        self._after_move()
+
+    def _check_fresh(self) -> None:
+        if self._weight_versions() != self._derived_from:
+            raise RuntimeError("prox: this SparseMLP's weights changed in place after its proxies (and W_down^T) "
+                               "were derived: call refresh() (prox.nn.refresh(model) for every layer) before "
+                               "running it")
+
+    @staticmethod
+    def _after_load(module, incompatible_keys) -> None:
+        module.refresh()
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        if not self.keep_down:  # W_down lives only as down_t: save it as the dense MLP's down_proj.weight
+            wd = self.down_t.t().contiguous()
+            destination[prefix + "down_proj.weight"] = wd if keep_vars else wd.detach()
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
+        if self.keep_down:
+            return  # down_proj loads itself
+        key = prefix + "down_proj.weight"
+        if key not in state_dict:
+            if strict:
+                missing_keys.append(key)
+            return
+        v = state_dict[key]
+        if tuple(v.shape) != (self.d_model, self.d_ff):
+            error_msgs.append(f"size mismatch for {key}: copying a param with shape {tuple(v.shape)}, the "
+                              f"parameter in current model is {(self.d_model, self.d_ff)}")
+            return
+        with torch.no_grad():
+            if local_metadata.get("assign_to_params_buffers", False):
+                self._buffers["down_t"] = v.t().contiguous()
+            else:
+                self.down_t.copy_(v.t())
+
+    def fingerprint(self) -> dict:
+        """The weights' fingerprint (prox.thresholds.layer_fingerprint), computed once per weight version."""
+        from .thresholds import layer_fingerprint
+        v = self._weight_versions()
+        if self._fingerprint is None or self._fingerprint[0] != v or self._fingerprint[2] != self.down_t.data_ptr():
+            wd = self.down_proj.weight if self.keep_down else self.down_t.t()
+            self._fingerprint = (v, layer_fingerprint(self.gate_proj.weight.detach(), self.up_proj.weight.detach(),
+                                                      wd.detach()), self.down_t.data_ptr())
+        return self._fingerprint[1]
+
+    def _after_move(self) -> None:
+        """After construction, a move or a refresh: whether the op can run these weights, the tensors checked
+        where the user is (the op checks them again on every call), and one warning when "auto" will run the
+        torch reference on CUDA weights."""
+        w = self.gate_proj.weight
+        self._op_ok = self._op_weights(w) and (self.workspace is not None or self._pool is not None)
+        if self._op_ok:
+            _ops.check_layer(*self._tensors(), workspace=self.workspace if self._pool is None else None)
+            if self.workspace is None and not torch.cuda.is_current_stream_capturing():
+                self._bind_workspace()
+        elif self.backend == "auto" and w.is_cuda:
+            reason = self._op_unavailable_reason(w)
+            _warn_once(("reference", reason), f"prox: SparseMLP on {w.device} ({w.dtype}) runs the torch reference "
+                       f"of Prox, not the CUDA op (about 9x slower): {reason}")
+
+    def _op_unavailable_reason(self, w: torch.Tensor) -> str:
+        if not _ops.available():
+            return _ops.import_error() or "the extension is not loaded"
+        if w.dtype not in (torch.float16, torch.bfloat16):
+            return (f"the weights are {w.dtype}; the op runs float16/bfloat16 weights (convert the model with "
+                    ".half() or .to(torch.bfloat16); autocast does not convert weights)")
+        if not w.is_cuda:
+            return f"the weights are on {w.device}"
+        return "no workspace"
+
     # ------------------------------------------------------------ state
 
     def _apply(self, fn, recurse=True):
         # model.half() / .to(torch.bfloat16) must not round the float32 scales and thresholds.
         keep = {k: self._buffers.pop(k) for k in _FLOAT32_BUFFERS}
-        # The workspace is derived state, not a tensor to convert: fn(workspace) would give every layer its
-        # own copy of a shared workspace (uninitialized on a new device), and a module built on the CPU has
-        # none. After the move the layer keeps a workspace already on its device (a dtype change), else takes
-        # the shared one of its shape there (initialized once), or none off CUDA.
+        # The workspace is derived state, not a tensor to convert: fn(workspace) would copy a shared
+        # workspace (uninitialized on a new device). A given one is kept while it is on the module's device,
+        # dropped otherwise; the pool's is re-taken at the next call.
         ws = self._buffers.pop("workspace")
+        dtype = self.gate_proj.weight.dtype
         super()._apply(fn, recurse)
         for k, t in keep.items():
             moved = fn(t)
             self._buffers[k] = moved if moved.dtype == t.dtype else t.to(device=moved.device)
         device = self.down_t.device
-        if ws is None or ws.device != device:
-            ws = shared_workspace(self.d_model, self.d_ff, device) \
-                if device.type == "cuda" and _ops.available() else None
+        if self._pool is not None:
+            ws = None
+            self._ws_stream = None
+        elif ws is not None and ws.device != device:
+            ws = None
         self._buffers["workspace"] = ws
         self._q_cache = None
+        self._fingerprint = None
+        if self.gate_proj.weight.dtype != dtype and device.type != "meta":
+            self.refresh()  # proxies of the weights as converted (a rounding can move a scale)
+        else:
+            self._derived_from = self._weight_versions()
+            if device.type != "meta":
+                self._after_move()
         return self
 
     def set_thresholds(self, tau_x: float, tau_s: float) -> None:
@@ -195,14 +411,29 @@ class SparseMLP(nn.Module):
     def plan(self) -> Optional[list[int]]:
         """Plan the op for the current tensors (outside graph capture; the first op call also plans): batch 1
         and, with batched=True, the batched plan of as many tokens as the workspace holds (what every batch
-        runs). Returns batch 1's policies."""
+        runs). The plans stay pinned in the plan cache while this layer lives. Returns batch 1's policies."""
         if not self._use_op(self.gate_proj.weight):
             return None
-        policies = list(torch.ops.prox.plan_ffn(*self._tensors(), self.act_code, self._options))
-        m = _ops.workspace_tokens(self.d_model, self.d_ff, self.workspace.numel()) if self.workspace is not None else 0
+        self._bind_workspace()
+        self._unpin()
+        res = list(torch.ops.prox.plan_ffn(*self._tensors(), self.act_code, self._options, 1, True))
+        self._plan_pins.append(res[4])
+        m = _ops.workspace_tokens(self.d_model, self.d_ff, self.workspace.numel())
         if self.batched and m >= 2:
-            torch.ops.prox.plan_ffn(*self._tensors(), self.act_code, self._options, m)
-        return policies
+            self._plan_pins.append(torch.ops.prox.plan_ffn(*self._tensors(), self.act_code, self._options, m,
+                                                           True)[4])
+        return res[:4]
+
+    def _unpin(self) -> None:
+        for h in self._plan_pins:
+            _ops.unpin_plan(h)
+        self._plan_pins = []
+
+    def __del__(self):
+        try:
+            self._unpin()
+        except Exception:  # noqa: BLE001  (interpreter shutdown)
+            pass
 
     def reset_counters(self) -> None:
         if self.counters is not None:
@@ -227,14 +458,40 @@ class SparseMLP(nn.Module):
         return (self.gate_proj.weight.detach(), self.up_proj.weight.detach(), self.down_t, self.proxy_gate,
                 self.scale_gate, self.proxy_up, self.scale_up, self.thresholds)
 
+    def backend_in_use(self) -> str:
+        """"op" or "torch": what a decode step of this layer runs now (its weights' dtype and device)."""
+        return "op" if self.backend != "torch" and self._op_ok else "torch"
+
     def _use_op(self, x: torch.Tensor) -> bool:
+        """Whether x runs the op. x must match the weights' dtype and device where the op runs them (a
+        mismatch is an error, as in nn.Linear, never a silent cast or a silent fallback)."""
         if self.backend == "torch":
             return False
-        ok = x.is_cuda and _ops.available() and x.dtype in (torch.float16, torch.bfloat16)
-        if self.backend == "op" and not ok:
-            raise RuntimeError(f"prox: backend 'op' needs fp16/bf16 CUDA tensors and the extension "
-                               f"(x is {x.dtype} on {x.device}, extension loaded: {_ops.available()})")
-        return ok
+        if self._op_ok:
+            w = self.gate_proj.weight
+            if x.dtype != w.dtype:
+                raise TypeError(f"prox: x is {x.dtype} but this layer's weights are {w.dtype}: run the model in "
+                                "one dtype (model.to(dtype)), or autocast to the weights' dtype")
+            if x.device != w.device:
+                raise ValueError(f"prox: x is on {x.device} but this layer's weights are on {w.device}")
+            return True
+        if self.backend == "op":
+            w = self.gate_proj.weight
+            raise RuntimeError(f"prox: backend 'op' cannot run this layer ({w.dtype} weights on {w.device}): "
+                               f"{self._op_unavailable_reason(w)}")
+        return False
+
+    def _bind_workspace(self) -> None:
+        """The pool's workspace of the current stream (eager calls; a compiled or captured call keeps the
+        one bound when it was warmed up: capture cannot allocate)."""
+        if self._pool is None or torch.compiler.is_compiling():
+            return
+        device = self.gate_proj.weight.device
+        s = _raw_stream(device)
+        if s != self._ws_stream and (self._buffers["workspace"] is None
+                                     or not torch.cuda.is_current_stream_capturing()):
+            self._buffers["workspace"] = self._pool.get(self.d_model, self.d_ff, device)
+            self._ws_stream = s
 
     def dense(self, x: torch.Tensor) -> torch.Tensor:
         """The dense MLP on the same weights (prefill)."""
@@ -264,15 +521,17 @@ class SparseMLP(nn.Module):
 
     def _batches(self, x2: torch.Tensor) -> bool:
         """Whether x2's tokens run as one batched op call: 2..MAX_TOKENS of them, batched=True, the op's path,
-        and a workspace that holds them."""
+        and a workspace that holds them (the pool's hold MAX_TOKENS)."""
         n = x2.shape[0]
-        return (self.batched and 2 <= n <= _ops.MAX_TOKENS and self.backend != "torch" and x2.is_cuda
-                and x2.dtype in (torch.float16, torch.bfloat16) and self.workspace is not None
-                and self._ws_sizes is not None and self.workspace.numel() >= self._ws_sizes[n - 1])
+        if not (self.batched and 2 <= n <= _ops.MAX_TOKENS and self.backend != "torch" and self._op_ok
+                and x2.is_cuda and x2.dtype == self.gate_proj.weight.dtype and self._ws_sizes is not None):
+            return False
+        return self._pool is not None or self.workspace.numel() >= self._ws_sizes[n - 1]
 
     def sparse_op(self, x2: torch.Tensor) -> torch.Tensor:
         """Prox on every row of x2 [tokens, d_model] through the CUDA op: one call for one token or a batch
         (_batches()), else one call per token."""
+        self._bind_workspace()
         tensors = self._tensors()
         if x2.shape[0] == 1 or self._batches(x2):
             return torch.ops.prox.sparse_ffn(x2, *tensors, self.workspace, self.act_code, self._options,
@@ -284,6 +543,7 @@ class SparseMLP(nn.Module):
     def proxy_values(self, x2: torch.Tensor, tau_x: float) -> torch.Tensor:
         """Stage 1's s~ (float32 [tokens, d_ff]) under tau_x: the op's values mode, or the torch reference."""
         if self._use_op(x2):
+            self._bind_workspace()
             saved = self.thresholds.clone()
             self.thresholds[0].fill_(float(tau_x))
             s = torch.ops.prox.proxy_values(x2.contiguous(), *self._tensors(), self.workspace, self.act_code,
@@ -294,6 +554,8 @@ class SparseMLP(nn.Module):
         return reference.proxy_values(x2, qg, self.scale_gate, qu, self.scale_up, tau_x, self.act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not torch.compiler.is_compiling():
+            self._check_fresh()
         shape = x.shape
         x2 = x.reshape(-1, self.d_model)
         if x2.shape[0] > 1 and self.prefill == "dense" and not self._batches(x2):
@@ -304,23 +566,39 @@ class SparseMLP(nn.Module):
         return y.reshape(shape)
 
 
+def refresh(model: nn.Module) -> None:
+    """SparseMLP.refresh() on every SparseMLP of the model (after changing its weights in place)."""
+    for _, m in sparse_mlps(model):
+        m.refresh()
+
+
 def memory_report(model: nn.Module) -> dict:
     """Extra memory of the model's SparseMLPs: bytes of proxies, scales and W_down^T copies, the workspaces
-    (each counted once), and the dense MLP weights for scale."""
+    (given ones and those of the layers' pools, each counted once), and the dense MLP weights for scale."""
     tot = {"proxies": 0, "scales": 0, "w_down_t": 0, "dense_mlp": 0, "layers": 0}
-    ws = {}
+    ws, pools = {}, {}
     for _, m in find_mlps(model):
         if isinstance(m, SparseMLP):
             r = m.memory_bytes()
             for k in ("proxies", "scales", "w_down_t", "dense_mlp"):
                 tot[k] += r[k]
             tot["layers"] += 1
-            if m.workspace is not None:
+            if m._pool is not None:
+                pools[id(m._pool)] = m._pool
+            elif m.workspace is not None:
                 ws[m.workspace.data_ptr()] = m.workspace.numel()
-    tot["workspaces"] = sum(ws.values())
+    tot["workspaces"] = sum(ws.values()) + sum(p.nbytes() for p in pools.values())
     tot["extra_total"] = tot["proxies"] + tot["scales"] + tot["w_down_t"] + tot["workspaces"]
     tot["extra_fraction_of_mlp"] = tot["extra_total"] / tot["dense_mlp"] if tot["dense_mlp"] else 0.0
     return tot
+
+
+def workspace_pool(model: nn.Module) -> Optional[WorkspacePool]:
+    """The WorkspacePool of the model's SparseMLPs (the first one's; None where none uses a pool)."""
+    for _, m in sparse_mlps(model):
+        if m._pool is not None:
+            return m._pool
+    return None
 
 
 def sparse_mlps(model: nn.Module) -> Iterator[tuple[str, SparseMLP]]:
@@ -346,7 +624,11 @@ def set_mode(model: nn.Module, *, prefill: Optional[str] = None, backend: Option
 
 
 def swap_mlps(model: nn.Module, **kw) -> list[str]:
-    """Replace every gated MLP by a SparseMLP (thresholds 0: every input and channel kept). Returns the names."""
+    """Replace every gated MLP by a SparseMLP (thresholds 0: every input and channel kept). Returns the names.
+    The new layers share one WorkspacePool of their own (the model's: not shared with other models) unless
+    ``workspace`` or ``workspace_pool`` is given."""
+    if kw.get("workspace") is None and kw.get("workspace_pool") is None:
+        kw["workspace_pool"] = workspace_pool(model) or WorkspacePool()
     names = []
     for name, m in find_mlps(model):
         if not isinstance(m, SparseMLP):

@@ -10,6 +10,7 @@ batch of 2 to 8 tokens) and can be captured in a CUDA graph or traced by torch.c
 """
 from __future__ import annotations
 
+import weakref
 from typing import Optional
 
 import torch
@@ -89,6 +90,12 @@ class PlannedFfn:
         if workspace is None:
             workspace = _ops.new_workspace(self.d_model, self.d_ff, self.device, max_tokens=max_tokens)
         self.workspace = workspace
+        # Every tensor checked here, each named (the op checks again on every call, for raw-op callers).
+        _ops.check_layer(*self._tensors(), workspace=self.workspace, max_tokens=max_tokens)
+        # The plans stay pinned in the extension's plan cache while this object lives (a capture later can
+        # always find them); the finalizer releases them.
+        self._pins: list = []
+        weakref.finalize(self, _unpin_all, self._pins)
         self.policies = self.plan()
 
     # ------------------------------------------------------------ planning and thresholds
@@ -105,11 +112,14 @@ class PlannedFfn:
     def plan(self) -> list[int]:
         """Plan (or find the cached plans of) this layer: batch 1 and, when the workspace holds a batch, the
         batched plan that batches run. Returns the policies chosen [proxy, glu, down, glu_down] (batch 1's).
-        Outside graph capture only; the constructor calls it."""
-        policies = list(torch.ops.prox.plan_ffn(*self._tensors(), self.act_code, self._options))
+        Outside graph capture only; the constructor calls it. The plans are pinned while this object lives."""
+        _unpin_all(self._pins)
+        res = list(torch.ops.prox.plan_ffn(*self._tensors(), self.act_code, self._options, 1, True))
+        self._pins.append(res[4])
         if self.max_tokens >= 2:
-            torch.ops.prox.plan_ffn(*self._tensors(), self.act_code, self._options, self.max_tokens)
-        return policies
+            self._pins.append(torch.ops.prox.plan_ffn(*self._tensors(), self.act_code, self._options,
+                                                      self.max_tokens, True)[4])
+        return res[:4]
 
     def set_thresholds(self, tau_x: float, tau_s: float) -> None:
         """Write new thresholds into the device tensor every run reads (two fills on the current stream:
@@ -142,6 +152,12 @@ class PlannedFfn:
         """Stage 1 in values mode under the current tau_x: s~ float32 [tokens, d_ff] for x [tokens, d_model]
         (one launch per token; for calibration)."""
         return torch.ops.prox.proxy_values(x, *self._tensors(), self.workspace, self.act_code, self._options)
+
+
+def _unpin_all(pins: list) -> None:
+    for h in pins:
+        _ops.unpin_plan(h)
+    pins.clear()
 
 
 def new_counters(device: torch.device | str = "cuda") -> torch.Tensor:

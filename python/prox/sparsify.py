@@ -16,6 +16,7 @@ FFN's output on the calibration tokens, then calibrates the chosen pair like the
 from __future__ import annotations
 
 import time
+import warnings
 from typing import Callable, Optional, Sequence
 
 import torch
@@ -26,9 +27,10 @@ from ._ops import PlanOptions
 from .allocation import ALPHA, StageSparsity, allocate_sparsity, split_candidates
 from .calibration import (DEFAULT_CAPACITY, DEFAULT_SEED, Calibrator, calibrate_layer, proxy_threshold,
                           quantile_threshold)
-from .nn import SparseMLP, _set_submodule, find_mlps, set_mode, sparse_mlps
+from . import _ops
+from .nn import SparseMLP, WorkspacePool, _set_submodule, find_mlps, set_mode, sparse_mlps, workspace_pool
 from .planned import summed_report
-from .thresholds import LayerRecord, ThresholdConfig, find_config, load_thresholds
+from .thresholds import INT4_LAYOUT, LayerRecord, ThresholdConfig, find_config, fingerprint_mismatch, load_thresholds
 
 
 class _Stop(Exception):
@@ -100,11 +102,11 @@ def _search_split(sp: SparseMLP, xs: torch.Tensor, y_dense: torch.Tensor, cands:
 
 
 @torch.no_grad()
-def sparsify(model: nn.Module, e: float, calibration_inputs=None, *, thresholds=None, split: str = "paper",
+def sparsify(model: nn.Module, e: float, calibration_inputs=None, *, thresholds=None, split: Optional[str] = None,
              s1_grid=None, backend: str = "auto", prefill: str = "dense", keep_down: bool = False,
              capacity: int = DEFAULT_CAPACITY, seed: int = DEFAULT_SEED, search_tokens: int = 4096,
-             options: PlanOptions = PlanOptions(), track_sparsity: bool = False,
-             progress: Optional[Callable[[str], None]] = None) -> ThresholdConfig:
+             options: PlanOptions = PlanOptions(), track_sparsity: bool = False, strict: bool = True,
+             model_name: str = "", progress: Optional[Callable[[str], None]] = None) -> ThresholdConfig:
     """Calibrate (or load) thresholds for target effective sparsity e and swap the model's MLPs for SparseMLPs.
 
     Args:
@@ -112,30 +114,39 @@ def sparsify(model: nn.Module, e: float, calibration_inputs=None, *, thresholds=
         e: target effective sparsity (0.4, 0.5, 0.6, 0.7 in the paper).
         calibration_inputs: token ids [N, T] (or a list of [T] / [1, T] tensors, or of model-input dicts).
         thresholds: instead of calibrating, a thresholds file path, a list of ThresholdConfig or one
-            ThresholdConfig (its config for (e, split) is applied).
-        split: "paper" (allocation rule) or "search" (per-layer split by FFN output error).
+            ThresholdConfig (its config for (e, split) is applied; its e and split must be these).
+        split: "paper" (allocation rule, the default) or "search" (per-layer split by FFN output error).
         backend, prefill, keep_down, options, track_sparsity: SparseMLP's (prefill is set after calibration;
             during calibration finalized layers run Prox on every token).
+        strict, model_name: apply_thresholds()'s checks of given thresholds; model_name is also recorded in a
+            new config.
     Returns the ThresholdConfig (save it with prox.save_thresholds).
     """
-    if split not in ("paper", "search"):
+    if split not in (None, "paper", "search"):
         raise ValueError(f"prox: split must be 'paper' or 'search', got {split!r}")
     say = progress or (lambda s: None)
-    kw = dict(backend=backend, keep_down=keep_down, options=options, track_sparsity=track_sparsity)
     mlps = find_mlps(model)
     if not mlps:
         raise ValueError("prox: no gated MLP (gate_proj/up_proj/down_proj) found in the model")
+    # The model's layers share one workspace pool of their own (never another model's).
+    kw = dict(backend=backend, keep_down=keep_down, options=options, track_sparsity=track_sparsity,
+              workspace_pool=workspace_pool(model) or WorkspacePool())
 
     if thresholds is not None:
         cfg = thresholds
-        if not isinstance(cfg, ThresholdConfig):
-            cfg = find_config(load_thresholds(cfg) if not isinstance(cfg, list) else cfg, e, split)
+        if isinstance(cfg, ThresholdConfig):
+            if abs(cfg.e - e) > 1e-9 or (split is not None and cfg.split != split):
+                raise ValueError(f"prox: the ThresholdConfig given is for e={cfg.e}, split={cfg.split!r}; this call "
+                                 f"asks for e={e}" + (f", split={split!r}" if split is not None else ""))
+        else:
+            cfg = find_config(load_thresholds(cfg) if not isinstance(cfg, list) else cfg, e, split or "paper")
         for name, m in mlps:
             if not isinstance(m, SparseMLP):
                 _set_submodule(model, name, SparseMLP.from_mlp(m, prefill=prefill, **kw))
-        apply_thresholds(model, cfg)
+        apply_thresholds(model, cfg, strict=strict, model_name=model_name)
         set_mode(model, prefill=prefill)
         return cfg
+    split = split or "paper"
 
     if calibration_inputs is None:
         raise ValueError("prox: give calibration_inputs (token ids) or thresholds")
@@ -177,7 +188,8 @@ def sparsify(model: nn.Module, e: float, calibration_inputs=None, *, thresholds=
         f"(captured in {time.time() - t0:.1f} s)")
 
     cfg = ThresholdConfig(e=float(e), split=split, alpha=ALPHA,
-                          calibration={"tokens": tokens, "sequences": len(seqs), "capacity": capacity, "seed": seed})
+                          calibration={"tokens": tokens, "sequences": len(seqs), "capacity": capacity, "seed": seed},
+                          model=model_name, int4_layout=_int4_layout())
     paper = allocate_sparsity(e)
     cands = split_candidates(e, s1_grid=s1_grid) if split == "search" else None
     search_rows = {}
@@ -205,7 +217,7 @@ def sparsify(model: nn.Module, e: float, calibration_inputs=None, *, thresholds=
         sp.set_thresholds(lt.tau_x, lt.tau_s)
         err = _layer_error(sp, xs_err, lt.tau_x, lt.tau_s, y_dense)
         cfg.layers.append(LayerRecord(name, sp.d_model, sp.d_ff, sp.act, choice.s1, choice.s2, lt.tau_x, lt.tau_s,
-                                      lt.realized_s1, lt.realized_s2, err))
+                                      lt.realized_s1, lt.realized_s2, err, sp.fingerprint()))
         if sp is not mlp:
             _set_submodule(model, name, sp)
         for i in range(len(seqs)):  # this layer's outputs, with its sparse rule: the next layer's inputs
@@ -222,25 +234,79 @@ def sparsify(model: nn.Module, e: float, calibration_inputs=None, *, thresholds=
     return cfg
 
 
-def apply_thresholds(model: nn.Module, config: ThresholdConfig) -> None:
-    """Set every SparseMLP's thresholds from a config (device fills: no re-plan, valid inside captured graphs)."""
+def _int4_layout() -> str:
+    return _ops.int4_layout() if _ops.available() else INT4_LAYOUT
+
+
+def apply_thresholds(model: nn.Module, config: ThresholdConfig, *, strict: bool = True, model_name: str = "") -> None:
+    """Set every SparseMLP's thresholds from a config (device fills: no re-plan, valid inside captured graphs).
+
+    Thresholds hold only for the weights they were calibrated on. Checked first (all or nothing): every
+    SparseMLP has a record and every record a SparseMLP (by name), with the layer's shape and activation,
+    the weights' fingerprint (computed once per layer and weight version, so switching configs per request
+    costs only the fills), the INT4 layout, and the model name when both the config and ``model_name`` have
+    one. strict=False applies what matches by name and shape despite the other differences, with a warning
+    (layers without a record keep their thresholds). A shape mismatch is refused either way. Records without
+    a fingerprint (version-1 files) are applied with a warning that their weights could not be checked."""
     recs = config.by_name()
-    for name, m in sparse_mlps(model):
+    layers = dict(sparse_mlps(model))
+    if not layers:
+        raise ValueError("prox: the model has no SparseMLP (sparsify or swap_mlps first)")
+    problems, unverified = [], []
+    missing = [n for n in layers if n not in recs]
+    extra = [n for n in recs if n not in layers]
+    if missing:
+        problems.append(f"no thresholds for {len(missing)} layer(s) ({', '.join(missing[:3])}"
+                        f"{', ...' if len(missing) > 3 else ''})")
+    if extra:
+        problems.append(f"thresholds for {len(extra)} layer(s) the model does not have ({', '.join(extra[:3])}"
+                        f"{', ...' if len(extra) > 3 else ''})")
+    layout = _int4_layout()
+    if config.int4_layout and config.int4_layout != layout:
+        problems.append(f"INT4 layout {config.int4_layout!r}, this build's is {layout!r}")
+    if config.model and model_name and config.model != model_name:
+        problems.append(f"calibrated for model {config.model!r}, applied to {model_name!r}")
+    for name, m in layers.items():
         r = recs.get(name)
         if r is None:
-            raise KeyError(f"prox: the thresholds have no layer {name!r}")
+            continue
         if (r.d_model, r.d_ff) != (m.d_model, m.d_ff):
             raise ValueError(f"prox: {name}: thresholds for shape ({r.d_model}, {r.d_ff}), layer is "
                              f"({m.d_model}, {m.d_ff})")
-        m.set_thresholds(r.tau_x, r.tau_s)
+        if r.act != m.act:
+            problems.append(f"{name}: calibrated with activation {r.act!r}, the layer runs {m.act!r}")
+        if r.fingerprint is None:
+            unverified.append(name)
+        else:
+            why = fingerprint_mismatch(r.fingerprint, m.fingerprint())
+            if why:
+                problems.append(f"{name}: other weights ({why})")
+    if problems:
+        msg = (f"prox: the thresholds (e={config.e}, {config.split}) do not match this model: " + "; ".join(problems[:4])
+               + (f"; and {len(problems) - 4} more" if len(problems) > 4 else ""))
+        if strict:
+            raise ValueError(msg + ". Pass strict=False to apply them anyway")
+        warnings.warn(msg + " (applied anyway: strict=False)", RuntimeWarning, stacklevel=2)
+    if unverified:
+        warnings.warn(f"prox: {len(unverified)} layer record(s) of the thresholds (e={config.e}, {config.split}) carry "
+                      "no weight fingerprint (a version-1 file): they cannot be checked against the weights. Re-save "
+                      "the file (prox.save_thresholds(path, configs, fingerprints=model)) once the model is known "
+                      "to be the one calibrated on", RuntimeWarning, stacklevel=2)
+    for name, m in layers.items():
+        r = recs.get(name)
+        if r is not None:
+            m.set_thresholds(r.tau_x, r.tau_s)
 
 
 def sparsity_report(model: nn.Module) -> dict:
     """Runtime sparsity over every SparseMLP built with track_sparsity=True (summed counters; one read of
-    the device for all layers)."""
-    layers = [m for _, m in sparse_mlps(model) if m.counters is not None]
+    the device for all layers). Raises when no SparseMLP counts (a report of zeros would be read as data)."""
+    all_layers = [m for _, m in sparse_mlps(model)]
+    layers = [m for m in all_layers if m.counters is not None]
     if not layers:
-        return summed_report([])
+        raise RuntimeError(f"prox: sparsity_report: none of the model's {len(all_layers)} SparseMLPs counts "
+                           "sparsity: pass track_sparsity=True to sparsify() / swap_mlps() / SparseMLP"
+                           if all_layers else "prox: sparsity_report: the model has no SparseMLP")
     dev = layers[0].counters.device
     counts = torch.stack([m.counters.to(dev) for m in layers]).tolist()
     return summed_report((c, m.d_model, m.d_ff) for c, m in zip(counts, layers))

@@ -3,14 +3,26 @@
 calibrated once. JSON, human-readable, exact (floats are written with Python's round-trip repr; an infinite
 threshold, which keeps nothing, is the string "inf").
 
-    {"format": "prox-thresholds", "version": 1, "int4_layout": "...", "model": "...",
+    {"format": "prox-thresholds", "version": 2, "int4_layout": "...", "model": "...",
      "configs": [{"e": 0.5, "split": "paper", "alpha": 0.333..., "calibration": {...},
                   "layers": [{"name": "model.layers.0.mlp", "d_model": 576, "d_ff": 1536, "act": "silu",
                               "s1": 0.1, "s2": 0.7, "tau_x": ..., "tau_s": ...,
-                              "realized_s1": ..., "realized_s2": ...}, ...]}]}
+                              "realized_s1": ..., "realized_s2": ..., "output_error": ...,
+                              "fingerprint": {"dtype": "float16", "gate": {...}, "up": {...},
+                                              "down": {...}}}, ...]}]}
 
 Several configs (targets, split rules) can live in one file: a server loads them all and switches a
 model's sparsity per request with apply_thresholds() (a few device fills; no re-plan, no re-capture).
+
+Thresholds are only valid for the weights they were calibrated on, so each layer records a fingerprint of
+its weights (layer_fingerprint: for W_gate, W_up and W_down in nn.Linear layout, the sum and the absolute
+sum in float64 and FINGERPRINT_SAMPLES values at fixed strided positions), and apply_thresholds() refuses a
+file whose fingerprints, layer names, shapes, activations, INT4 layout or model name do not match the
+model, unless told strict=False. Matching (fingerprint_mismatch): on the same dtype the samples must be
+equal and the sums agree to 1e-9 of the absolute sum (the summation order differs between devices); across
+dtypes (calibrated in float32, run in bfloat16) within the coarser dtype's rounding. Version-1 files (no
+fingerprints) still load and apply, with a warning that their weights cannot be checked; re-save them
+(save_thresholds after loading, fingerprints=model) to record fingerprints.
 """
 from __future__ import annotations
 
@@ -23,8 +35,53 @@ from typing import Optional
 from .allocation import ALPHA
 
 FORMAT = "prox-thresholds"
-VERSION = 1
+VERSION = 2
+VERSIONS_READ = (1, 2)  #: version 1: no fingerprints
 INT4_LAYOUT = "prox-int4-kmajor-i8-v1"
+FINGERPRINT_SAMPLES = 8
+#: Unit roundoff of each weight dtype (fingerprints compared across dtypes agree within the coarser one's).
+_UNIT_ROUNDOFF = {"float32": 2.0 ** -24, "float16": 2.0 ** -11, "bfloat16": 2.0 ** -8, "float64": 2.0 ** -53}
+
+
+def matrix_fingerprint(w) -> dict:
+    """Sum, absolute sum (float64) and FINGERPRINT_SAMPLES values at fixed strided positions of a 2-D weight
+    (any layout, any device: one pass over it and one host read)."""
+    import torch
+    rows, cols = (int(v) for v in w.shape)
+    n = rows * cols
+    idx = torch.tensor([((2 * k + 1) * n) // (2 * FINGERPRINT_SAMPLES) for k in range(FINGERPRINT_SAMPLES)],
+                       dtype=torch.int64, device=w.device)
+    vals = w[idx // cols, idx % cols].to(torch.float64)
+    sums = torch.stack([w.sum(dtype=torch.float64), torch.linalg.vector_norm(w, 1, dtype=torch.float64)])
+    out = torch.cat([sums, vals]).tolist()
+    return {"sum": out[0], "abs_sum": out[1], "samples": out[2:]}
+
+
+def layer_fingerprint(w_gate, w_up, w_down) -> dict:
+    """The fingerprint of a gated MLP's weights: w_gate, w_up [d_ff, d_model], w_down [d_model, d_ff]
+    (nn.Linear layout; a transposed view of W_down^T serves)."""
+    return {"dtype": str(w_gate.dtype).replace("torch.", ""), "gate": matrix_fingerprint(w_gate),
+            "up": matrix_fingerprint(w_up), "down": matrix_fingerprint(w_down)}
+
+
+def fingerprint_mismatch(saved: dict, current: dict) -> Optional[str]:
+    """None when two layer fingerprints can be the same weights (the rule in the module docstring); else
+    which matrix differs and how."""
+    same = saved.get("dtype") == current.get("dtype")
+    u = max(_UNIT_ROUNDOFF.get(saved.get("dtype"), 2.0 ** -8), _UNIT_ROUNDOFF.get(current.get("dtype"), 2.0 ** -8))
+    for m in ("gate", "up", "down"):
+        a, b = saved[m], current[m]
+        if len(a["samples"]) != len(b["samples"]):
+            return f"W_{m}: {len(a['samples'])} samples recorded, {len(b['samples'])} computed"
+        scale = max(abs(a["abs_sum"]), abs(b["abs_sum"]), 1e-300)
+        tol = 1e-9 * scale if same else 2.0 * u * scale
+        for key in ("sum", "abs_sum"):
+            if abs(a[key] - b[key]) > tol:
+                return f"W_{m}: {key} {b[key]!r} against {a[key]!r} recorded"
+        for k, (x, y) in enumerate(zip(a["samples"], b["samples"])):
+            if (x != y) if same else abs(x - y) > 2.0 * u * max(abs(x), abs(y)) + 1e-30:
+                return f"W_{m}: sample {k} is {y!r} against {x!r} recorded"
+    return None
 
 
 @dataclass
@@ -40,6 +97,7 @@ class LayerRecord:
     realized_s1: Optional[float] = None
     realized_s2: Optional[float] = None
     output_error: Optional[float] = None  #: relative FFN output error ||y - y_dense||^2 / ||y_dense||^2 (calibration)
+    fingerprint: Optional[dict] = None  #: layer_fingerprint of the weights calibrated on (None: a version-1 file)
 
 
 @dataclass
@@ -49,6 +107,8 @@ class ThresholdConfig:
     layers: list = field(default_factory=list)  #: LayerRecord
     alpha: float = ALPHA
     calibration: dict = field(default_factory=dict)  #: tokens, capacity, seed, source text, ...
+    model: str = ""  #: the model the thresholds are for (the file's "model"; apply_thresholds can check it)
+    int4_layout: str = INT4_LAYOUT  #: the INT4 proxy layout calibrated with (the file's)
 
     def by_name(self) -> dict:
         return {r.name: r for r in self.layers}
@@ -69,9 +129,16 @@ def _dec(v):
 
 
 def to_dict(configs: list, model: str = "") -> dict:
-    out = {"format": FORMAT, "version": VERSION, "int4_layout": INT4_LAYOUT, "model": model, "configs": []}
+    layouts = {c.int4_layout for c in configs} or {INT4_LAYOUT}
+    if len(layouts) > 1:
+        raise ValueError(f"prox: configs of different INT4 layouts ({sorted(layouts)}) cannot share a file")
+    names = {c.model for c in configs if c.model}
+    if not model and len(names) == 1:
+        model = names.pop()
+    out = {"format": FORMAT, "version": VERSION, "int4_layout": layouts.pop(), "model": model, "configs": []}
     for c in configs:
         d = asdict(c)
+        del d["model"], d["int4_layout"]  # file-level fields
         d["layers"] = [{k: _enc(v) for k, v in asdict(r).items()} for r in c.layers]
         out["configs"].append(d)
     return out
@@ -80,24 +147,44 @@ def to_dict(configs: list, model: str = "") -> dict:
 def from_dict(d: dict) -> list:
     if d.get("format") != FORMAT:
         raise ValueError(f"prox: not a thresholds file (format {d.get('format')!r}, expected {FORMAT!r})")
-    if d.get("version") != VERSION:
-        raise ValueError(f"prox: thresholds file version {d.get('version')} is not supported (this is {VERSION})")
+    if d.get("version") not in VERSIONS_READ:
+        raise ValueError(f"prox: thresholds file version {d.get('version')} is not supported (this reads "
+                         f"{', '.join(map(str, VERSIONS_READ))})")
     configs = []
     for c in d["configs"]:
         layers = [LayerRecord(**{k: _dec(v) for k, v in r.items()}) for r in c["layers"]]
         configs.append(ThresholdConfig(e=float(c["e"]), split=c["split"], layers=layers,
-                                       alpha=float(c.get("alpha", ALPHA)), calibration=c.get("calibration", {})))
+                                       alpha=float(c.get("alpha", ALPHA)), calibration=c.get("calibration", {}),
+                                       model=d.get("model", "") or "", int4_layout=d.get("int4_layout", INT4_LAYOUT)))
     return configs
 
 
-def save_thresholds(path: str | os.PathLike, configs, model: str = "", merge: bool = True) -> None:
+def save_thresholds(path: str | os.PathLike, configs, model: str = "", merge: bool = True,
+                    fingerprints=None) -> None:
     """Write configs (a ThresholdConfig or a list). With merge, configs already in the file with another
-    (e, split) are kept; a config with the same (e, split) is replaced. Written atomically."""
+    (e, split) are kept; a config with the same (e, split) is replaced, and the file's configs must be for the
+    same model (the same fingerprints). ``fingerprints``: a model whose SparseMLPs' fingerprints fill the
+    records that have none (upgrading a version-1 file). Written atomically."""
     if isinstance(configs, ThresholdConfig):
         configs = [configs]
     configs = list(configs)
+    if fingerprints is not None:
+        from .nn import sparse_mlps
+        fps = {n: m.fingerprint() for n, m in sparse_mlps(fingerprints)}
+        for c in configs:
+            for r in c.layers:
+                if r.fingerprint is None and r.name in fps:
+                    r.fingerprint = fps[r.name]
     if merge and os.path.exists(path):
         old = load_thresholds(path)
+        new_fp = {r.name: r.fingerprint for c in configs for r in c.layers if r.fingerprint is not None}
+        for c in old:
+            for r in c.layers:
+                why = fingerprint_mismatch(r.fingerprint, new_fp[r.name]) \
+                    if r.fingerprint is not None and r.name in new_fp else None
+                if why:
+                    raise ValueError(f"prox: {path} holds thresholds of other weights ({r.name}: {why}): save to "
+                                     "another file, or pass merge=False to replace it")
         keys = {(round(c.e, 9), c.split) for c in configs}
         configs = [c for c in old if (round(c.e, 9), c.split) not in keys] + configs
     configs.sort(key=lambda c: (c.split, c.e))

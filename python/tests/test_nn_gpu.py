@@ -150,8 +150,9 @@ def test_change_sparsity_per_request_without_recapture(tmp_path):
 
 @pytest.mark.parametrize("convert", ["cuda", "cuda_half"])
 def test_sparse_mlp_built_on_cpu_then_moved_to_cuda(convert):
-    """SparseMLPs made on the CPU and moved with the model get the shared workspace of their shape on the device
-    (one tensor for all layers, initialized once) and compute bit for bit what SparseMLPs made on the device do.
+    """SparseMLPs made on the CPU and moved with the model get their model's workspace of their shape on the device
+    (one tensor for all its layers, initialized once; another model's is another) and compute bit for bit what
+    SparseMLPs made on the device do.
     "cuda_half": made from float32 weights that fp16 represents exactly (the same proxies), then .cuda().half()."""
     src = tiny("llama", torch.float16, layers=2, device="cpu")
     direct = copy.deepcopy(src).to(device="cuda", dtype=torch.float16)
@@ -164,8 +165,10 @@ def test_sparse_mlp_built_on_cpu_then_moved_to_cuda(convert):
     prox.swap_mlps(direct)
     a = [layer.mlp for layer in moved.model.layers]
     b = [layer.mlp for layer in direct.model.layers]
-    ws = prox.nn.shared_workspace(256, 768, b[0].down_t.device)
-    assert all(mm.workspace is not None and mm.workspace.data_ptr() == ws.data_ptr() for mm in a + b)
+    ws = prox.workspace_pool(moved).get(256, 768, b[0].down_t.device)
+    assert all(mm.workspace is not None and mm.workspace.data_ptr() == ws.data_ptr() for mm in a)
+    wsb = prox.workspace_pool(direct).get(256, 768, b[0].down_t.device)
+    assert wsb.data_ptr() != ws.data_ptr() and all(mm.workspace.data_ptr() == wsb.data_ptr() for mm in b)
     assert a[0].thresholds.dtype == torch.float32 and a[0].down_t.dtype == torch.float16
     x = torch.randn(1, 1, 256, device="cuda", dtype=torch.float16)
     with torch.no_grad():
