@@ -39,7 +39,7 @@ fi
 echo "prox python: dependencies ready ($((SECONDS - start)) s)"
 
 t=$SECONDS
-# sm_80 + sm_90a, as the CMake build; the four layer types (fp16/bf16 x SiLU/GeLU) in four translation units
+# sm_80 + sm_90a, as the CMake build; one translation unit per entry of setup.py's LAYER_TYPES (generated)
 TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-8.0;9.0a}" MAX_JOBS="${PROX_JOBS:-$(nproc)}" \
   "${pip[@]}" --no-build-isolation --no-deps ./python
 echo "prox python: extension built and installed ($((SECONDS - t)) s)"

@@ -19,6 +19,7 @@
 #include <array>
 #include <cstdint>
 #include <list>
+#include <string>
 #include <memory>
 #include <mutex>
 #include <unordered_map>
@@ -70,30 +71,44 @@ Act act_of(int64_t act) {
   return static_cast<Act>(act);
 }
 
-//! options = [flags, proxy, glu, down, glu_down]; flags: 1 pdl, 2 cluster, 4 fuse_stage2, 8 spread,
-//! 16 cooperative, 32 check_workspace (prox/_ops.py builds it from PlanOptions).
+//! Bits the flags word may hold (one per PROX_EXT_PLAN_FLAGS entry).
+constexpr int kPlanFlagCount = 0
+#define PROX_EXT_COUNT(name, def) +1
+    PROX_EXT_PLAN_FLAGS(PROX_EXT_COUNT)
+#undef PROX_EXT_COUNT
+    ;
+
+//! options = [flags, proxy, glu, down, glu_down]; bit i of flags is PROX_EXT_PLAN_FLAGS's i-th entry
+//! (ffn_api.h; prox/_ops.py encodes PlanOptions by the names plan_flag_names() reports).
 PlanFlags flags_of(at::IntArrayRef o) {
   TORCH_CHECK_VALUE(o.size() == 5, "prox: options must have 5 entries [flags, proxy, glu, down, glu_down], got ",
                     o.size());
-  TORCH_CHECK_VALUE(o[0] >= 0 && o[0] < 64, "prox: option flags out of range: ", o[0]);
+  TORCH_CHECK_VALUE(o[0] >= 0 && o[0] < (int64_t(1) << kPlanFlagCount), "prox: option flags out of range: ", o[0]);
   PlanFlags f;
-  f.pdl = (o[0] & 1) != 0;
-  f.cluster = (o[0] & 2) != 0;
-  f.fuse_stage2 = (o[0] & 4) != 0;
-  f.spread = (o[0] & 8) != 0;
-  f.cooperative = (o[0] & 16) != 0;
-  f.check_workspace = (o[0] & 32) != 0;
-  // The fused Stage 2 waits at a grid-wide barrier: only a cooperative launch guarantees every block is
-  // resident, so a non-cooperative one can hang the GPU (glu_down_gemv.cuh).
-  TORCH_CHECK_VALUE(f.cooperative || !f.fuse_stage2,
-                    "prox: options: cooperative off (flag 16 clear) needs fuse_stage2 off (flag 4 clear): the "
-                    "fused Stage 2's grid barrier is safe only in a cooperative launch (it can hang otherwise)");
+  f.word = static_cast<unsigned>(o[0]);
+  int bit = 0;
+#define PROX_EXT_DECODE(name, def) f.name = ((o[0] >> bit++) & 1) != 0;
+  PROX_EXT_PLAN_FLAGS(PROX_EXT_DECODE)
+#undef PROX_EXT_DECODE
+  // A fused Stage 2 waits at a grid-wide barrier: only a cooperative launch guarantees every block is
+  // resident, so a non-cooperative one can hang the GPU (glu_down_gemv.cuh, batched_glu_down.cuh).
+  TORCH_CHECK_VALUE(f.cooperative || !(f.fuse_stage2 || f.fuse_batch_stage2),
+                    "prox: options: cooperative off needs fuse_stage2 and fuse_batch_stage2 off: a fused Stage 2's "
+                    "grid barrier is safe only in a cooperative launch (it can hang otherwise)");
   for (int i = 1; i < 5; ++i) TORCH_CHECK_VALUE(o[i] >= -1 && o[i] < 64, "prox: policy index out of range: ", o[i]);
   f.proxy = static_cast<int>(o[1]);
   f.glu = static_cast<int>(o[2]);
   f.down = static_cast<int>(o[3]);
   f.glu_down = static_cast<int>(o[4]);
   return f;
+}
+
+std::vector<std::string> plan_flag_names_op() {
+  return {
+#define PROX_EXT_NAME(name, def) #name,
+      PROX_EXT_PLAN_FLAGS(PROX_EXT_NAME)
+#undef PROX_EXT_NAME
+  };
 }
 
 //! Validates a layer's tensors (shapes, dtypes, devices, contiguity, alignment) and describes it.
@@ -191,14 +206,13 @@ using Key = std::array<std::uintptr_t, 20>;
 
 Key key_of(const FfnDesc& d, int device) {
   const PlanFlags& f = d.flags;
-  const std::uintptr_t bits = (f.pdl ? 1u : 0u) | (f.cluster ? 2u : 0u) | (f.fuse_stage2 ? 4u : 0u) |
-                              (f.spread ? 8u : 0u) | (f.cooperative ? 16u : 0u) |
-                              (f.check_workspace ? 32u : 0u);
+  const std::uintptr_t bits = f.word;
   auto u = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p); };
   auto i = [](int v) { return static_cast<std::uintptr_t>(static_cast<std::intptr_t>(v)); };
   return Key{i(device), i(static_cast<int>(d.dtype)), i(static_cast<int>(d.act)), i(d.d_model), i(d.d_ff),
              u(d.gate), u(d.up), u(d.down_t), u(d.proxy_gate), u(d.scale_gate), u(d.proxy_up), u(d.scale_up),
-             u(d.thresholds), bits, i(f.proxy), i(f.glu), i(f.down), i(f.glu_down), i(d.max_tokens), 0};
+             u(d.thresholds), bits, i(f.proxy), i(f.glu), i(f.down), i(f.glu_down), i(d.max_tokens),
+             i(static_cast<int>(d.format))};
 }
 
 struct KeyHash {
@@ -628,6 +642,7 @@ TORCH_LIBRARY(prox, m) {
   m.def("allocate_sparsity(float e) -> (float, float)", &prox_ext::allocate_sparsity_op);
   m.def("int4_layout() -> str", &prox_ext::int4_layout_op);
   m.def("workspace_header_bytes() -> int", &prox_ext::workspace_header_bytes_op);
+  m.def("plan_flag_names() -> str[]", &prox_ext::plan_flag_names_op);
   m.def("plan_cache_size() -> int", &prox_ext::plan_cache_size_op);
   m.def("plan_cache_capacity() -> int", &prox_ext::plan_cache_capacity_op);
   m.def("set_plan_cache_capacity(int capacity) -> ()", &prox_ext::set_plan_cache_capacity_op);

@@ -22,16 +22,30 @@ enum class DType : int { kHalf = 0, kBFloat16 = 1 };
 constexpr int kMaxTokens = 8;
 enum class Act : int { kSiLU = 0, kGeluTanh = 1 };
 
-//! SparseFfn::PlanOptions, flattened (bit flags + the four policy indices, -1 = default).
+//! The plan options' flags, written once: X(name, default) in bit order (bit i of the options' flags word
+//! is the i-th entry). Each name is a bool of SparseFfn::PlanOptions; bindings.cpp decodes the word with this
+//! list, ffn_impl.cuh copies each into SparseFfn::PlanOptions, and Python's PlanOptions encodes by the names
+//! the extension reports (torch.ops.prox.plan_flag_names()).
+#define PROX_EXT_PLAN_FLAGS(X) \
+  X(pdl, true)                 \
+  X(cluster, false)            \
+  X(fuse_stage2, true)         \
+  X(spread, true)              \
+  X(cooperative, true)         \
+  X(check_workspace, true)     \
+  X(fuse_batch_stage2, false)
+
+//! SparseFfn::PlanOptions, flattened: the flags above, their word, and the four policy indices (-1 = default).
 struct PlanFlags {
-  bool pdl = true;
-  bool cluster = false;
-  bool fuse_stage2 = true;
-  bool spread = true;
-  bool cooperative = true;
-  bool check_workspace = true;
+#define PROX_EXT_FLAG_FIELD(name, def) bool name = def;
+  PROX_EXT_PLAN_FLAGS(PROX_EXT_FLAG_FIELD)
+#undef PROX_EXT_FLAG_FIELD
+  unsigned word = 0;  //!< the flags as encoded (bit i = the i-th flag): the plan cache's key
   int proxy = -1, glu = -1, down = -1, glu_down = -1;
 };
+
+//! The Stage-2 weight formats the extension instantiates (the layer-type list's third field, setup.py).
+enum class Format : int { kNative = 0 };
 
 //! One layer as SparseFfn<T, Act, Int4Weights>::plan() sees it: device pointers, shape, options and
 //! token capacity. Thresholds are always read from the device (Config::thresholds), so one plan
@@ -49,6 +63,7 @@ struct FfnDesc {
   const std::uint32_t* proxy_up = nullptr;
   const float* scale_up = nullptr;
   const float* thresholds = nullptr;  //!< device float[2] {tau_x, tau_s}
+  Format format = Format::kNative;  //!< Stage 2's weight format
   PlanFlags flags{};
   //! Config::max_tokens, 1..kMaxTokens: a plan of capacity m runs every batch of up to m tokens, and
   //! every call needs workspace_bytes(d_model, d_ff, m) (its layout has room for m tokens).
@@ -64,7 +79,7 @@ struct FfnOutputs {
   float* s = nullptr;
 };
 
-//! A planned layer of any of the four types.
+//! A planned layer of any of the layer types (generated/layer_types.inc).
 class FfnPlan {
  public:
   virtual ~FfnPlan() = default;
@@ -82,11 +97,13 @@ class FfnPlan {
 //! Plan a layer (reads the current device's attributes; not capturable).
 prox::Status make_plan(const FfnDesc& d, std::unique_ptr<FfnPlan>* out);
 
-// One factory per instantiated layer type (ffn_<dtype>_<act>.cu).
-prox::Status make_plan_f16_silu(const FfnDesc& d, std::unique_ptr<FfnPlan>* out);
-prox::Status make_plan_f16_gelu(const FfnDesc& d, std::unique_ptr<FfnPlan>* out);
-prox::Status make_plan_bf16_silu(const FfnDesc& d, std::unique_ptr<FfnPlan>* out);
-prox::Status make_plan_bf16_gelu(const FfnDesc& d, std::unique_ptr<FfnPlan>* out);
+// One factory per layer type, each in its generated translation unit (generated/ffn_<name>.cu). setup.py
+// writes the list (generated/layer_types.inc) from LAYER_TYPES: PROX_EXT_LAYER(name, T, Act, dtype, act,
+// format), with the DType / Act / Format codes above.
+#define PROX_EXT_LAYER(name, T, ActT, dtype, act, format) \
+  prox::Status make_plan_##name(const FfnDesc& d, std::unique_ptr<FfnPlan>* out);
+#include "generated/layer_types.inc"
+#undef PROX_EXT_LAYER
 
 // Offline helpers and workspace (offline.cu).
 //! SparseFfn::workspace_bytes(d_model, d_ff, max_tokens); max_tokens = 1 is the batch-1 size.

@@ -1,18 +1,19 @@
 // SPDX-License-Identifier: Apache-2.0
-//! @file ffn_impl.cuh  FfnPlan for one SparseFfn<T, Act, Int4Weights>; included by the four
-//! ffn_<dtype>_<act>.cu files, each of which compiles one layer type's kernels.
+//! @file ffn_impl.cuh  FfnPlan for one layer type; included by the generated ffn_<name>.cu files
+//! (setup.py's LAYER_TYPES), each of which compiles one layer type's kernels.
 #pragma once
 
 #include <prox/prox.cuh>
 
 #include "ffn_api.h"
+#include "ffn_type.cuh"
 
 namespace prox_ext {
 
-template <class T, class ActT>
+template <class T, class ActT, Format kFormat>
 class FfnPlanImpl final : public FfnPlan {
  public:
-  using Ffn = prox::SparseFfn<T, ActT, prox::Int4Weights>;
+  using Ffn = FfnType<T, ActT, kFormat>;
 
   prox::Status plan(const FfnDesc& d) noexcept {
     typename Ffn::Config cfg;
@@ -29,12 +30,9 @@ class FfnPlanImpl final : public FfnPlan {
     w.proxy_gate = {d.proxy_gate, d.scale_gate};
     w.proxy_up = {d.proxy_up, d.scale_up};
     typename Ffn::PlanOptions o;
-    o.pdl = d.flags.pdl;
-    o.cluster = d.flags.cluster;
-    o.fuse_stage2 = d.flags.fuse_stage2;
-    o.spread = d.flags.spread;
-    o.cooperative = d.flags.cooperative;
-    o.check_workspace = d.flags.check_workspace;
+#define PROX_EXT_APPLY(name, def) o.name = d.flags.name;
+    PROX_EXT_PLAN_FLAGS(PROX_EXT_APPLY)
+#undef PROX_EXT_APPLY
     o.choice.proxy = d.flags.proxy;
     o.choice.glu = d.flags.glu;
     o.choice.down = d.flags.down;
@@ -79,9 +77,9 @@ class FfnPlanImpl final : public FfnPlan {
   Ffn ffn_;
 };
 
-template <class T, class ActT>
+template <class T, class ActT, Format kFormat>
 prox::Status make_plan_impl(const FfnDesc& d, std::unique_ptr<FfnPlan>* out) {
-  auto p = std::make_unique<FfnPlanImpl<T, ActT>>();
+  auto p = std::make_unique<FfnPlanImpl<T, ActT, kFormat>>();
   const prox::Status st = p->plan(d);
   if (st == prox::Status::kSuccess) *out = std::move(p);
   return st;
@@ -89,11 +87,12 @@ prox::Status make_plan_impl(const FfnDesc& d, std::unique_ptr<FfnPlan>* out) {
 
 }  // namespace prox_ext
 
-//! Defines the factory of one layer type and instantiates its kernels in this translation unit.
-#define PROX_EXT_DEFINE_FACTORY(T, ActT, name)                                         \
-  PROX_SPARSE_FFN_INSTANTIATE(T, ActT, ::prox::Int4Weights)                            \
-  namespace prox_ext {                                                                 \
-  prox::Status name(const FfnDesc& d, std::unique_ptr<FfnPlan>* out) {                 \
-    return make_plan_impl<T, ActT>(d, out);                                            \
-  }                                                                                    \
+//! Defines the factory of one layer type and instantiates its kernels in this translation unit (a
+//! generated ffn_<name>.cu holds one line of it).
+#define PROX_EXT_DEFINE_FACTORY(T, ActT, format, name)                                  \
+  PROX_EXT_INSTANTIATE(T, ActT, format)                                                 \
+  namespace prox_ext {                                                                  \
+  prox::Status name(const FfnDesc& d, std::unique_ptr<FfnPlan>* out) {                  \
+    return make_plan_impl<T, ActT, Format::format>(d, out);                             \
+  }                                                                                     \
   }

@@ -1,11 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
 //! @file offline.cu  The offline helpers (INT4 packing, transpose), the workspace calls and the
-//! dispatch of make_plan() to the four layer types. No SparseFfn kernel is compiled here.
+//! dispatch of make_plan() to the layer types (generated/layer_types.inc). No SparseFfn kernel is compiled
+//! here.
 #include <prox/prox.cuh>
 
 #include "ffn_api.h"
+#include "ffn_type.cuh"
 
-PROX_SPARSE_FFN_EXTERN(__half, prox::SiLU, prox::Int4Weights)
+PROX_EXT_EXTERN(__half, prox::SiLU, kNative)
 
 static_assert(prox_ext::kMaxTokens == prox::kMaxBatchTokens, "ffn_api.h's kMaxTokens is prox's batch limit");
 
@@ -13,15 +15,16 @@ namespace prox_ext {
 
 prox::Status make_plan(const FfnDesc& d, std::unique_ptr<FfnPlan>* out) {
   if (out == nullptr) return prox::Status::kErrorNullPointer;
-  const bool half = d.dtype == DType::kHalf;
-  if (d.act == Act::kSiLU) return half ? make_plan_f16_silu(d, out) : make_plan_bf16_silu(d, out);
-  if (d.act == Act::kGeluTanh) return half ? make_plan_f16_gelu(d, out) : make_plan_bf16_gelu(d, out);
+#define PROX_EXT_LAYER(name, T, ActT, dt_, act_, fmt_)                                          \
+  if (d.dtype == DType::dt_ && d.act == Act::act_ && d.format == Format::fmt_) return make_plan_##name(d, out);
+#include "generated/layer_types.inc"
+#undef PROX_EXT_LAYER
   return prox::Status::kErrorInvalidArgument;
 }
 
 std::size_t workspace_bytes(int d_model, int d_ff, int max_tokens) noexcept {
   // The same for every T, activation, policy and device (sparse_ffn.cuh).
-  return prox::SparseFfn<__half, prox::SiLU, prox::Int4Weights>::workspace_bytes(d_model, d_ff, max_tokens);
+  return FfnType<__half, prox::SiLU, Format::kNative>::workspace_bytes(d_model, d_ff, max_tokens);
 }
 
 prox::Status pack_int4(DType t, const void* w, int d_model, int d_ff, std::uint32_t* packed, float* scales,

@@ -11,7 +11,7 @@ sequential calibration.
 The pure-Python parts (allocation rule, calibration rule, torch reference, thresholds file) work without
 the compiled extension; the ops need it (prox.ops_available(); prox.ops_import_error() says why not).
 """
-from ._ops import (ACTS, MAX_TOKENS, FfnOutputs, PlanOptions, allocate_sparsity_native,
+from ._ops import (ACTS, MAX_TOKENS, PLAN_FLAGS, FfnOutputs, PlanOptions, allocate_sparsity_native,
                    available as ops_available, check_layer, check_workspace, clear_plan_cache,
                    cuda_unavailable_reason, import_error as ops_import_error, initialize_workspace, int4_layout,
                    new_workspace, pack_int4, plan_cache_capacity, plan_cache_pinned, plan_cache_size,
@@ -30,7 +30,7 @@ from . import reference
 __version__ = "0.1.0"
 
 __all__ = [
-    "ACTS", "ALPHA", "Calibrator", "FfnOutputs", "LayerRecord", "LayerThresholds", "MAX_TOKENS", "PlanOptions",
+    "ACTS", "ALPHA", "Calibrator", "FfnOutputs", "LayerRecord", "LayerThresholds", "MAX_TOKENS", "PLAN_FLAGS", "PlanOptions",
     "PlannedFfn", "SparseMLP", "StageSparsity", "ThresholdConfig", "ThresholdResult", "WorkspacePool",
     "allocate_sparsity", "allocate_sparsity_native", "apply_thresholds", "calibrate_layer", "check_layer",
     "check_workspace", "clear_plan_cache", "counters_report", "cuda_unavailable_reason", "effective_sparsity",

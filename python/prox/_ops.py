@@ -133,13 +133,26 @@ def act_code(act: str | int) -> int:
         raise ValueError(f"prox: act must be one of {sorted(ACTS)}, got {act!r}") from None
 
 
+#: The plan options' flags in bit order (csrc/ffn_api.h, PROX_EXT_PLAN_FLAGS, is the one definition; with the
+#: extension loaded the names are read from it, and a host test checks this copy against it).
+PLAN_FLAGS = ("pdl", "cluster", "fuse_stage2", "spread", "cooperative", "check_workspace", "fuse_batch_stage2")
+
+
+@functools.lru_cache(maxsize=None)
+def plan_flag_names() -> tuple:
+    """The flags' names in bit order, as the loaded extension decodes them (PLAN_FLAGS without it)."""
+    return tuple(torch.ops.prox.plan_flag_names()) if available() else PLAN_FLAGS
+
+
 @dataclasses.dataclass(frozen=True)
 class PlanOptions:
-    """SparseFfn::PlanOptions (include/prox/sparse_ffn.cuh). Policy indices -1 = the default.
+    """SparseFfn::PlanOptions (include/prox/sparse_ffn.cuh): its flags, and the policy indices (-1 = the
+    default). ``encode()`` is the one encoding the ops take, ``[flags, proxy, glu, down, glu_down]``, bit i of
+    flags being the i-th of plan_flag_names().
 
-    ``cooperative=False`` needs ``fuse_stage2=False``: the fused Stage 2 waits at a grid-wide barrier that
-    only a cooperative launch guarantees to be reachable (every block resident); launched otherwise it can
-    hang the GPU, so the combination is refused here and by the op."""
+    ``cooperative=False`` needs ``fuse_stage2=False`` and ``fuse_batch_stage2=False``: a fused Stage 2 waits at
+    a grid-wide barrier that only a cooperative launch guarantees to be reachable (every block resident);
+    launched otherwise it can hang the GPU, so the combination is refused here and by the op."""
 
     pdl: bool = True
     cluster: bool = False
@@ -147,24 +160,25 @@ class PlanOptions:
     spread: bool = True
     cooperative: bool = True
     check_workspace: bool = True
+    fuse_batch_stage2: bool = False
     proxy: int = -1
     glu: int = -1
     down: int = -1
     glu_down: int = -1
 
     def __post_init__(self):
-        if self.fuse_stage2 and not self.cooperative:
-            raise ValueError("prox: PlanOptions(cooperative=False) needs fuse_stage2=False: the fused Stage 2 "
-                             "waits at a grid-wide barrier, which only a cooperative launch makes safe (a "
-                             "non-cooperative grid can hang); pass fuse_stage2=False with cooperative=False")
+        if (self.fuse_stage2 or self.fuse_batch_stage2) and not self.cooperative:
+            raise ValueError("prox: PlanOptions(cooperative=False) needs fuse_stage2=False (and fuse_batch_stage2="
+                             "False): a fused Stage 2 waits at a grid-wide barrier, which only a cooperative launch "
+                             "makes safe (a non-cooperative grid can hang); pass fuse_stage2=False with "
+                             "cooperative=False")
         for name in ("proxy", "glu", "down", "glu_down"):
             v = getattr(self, name)
             if not (isinstance(v, int) and -1 <= v < 64):
                 raise ValueError(f"prox: PlanOptions.{name} must be a policy index in [-1, 63], got {v!r}")
 
     def encode(self) -> list[int]:
-        flags = (1 if self.pdl else 0) | (2 if self.cluster else 0) | (4 if self.fuse_stage2 else 0)
-        flags |= (8 if self.spread else 0) | (16 if self.cooperative else 0) | (32 if self.check_workspace else 0)
+        flags = sum(1 << i for i, name in enumerate(plan_flag_names()) if getattr(self, name))
         return [flags, self.proxy, self.glu, self.down, self.glu_down]
 
 

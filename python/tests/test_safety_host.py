@@ -472,3 +472,42 @@ def test_gguf_extra_declared():
     assert {"gguf", "accelerate", "psutil", "requests"} <= {d.split(">")[0].split("=")[0] for d in extras["gguf"]}
     doc = open(os.path.join(os.path.dirname(__file__), "..", "..", "docs", "python.md")).read()
     assert "pip install --no-deps gguf accelerate psutil requests" in doc  # the one documented command
+
+
+# ---------------------------------------------------------------- one description of a layer type (issue 39)
+
+
+@requires_ext
+def test_plan_flags_have_one_encoding():
+    """The flag bits are defined once (csrc/ffn_api.h): the extension reports their names, Python encodes by
+    them, and each is a PlanOptions field; the C++ decoder refuses bits past the list."""
+    names = prox._ops.plan_flag_names()
+    assert names == prox.PLAN_FLAGS
+    fields = {f.name for f in __import__("dataclasses").fields(prox.PlanOptions)}
+    assert set(names) <= fields
+    for i, name in enumerate(names):
+        kw = {name: not getattr(prox.PlanOptions(), name)}
+        if name == "cooperative":
+            kw.update(fuse_stage2=False)
+        flip = prox.PlanOptions(**kw).encode()[0] ^ prox.PlanOptions(**{k: v for k, v in kw.items()
+                                                                        if k != name}).encode()[0]
+        assert flip == 1 << i, name
+    with pytest.raises(ValueError, match="fuse_batch_stage2"):
+        prox.PlanOptions(cooperative=False, fuse_stage2=False, fuse_batch_stage2=True)
+    w = torch.zeros(32, 8, dtype=torch.float16)
+    p, s = prox.pack_int4(w)
+    with pytest.raises(ValueError, match="out of range"):
+        torch.ops.prox.plan_ffn(w, w, w, p, s, p, s, torch.zeros(2), 0, [1 << len(names), -1, -1, -1, -1])
+
+
+def test_layer_types_come_from_one_list():
+    """setup.py's LAYER_TYPES is the one list: the build generates one translation unit per entry and the list
+    the C++ factories and dispatch are made from."""
+    gen = os.path.join(os.path.dirname(__file__), "..", "csrc", "generated")
+    if not os.path.isdir(gen):
+        pytest.skip("python/csrc/generated is written by the build (pip install ./python)")
+    inc = open(os.path.join(gen, "layer_types.inc")).read()
+    entries = [ln for ln in inc.splitlines() if ln.startswith("PROX_EXT_LAYER(")]
+    names = sorted(ln[len("PROX_EXT_LAYER("):].split(",")[0] for ln in entries)
+    assert names == sorted(f"{d}_{a}_native" for d in ("f16", "bf16") for a in ("silu", "gelu"))
+    assert sorted(f for f in os.listdir(gen) if f.endswith(".cu")) == [f"ffn_{n}.cu" for n in names]

@@ -1,0 +1,32 @@
+// SPDX-License-Identifier: Apache-2.0
+//! @file ffn_type.cuh  The one place the extension names prox's layer type: a (T, activation, Stage-2 weight
+//! format) of the layer-type list maps to its SparseFfn here, and is instantiated (or declared extern)
+//! through the two macros below. A new Stage-2 weight format is one specialization here, one Format code
+//! (ffn_api.h) and one entry of setup.py's LAYER_TYPES.
+#pragma once
+
+#include <prox/prox.cuh>
+
+#include "ffn_api.h"
+
+namespace prox_ext {
+
+template <class T, class ActT, Format kFormat>
+struct FfnTypeOf;
+
+//! Today's Stage 2: fp16/bf16 weights of the activation type T (Stage 1 reads the INT4 proxies).
+template <class T, class ActT>
+struct FfnTypeOf<T, ActT, Format::kNative> {
+  using type = prox::SparseFfn<T, ActT, prox::Int4Weights>;
+};
+
+template <class T, class ActT, Format kFormat>
+using FfnType = typename FfnTypeOf<T, ActT, kFormat>::type;
+
+}  // namespace prox_ext
+
+//! Instantiates / declares extern the kernels of one layer type (prox's explicit-instantiation macros).
+#define PROX_EXT_INSTANTIATE(T, ActT, format) PROX_EXT_INSTANTIATE_##format(T, ActT)
+#define PROX_EXT_EXTERN(T, ActT, format) PROX_EXT_EXTERN_##format(T, ActT)
+#define PROX_EXT_INSTANTIATE_kNative(T, ActT) PROX_SPARSE_FFN_INSTANTIATE(T, ActT, ::prox::Int4Weights)
+#define PROX_EXT_EXTERN_kNative(T, ActT) PROX_SPARSE_FFN_EXTERN(T, ActT, ::prox::Int4Weights)
