@@ -12,6 +12,7 @@ Modes:
   NCCL's proxy or torch's watchdog, do not invalidate the capture);
 - pynccl: libnccl called directly through ctypes (ncclCommInitRank, ncclAllReduce on the current stream), the
   way vLLM's PyNcclCommunicator captures its collectives; the unique id travels through torch.distributed.
+  The binding is the package's: prox.distributed.NcclCommunicator (prox must be importable).
 
 Each call all-reduces a fresh copy of x = rank + 1, so every element must equal sum_r (r + 1); each rank
 checks that after the eager calls and after the first replay.
@@ -19,8 +20,6 @@ checks that after the eager calls and after the first replay.
 from __future__ import annotations
 
 import argparse
-import ctypes
-import glob
 import json
 import os
 import sys
@@ -28,55 +27,6 @@ import time
 
 import torch
 import torch.distributed as dist
-
-
-def find_libnccl() -> str:
-    cands = []
-    for p in sys.path:
-        cands += glob.glob(os.path.join(p, "nvidia", "nccl", "lib", "libnccl.so*"))
-    cands += glob.glob("/usr/lib/x86_64-linux-gnu/libnccl.so*") + glob.glob("/usr/local/cuda*/lib64/libnccl.so*")
-    if not cands:
-        raise RuntimeError("libnccl.so not found")
-    return sorted(cands)[0]
-
-
-class NcclUniqueId(ctypes.Structure):
-    _fields_ = [("internal", ctypes.c_byte * 128)]
-
-
-class PyNccl:
-    """The few NCCL entry points a decode step needs (as vLLM's pynccl_wrapper binds them)."""
-
-    ncclBfloat16 = 9
-    ncclFloat16 = 6
-    ncclSum = 0
-
-    def __init__(self, rank: int, world: int):
-        self.lib = ctypes.CDLL(find_libnccl())
-        self.lib.ncclGetUniqueId.argtypes = [ctypes.POINTER(NcclUniqueId)]
-        self.lib.ncclCommInitRank.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, NcclUniqueId,
-                                              ctypes.c_int]
-        self.lib.ncclAllReduce.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
-                                           ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
-        self.lib.ncclGetErrorString.restype = ctypes.c_char_p
-        uid = NcclUniqueId()
-        if rank == 0:
-            self._check(self.lib.ncclGetUniqueId(ctypes.byref(uid)))
-        t = torch.tensor(list(bytes(uid.internal)), dtype=torch.uint8, device="cuda")
-        dist.broadcast(t, 0)
-        uid.internal[:] = [int(v) if v < 128 else int(v) - 256 for v in t.cpu().tolist()]
-        self.comm = ctypes.c_void_p()
-        self._check(self.lib.ncclCommInitRank(ctypes.byref(self.comm), world, uid, rank))
-
-    def _check(self, r: int) -> None:
-        if r != 0:
-            raise RuntimeError(f"NCCL error {r}: {self.lib.ncclGetErrorString(r).decode()}")
-
-    def all_reduce(self, x: torch.Tensor) -> None:
-        dt = {torch.bfloat16: self.ncclBfloat16, torch.float16: self.ncclFloat16}[x.dtype]
-        s = torch.cuda.current_stream().cuda_stream
-        self._check(self.lib.ncclAllReduce(ctypes.c_void_p(x.data_ptr()), ctypes.c_void_p(x.data_ptr()), x.numel(),
-                                           dt, self.ncclSum, self.comm, ctypes.c_void_p(s)))
 
 
 def main() -> None:
@@ -96,8 +46,9 @@ def main() -> None:
         print(f"[{a.mode}] rank {rank}: {name}", file=sys.stderr, flush=True)
 
     if a.mode == "pynccl":
-        comm = PyNccl(rank, world)
-        reduce = comm.all_reduce
+        from prox.distributed import NcclCommunicator
+        comm = NcclCommunicator(None, torch.device("cuda", rank))
+        reduce = comm.all_reduce_
     else:
         reduce = dist.all_reduce
     want = float(sum(r + 1 for r in range(world)))

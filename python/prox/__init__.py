@@ -25,7 +25,7 @@ from .nn import (SparseMLP, WorkspacePool, find_mlps, free_workspaces, memory_re
 from .planned import PlannedFfn, new_counters, sparsity_report as counters_report
 from .sparsify import apply_thresholds, sparsify, sparsity_report
 from .thresholds import LayerRecord, ThresholdConfig, find_config, load_thresholds, save_thresholds
-from . import reference
+from . import distributed, reference
 
 __version__ = "0.1.0"
 
@@ -36,7 +36,7 @@ __all__ = [
     "check_workspace", "clear_plan_cache", "counters_report", "cuda_unavailable_reason", "effective_sparsity",
     "find_config", "find_mlps", "free_workspaces", "initialize_workspace", "int4_layout", "load_thresholds",
     "max_effective_sparsity", "memory_report", "new_counters", "new_workspace", "ops_available",
-    "ops_import_error", "pack_int4", "plan_cache_capacity", "plan_cache_pinned", "plan_cache_size",
+    "ops_import_error", "pack_int4", "plan_cache_capacity", "plan_cache_pinned", "plan_cache_size", "distributed",
     "quantile_threshold", "reference", "refresh", "save_thresholds", "set_mode", "set_plan_cache_capacity",
     "sparsify", "sparsity_report", "split_candidates", "swap_mlps", "transpose", "workspace_bytes",
     "workspace_dirty", "workspace_header_bytes", "workspace_pool", "workspace_tokens",

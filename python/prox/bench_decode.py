@@ -3,6 +3,7 @@
 
     python -m prox.bench_decode                       # the default sweep (about 6-7 min on an H100)
     python -m prox.bench_decode --models 8b --dtypes bf16 --contexts 512 --steps lean
+    torchrun --nproc-per-node 2 -m prox.bench_decode --tp 2 --models 32b   # tensor parallel: prox.bench_tp
     python -m prox.bench_decode --device cpu --models tiny   # a smoke test of the code paths: no timings
 
 Prox is timed through the CUDA op only: without the compiled extension (or with a source tree shadowing the
@@ -599,6 +600,9 @@ def plot(results: dict, path: str) -> None:
 
 
 def main(argv=None) -> int:
+    if any(a == "--tp" or a.startswith("--tp=") for a in (sys.argv[1:] if argv is None else argv)):
+        from . import bench_tp  # tensor parallelism: torchrun, one process per GPU (prox/bench_tp.py)
+        return bench_tp.main(argv)
     p = argparse.ArgumentParser(prog="python -m prox.bench_decode", description=__doc__.split("\n\n")[0])
     p.add_argument("--models", default="8b,14b", help="comma list of 8b, 14b, tiny")
     p.add_argument("--dtypes", default="fp16,bf16")

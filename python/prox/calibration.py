@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 
@@ -93,10 +93,17 @@ class Calibrator:
         self._vals = None  # |v| float32
         self.seen = self.finite = self.nan = self.inf = 0
 
-    def add(self, samples: torch.Tensor) -> None:
-        """Add samples (any shape, flattened in row-major order, any float dtype)."""
+    def add(self, samples: torch.Tensor, positions: Optional[torch.Tensor] = None) -> None:
+        """Add samples (any shape, flattened in row-major order, any float dtype). ``positions`` (int64, one per
+        sample, same order) are the samples' positions in the stream, which set their priorities; by default the
+        next ones after the samples seen so far. A shard of a wider stream gives the positions its samples have
+        in the whole stream (tensor parallelism: a rank's channels of each token, TPState.positions), so that
+        merging the shards' calibrators (merge) gives the whole stream's reservoir."""
         flat = samples.detach().reshape(-1)
         n = flat.numel()
+        if positions is not None and positions.numel() != n:
+            raise ValueError(f"prox: {positions.numel()} positions for {n} samples")
+        pos = None if positions is None else positions.reshape(-1)
         for start in range(0, n, _CHUNK):
             v = flat[start:start + _CHUNK].float()
             m = v.numel()
@@ -106,7 +113,8 @@ class Calibrator:
             self.finite += nf
             self.nan += nn_
             self.inf += m - nf - nn_
-            idx = torch.arange(self.seen, self.seen + m, dtype=torch.int64, device=v.device)
+            idx = torch.arange(self.seen, self.seen + m, dtype=torch.int64, device=v.device) if pos is None else \
+                pos[start:start + _CHUNK].to(device=v.device, dtype=torch.int64)
             self.seen += m
             keys = _ordered(sample_priority(self.seed, idx))[finite]
             vals = v[finite].abs()
@@ -117,6 +125,33 @@ class Calibrator:
                 keys, order = torch.topk(keys, self.capacity, largest=False, sorted=False)
                 vals = vals[order]
             self._keys, self._vals = keys, vals
+
+    def merge(self, others) -> None:
+        """Take other calibrators' samples in (same capacity and seed; samples at positions disjoint from this
+        one's): the reservoir becomes the one a single calibrator fed every sample would hold, the samples of
+        smallest priority among all (the cross-rank merge of tensor-parallel calibration,
+        prox.distributed.all_merge); the counts add up."""
+        keys = [] if self._keys is None else [self._keys]
+        vals = [] if self._vals is None else [self._vals]
+        for o in others:
+            if (o.capacity, o.seed) != (self.capacity, self.seed):
+                raise ValueError(f"prox: cannot merge calibrators of capacity/seed {(o.capacity, o.seed)} and "
+                                 f"{(self.capacity, self.seed)}")
+            if o._keys is not None:
+                dev = keys[0].device if keys else o._keys.device
+                keys.append(o._keys.to(dev))
+                vals.append(o._vals.to(dev))
+            self.seen += o.seen
+            self.finite += o.finite
+            self.nan += o.nan
+            self.inf += o.inf
+        if not keys:
+            return
+        k, v = torch.cat(keys), torch.cat(vals)
+        if k.numel() > self.capacity:
+            k, order = torch.topk(k, self.capacity, largest=False, sorted=False)
+            v = v[order]
+        self._keys, self._vals = k, v
 
     def magnitudes(self) -> torch.Tensor:
         """The reservoir's |v|, sorted ascending."""
@@ -166,24 +201,48 @@ class LayerThresholds:
 
 def calibrate_layer(x: torch.Tensor, s1: float, s2: float,
                     proxy_values: Callable[[torch.Tensor, float], torch.Tensor], *, capacity: int = DEFAULT_CAPACITY,
-                    seed: int = DEFAULT_SEED, token_chunk: int = 1024) -> LayerThresholds:
+                    seed: int = DEFAULT_SEED, token_chunk: int = 1024, tp=None) -> LayerThresholds:
     """The paper's per-layer calibration (prox::calib::calibrate_layer): tau_x = quantile of |x| at s1 over
     every input sample; then s~ = proxy_values(x_chunk, tau_x) (Stage 1 in values mode: the CUDA op or
-    prox.reference.proxy_values) and tau_s = quantile of |s~| at s2."""
+    prox.reference.proxy_values) and tau_s = quantile of |s~| at s2.
+
+    tp: a sharded layer's prox.distributed.TPState (SparseMLP.tp): x is the replicated input (tau_x is computed
+    on every rank and checked equal across ranks), proxy_values gives this rank's channels, and tau_s is the
+    quantile over all d_ff channels (proxy_threshold): TP=1's thresholds, exactly. Every rank calls it."""
     x2 = x.reshape(-1, x.shape[-1])
     cal = Calibrator(capacity, seed)
     cal.add(x2)
     rx = cal.finalize(s1)
-    rs = proxy_threshold(x2, rx.tau, s2, proxy_values, capacity=capacity, seed=seed, token_chunk=token_chunk)
+    if tp is not None:
+        from .distributed import check_replicated
+        check_replicated(rx.tau, tp.group, "tau_x (the quantile of |x|)")
+    rs = proxy_threshold(x2, rx.tau, s2, proxy_values, capacity=capacity, seed=seed, token_chunk=token_chunk,
+                         tp=tp)
     return LayerThresholds(rx.tau, rs.tau, s1, s2, rx.realized, rs.realized, x2.shape[0], rx.reachable and rs.reachable)
 
 
 def proxy_threshold(x2: torch.Tensor, tau_x: float, s2: float,
                     proxy_values: Callable[[torch.Tensor, float], torch.Tensor], *, capacity: int = DEFAULT_CAPACITY,
-                    seed: int = DEFAULT_SEED, token_chunk: int = 1024) -> ThresholdResult:
+                    seed: int = DEFAULT_SEED, token_chunk: int = 1024, tp=None) -> ThresholdResult:
     """calibrate_layer's second step: tau_s = quantile at s2 of |s~| over Stage 1's values under tau_x for the
-    tokens x2 [tokens, d_model], computed token_chunk tokens at a time."""
+    tokens x2 [tokens, d_model], computed token_chunk tokens at a time.
+
+    With tp (a sharded layer's TPState), proxy_values gives this rank's channels [tokens, d_ff / TP]: each
+    rank's calibrator takes its values at the positions they hold in the full layer's stream (token t, channel
+    j at t d_ff + j), and the calibrators are merged across ranks (prox.distributed.all_merge: one all-gather of
+    at most ``capacity`` samples per rank). The merged reservoir is the one TP=1 holds for the same s~ values,
+    so tau_s is TP=1's exactly (given s~ bit-identical per channel, as a shard computes it)."""
     cal = Calibrator(capacity, seed)
-    for t0 in range(0, x2.shape[0], token_chunk):
-        cal.add(proxy_values(x2[t0:t0 + token_chunk], tau_x))
+    if tp is None:
+        for t0 in range(0, x2.shape[0], token_chunk):
+            cal.add(proxy_values(x2[t0:t0 + token_chunk], tau_x))
+        return cal.finalize(s2)
+    from .distributed import agreed, all_merge
+    with agreed(tp.group):  # a rank whose Stage 1 fails must not leave the others in the merge
+        for t0 in range(0, x2.shape[0], token_chunk):
+            s = proxy_values(x2[t0:t0 + token_chunk], tau_x)
+            if s.dim() != 2 or s.shape[1] != tp.local_d_ff:
+                raise ValueError(f"prox: proxy_values gave {tuple(s.shape)}, expected [tokens, {tp.local_d_ff}]")
+            cal.add(s, positions=tp.positions(t0, s.shape[0], s.device))
+    all_merge(cal, tp.group)
     return cal.finalize(s2)

@@ -161,6 +161,10 @@ class SparseMLP(nn.Module):
         track_sparsity: accumulate runtime sparsity counters (sparsity_report(); a batch counts each token).
         batched: 2..8 tokens on the op's path run as one batched op call, whatever ``prefill`` says; False:
             they follow ``prefill``, as more tokens do.
+        tp, d_ff_full: tensor parallelism over d_ff (prox.distributed): the Linear modules hold this rank's
+            shard (gate/up [d_ff_full / TP, d_model], down [d_model, d_ff_full / TP]), tp is the process group or
+            a communicator (all_reduce_(tensor)); forward() all-reduces y once. Every rank constructs it; bad
+            input raises on every rank. prox.distributed.shard_mlp / sparse_mlp_from_shards build it.
 
     State: the proxies and W_down^T are derived from the weights. load_state_dict() re-derives them; after
     changing the weights in place otherwise, call refresh() (a call on weights changed since raises). The
@@ -171,8 +175,24 @@ class SparseMLP(nn.Module):
                  backend: str = "auto", prefill: str = "dense", keep_down: bool = False, tau_x: float = 0.0,
                  tau_s: float = 0.0, options: PlanOptions = PlanOptions(), workspace: Optional[torch.Tensor] = None,
                  workspace_pool: Optional[WorkspacePool] = None, track_sparsity: bool = False,
-                 batched: bool = True):
+                 batched: bool = True, tp=None, d_ff_full: Optional[int] = None):
         super().__init__()
+        self.tp = None  # prox.distributed.TPState of a sharded layer
+        local = (gate_proj, up_proj, down_proj, act, backend, prefill, keep_down, tau_x, tau_s, options, workspace,
+                 workspace_pool, track_sparsity, batched)
+        if tp is None:
+            self._init_local(*local)
+        else:  # every rank agrees on errors before the communicator is made (prox.distributed)
+            from .distributed import init_sharded
+            init_sharded(self, tp, d_ff_full, getattr(gate_proj, "weight", None), lambda: self._init_local(*local))
+
+    @property
+    def d_ff_full(self) -> int:
+        """The full layer's d_ff (d_ff times the TP degree for a shard): what a thresholds file records."""
+        return self.d_ff if self.tp is None else self.tp.d_ff
+
+    def _init_local(self, gate_proj, up_proj, down_proj, act, backend, prefill, keep_down, tau_x, tau_s, options,
+                    workspace, workspace_pool, track_sparsity, batched):
         if backend not in ("auto", "op", "torch"):
             raise ValueError(f"prox: backend must be 'auto', 'op' or 'torch', got {backend!r}")
         if prefill not in ("dense", "sparse"):
@@ -249,8 +269,9 @@ class SparseMLP(nn.Module):
         return cls(mlp.gate_proj, mlp.up_proj, mlp.down_proj, act or detect_act(mlp.act_fn), **kw)
 
     def extra_repr(self) -> str:
+        tp = "" if self.tp is None else f", tp={self.tp.rank}/{self.tp.world_size} of d_ff={self.tp.d_ff}"
         return (f"d_model={self.d_model}, d_ff={self.d_ff}, act={self.act}, backend={self.backend}, "
-                f"prefill={self.prefill}, batched={self.batched}, keep_down={self.keep_down}")
+                f"prefill={self.prefill}, batched={self.batched}, keep_down={self.keep_down}{tp}")
 
     # ------------------------------------------------------------ derived state
 
@@ -335,7 +356,11 @@ class SparseMLP(nn.Module):
                 self.down_t.copy_(v.t())
 
     def fingerprint(self) -> dict:
-        """The weights' fingerprint (prox.thresholds.layer_fingerprint), computed once per weight version."""
+        """The weights' fingerprint (prox.thresholds.layer_fingerprint), computed once per weight version. A
+        tensor-parallel shard gives its full layer's (prox.distributed.fingerprints: collective)."""
+        if self.tp is not None:
+            from .distributed import fingerprints
+            return fingerprints([self])[0]
         from .thresholds import layer_fingerprint
         v = self._weight_versions()
         if self._fingerprint is None or self._fingerprint[0] != v or self._fingerprint[2] != self.down_t.data_ptr():
@@ -554,6 +579,11 @@ class SparseMLP(nn.Module):
         return reference.proxy_values(x2, qg, self.scale_gate, qu, self.scale_up, tau_x, self.act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.forward_local(x)
+        return y if self.tp is None else self.tp.all_reduce_(y)  # a shard's partial sum: the one all-reduce
+
+    def forward_local(self, x: torch.Tensor) -> torch.Tensor:
+        """forward() without the all-reduce: a shard's partial y (the whole y when not sharded)."""
         if not torch.compiler.is_compiling():
             self._check_fresh()
         shape = x.shape
@@ -645,6 +675,8 @@ def restore_mlps(model: nn.Module, mlp_factory=None, *, originals: Optional[dict
     for name, m in list(sparse_mlps(model)):
         if originals is not None and name in originals:
             new = originals[name]
+        elif m.tp is not None:  # a shard: a dense module of it would miss the all-reduce
+            raise RuntimeError(f"prox: {name} is a tensor-parallel shard: restore it from originals=")
         elif not m.keep_down:
             raise RuntimeError(f"prox: {name} dropped W_down (keep_down=False): cannot restore the dense MLP")
         else:

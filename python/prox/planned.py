@@ -47,12 +47,27 @@ class PlannedFfn:
         options: PlanOptions.
         max_tokens: the most tokens one run() takes (1..8), what a new workspace is sized for. Batches run the
             plan of as many tokens as the workspace holds; plan() plans it along with the batch-1 plan.
+        tp, d_ff_full: tensor parallelism over d_ff (prox.distributed): the weights are this rank's shard
+            (w_gate, w_up [d_ff_full / TP, d_model], w_down [d_model, d_ff_full / TP] or w_down_t), tp the process
+            group or a communicator; run() all-reduces y once. Every rank constructs it.
     """
 
     def __init__(self, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: Optional[torch.Tensor] = None, *,
                  w_down_t: Optional[torch.Tensor] = None, act: str = "silu", tau_x: float = 0.0, tau_s: float = 0.0,
                  thresholds: Optional[torch.Tensor] = None, workspace: Optional[torch.Tensor] = None,
-                 proxies=None, options: PlanOptions = PlanOptions(), max_tokens: int = 1):
+                 proxies=None, options: PlanOptions = PlanOptions(), max_tokens: int = 1, tp=None,
+                 d_ff_full: Optional[int] = None):
+        self.tp = None  # prox.distributed.TPState of a sharded layer
+        local = (w_gate, w_up, w_down, w_down_t, act, tau_x, tau_s, thresholds, workspace, proxies, options,
+                 max_tokens)
+        if tp is None:
+            self._init_local(*local)
+        else:  # every rank agrees on errors before the communicator is made (prox.distributed)
+            from .distributed import init_sharded
+            init_sharded(self, tp, d_ff_full, w_gate, lambda: self._init_local(*local))
+
+    def _init_local(self, w_gate, w_up, w_down, w_down_t, act, tau_x, tau_s, thresholds, workspace, proxies, options,
+                    max_tokens):
         _ops._require()
         if w_gate.dim() != 2:
             raise ValueError(f"prox: w_gate must be [d_ff, d_model], got {tuple(w_gate.shape)}")
@@ -143,6 +158,8 @@ class PlannedFfn:
         y, mask, s_proxy, s = torch.ops.prox.sparse_ffn(x, *self._tensors(), self.workspace, self.act_code,
                                                          self._options, return_mask, return_s_proxy, return_s,
                                                          counters)
+        if self.tp is not None:  # a shard's partial sum (mask, s~ and s stay this rank's channels)
+            self.tp.all_reduce_(y)
         if not (return_mask or return_s_proxy or return_s):
             return y
         return FfnOutputs(y, mask if return_mask else None, s_proxy if return_s_proxy else None,

@@ -28,6 +28,7 @@ from .allocation import ALPHA, StageSparsity, allocate_sparsity, split_candidate
 from .calibration import (DEFAULT_CAPACITY, DEFAULT_SEED, Calibrator, calibrate_layer, proxy_threshold,
                           quantile_threshold)
 from . import _ops
+from .distributed import agreed, all_reduce_float64, check_same_thresholds, fingerprints as tp_fingerprints
 from .nn import SparseMLP, WorkspacePool, _set_submodule, find_mlps, set_mode, sparse_mlps, workspace_pool
 from .planned import summed_report
 from .thresholds import INT4_LAYOUT, LayerRecord, ThresholdConfig, find_config, fingerprint_mismatch, load_thresholds
@@ -72,11 +73,17 @@ def _relative_error(y: torch.Tensor, ref: torch.Tensor) -> float:
     return float(d / ref.double().pow(2).sum().clamp_min(1e-300))
 
 
+def _whole(sp: SparseMLP, y: torch.Tensor) -> torch.Tensor:
+    """A sharded layer's partial output summed over the ranks (float64, through its group); y itself otherwise.
+    The output error needs the whole y: ||sum_r (y_r - y_dense_r)||^2 is not the sum of the ranks' own."""
+    return y if sp.tp is None else all_reduce_float64(y, sp.tp.group)
+
+
 def _layer_error(sp: SparseMLP, x: torch.Tensor, tau_x: float, tau_s: float, y_dense: torch.Tensor) -> float:
     qg, qu = sp._q()
     y = reference.prox_ffn(x, sp.gate_proj.weight, sp.up_proj.weight, sp.down_t, qg, sp.scale_gate, qu, sp.scale_up,
                            tau_x, tau_s, sp.act)
-    return _relative_error(y, y_dense)
+    return _relative_error(_whole(sp, y), y_dense)
 
 
 def _search_split(sp: SparseMLP, xs: torch.Tensor, y_dense: torch.Tensor, cands: Sequence[StageSparsity],
@@ -95,7 +102,7 @@ def _search_split(sp: SparseMLP, xs: torch.Tensor, y_dense: torch.Tensor, cands:
     for c in cands:
         tau_x = quantile_threshold(ax, c.s1)[0]
         tau_s = proxy_threshold(xs, tau_x, c.s2, proxy_values, capacity=capacity, seed=seed,
-                                token_chunk=max(1, xs.shape[0])).tau
+                                token_chunk=max(1, xs.shape[0]), tp=sp.tp).tau
         rows.append((c.s1, c.s2, _layer_error(sp, xs, tau_x, tau_s, y_dense)))
     best = min(range(len(rows)), key=lambda i: rows[i][2])
     return cands[best], rows
@@ -207,17 +214,17 @@ def sparsify(model: nn.Module, e: float, calibration_inputs=None, *, thresholds=
         sp = mlp if isinstance(mlp, SparseMLP) else SparseMLP.from_mlp(mlp, prefill="sparse", **kw)
         sp.prefill = "sparse"
         xs_err = x[:search_tokens]  # the tokens the split search and the reported output error are scored on
-        y_dense = reference.dense_ffn(xs_err, sp.gate_proj.weight, sp.up_proj.weight, sp.down_t, sp.act)
+        y_dense = _whole(sp, reference.dense_ffn(xs_err, sp.gate_proj.weight, sp.up_proj.weight, sp.down_t, sp.act))
         if split == "search":
             choice, rows = _search_split(sp, xs_err, y_dense, cands, capacity, seed)
             search_rows[name] = rows
         else:
             choice = paper
-        lt = calibrate_layer(x, choice.s1, choice.s2, sp.proxy_values, capacity=capacity, seed=seed)
+        lt = calibrate_layer(x, choice.s1, choice.s2, sp.proxy_values, capacity=capacity, seed=seed, tp=sp.tp)
         sp.set_thresholds(lt.tau_x, lt.tau_s)
         err = _layer_error(sp, xs_err, lt.tau_x, lt.tau_s, y_dense)
-        cfg.layers.append(LayerRecord(name, sp.d_model, sp.d_ff, sp.act, choice.s1, choice.s2, lt.tau_x, lt.tau_s,
-                                      lt.realized_s1, lt.realized_s2, err, sp.fingerprint()))
+        cfg.layers.append(LayerRecord(name, sp.d_model, sp.d_ff_full, sp.act, choice.s1, choice.s2, lt.tau_x,
+                                      lt.tau_s, lt.realized_s1, lt.realized_s2, err, sp.fingerprint()))
         if sp is not mlp:
             _set_submodule(model, name, sp)
         for i in range(len(seqs)):  # this layer's outputs, with its sparse rule: the next layer's inputs
@@ -247,11 +254,26 @@ def apply_thresholds(model: nn.Module, config: ThresholdConfig, *, strict: bool 
     costs only the fills), the INT4 layout, and the model name when both the config and ``model_name`` have
     one. strict=False applies what matches by name and shape despite the other differences, with a warning
     (layers without a record keep their thresholds). A shape mismatch is refused either way. Records without
-    a fingerprint (version-1 files) are applied with a warning that their weights could not be checked."""
+    a fingerprint (version-1 files) are applied with a warning that their weights could not be checked.
+
+    Records are full layers: a tensor-parallel shard takes its layer's record at any TP degree (its shape is
+    checked with d_ff_full, its fingerprint is the full layer's: prox.distributed.fingerprints, one all-reduce
+    for every sharded layer). Every rank agrees on errors, and one all-gather checks that the ranks hold the
+    same thresholds afterwards."""
     recs = config.by_name()
     layers = dict(sparse_mlps(model))
     if not layers:
         raise ValueError("prox: the model has no SparseMLP (sparsify or swap_mlps first)")
+    tp = [m for m in layers.values() if m.tp is not None]
+    fps = tp_fingerprints(tp)  # collective (every rank, every sharded layer) before any check can raise
+    with agreed(tp[0].tp.group if tp else None, enabled=bool(tp)):
+        _apply_checked(config, recs, layers, fps, strict, model_name)
+    check_same_thresholds(tp)
+
+
+def _apply_checked(config: ThresholdConfig, recs: dict, layers: dict, tp_fps: list, strict: bool,
+                   model_name: str) -> None:
+    fps = {id(m): f for m, f in zip([m for m in layers.values() if m.tp is not None], tp_fps)}
     problems, unverified = [], []
     missing = [n for n in layers if n not in recs]
     extra = [n for n in recs if n not in layers]
@@ -270,15 +292,15 @@ def apply_thresholds(model: nn.Module, config: ThresholdConfig, *, strict: bool 
         r = recs.get(name)
         if r is None:
             continue
-        if (r.d_model, r.d_ff) != (m.d_model, m.d_ff):
+        if (r.d_model, r.d_ff) != (m.d_model, m.d_ff_full):
             raise ValueError(f"prox: {name}: thresholds for shape ({r.d_model}, {r.d_ff}), layer is "
-                             f"({m.d_model}, {m.d_ff})")
+                             f"({m.d_model}, {m.d_ff_full})")
         if r.act != m.act:
             problems.append(f"{name}: calibrated with activation {r.act!r}, the layer runs {m.act!r}")
         if r.fingerprint is None:
             unverified.append(name)
         else:
-            why = fingerprint_mismatch(r.fingerprint, m.fingerprint())
+            why = fingerprint_mismatch(r.fingerprint, fps[id(m)] if m.tp is not None else m.fingerprint())
             if why:
                 problems.append(f"{name}: other weights ({why})")
     if problems:
@@ -286,12 +308,12 @@ def apply_thresholds(model: nn.Module, config: ThresholdConfig, *, strict: bool 
                + (f"; and {len(problems) - 4} more" if len(problems) > 4 else ""))
         if strict:
             raise ValueError(msg + ". Pass strict=False to apply them anyway")
-        warnings.warn(msg + " (applied anyway: strict=False)", RuntimeWarning, stacklevel=2)
+        warnings.warn(msg + " (applied anyway: strict=False)", RuntimeWarning, stacklevel=3)
     if unverified:
         warnings.warn(f"prox: {len(unverified)} layer record(s) of the thresholds (e={config.e}, {config.split}) carry "
                       "no weight fingerprint (a version-1 file): they cannot be checked against the weights. Re-save "
                       "the file (prox.save_thresholds(path, configs, fingerprints=model)) once the model is known "
-                      "to be the one calibrated on", RuntimeWarning, stacklevel=2)
+                      "to be the one calibrated on", RuntimeWarning, stacklevel=3)
     for name, m in layers.items():
         r = recs.get(name)
         if r is not None:

@@ -43,17 +43,28 @@ FINGERPRINT_SAMPLES = 8
 _UNIT_ROUNDOFF = {"float32": 2.0 ** -24, "float16": 2.0 ** -11, "bfloat16": 2.0 ** -8, "float64": 2.0 ** -53}
 
 
-def matrix_fingerprint(w) -> dict:
+def matrix_fingerprint(w, full: Optional[tuple] = None, at: tuple = (0, 0), as_tensor: bool = False):
     """Sum, absolute sum (float64) and FINGERPRINT_SAMPLES values at fixed strided positions of a 2-D weight
-    (any layout, any device: one pass over it and one host read)."""
+    (any layout, any device: one pass over it and one host read).
+
+    A block of a larger matrix (a tensor-parallel shard: ``full`` the whole matrix's shape, ``at`` the block's
+    first row and column) gives the whole matrix's sample positions, 0.0 for those outside the block, and the
+    block's sums: summed over the blocks, these are the whole matrix's fingerprint (prox.distributed.
+    fingerprints). as_tensor: the float64 [2 + FINGERPRINT_SAMPLES] values on w's device, not read."""
     import torch
-    rows, cols = (int(v) for v in w.shape)
+    rows, cols = (int(v) for v in (full or w.shape))
     n = rows * cols
     idx = torch.tensor([((2 * k + 1) * n) // (2 * FINGERPRINT_SAMPLES) for k in range(FINGERPRINT_SAMPLES)],
                        dtype=torch.int64, device=w.device)
-    vals = w[idx // cols, idx % cols].to(torch.float64)
+    r, c = idx // cols - at[0], idx % cols - at[1]
+    inside = (r >= 0) & (r < w.shape[0]) & (c >= 0) & (c < w.shape[1])
+    vals = w[r.clamp(0, w.shape[0] - 1), c.clamp(0, w.shape[1] - 1)].to(torch.float64)
+    vals = torch.where(inside, vals, torch.zeros_like(vals))
     sums = torch.stack([w.sum(dtype=torch.float64), torch.linalg.vector_norm(w, 1, dtype=torch.float64)])
-    out = torch.cat([sums, vals]).tolist()
+    out = torch.cat([sums, vals])
+    if as_tensor:
+        return out
+    out = out.tolist()
     return {"sum": out[0], "abs_sum": out[1], "samples": out[2:]}
 
 
