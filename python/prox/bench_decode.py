@@ -132,10 +132,12 @@ def rotate_half(x):
     return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
 
 
-def attn_block(h, mlp_out, pos, cos_t, sin_t, k_cache, v_cache, w_ln1, w_qkv, w_qn, w_kn, w_o, w_ln2, eps: float,
-               n_heads: int, n_kv: int, head_dim: int):
-    """One decoder layer up to the MLP, for one token. h [1, d] (the residual stream before the previous layer's
-    MLP output is added), mlp_out [1, d]; k_cache, v_cache [n_kv, S, head_dim]. Returns (h, x_mlp)."""
+def attention(h, mlp_out, pos, cos_t, sin_t, k_cache, v_cache, w_ln1, w_qkv, w_qn, w_kn, w_o, eps: float,
+              n_heads: int, n_kv: int, head_dim: int):
+    """A decoder layer's attention for one token, up to o_proj: returns (h + mlp_out, o_proj's output). h [1, d]
+    (the residual stream before the previous layer's MLP output is added), mlp_out [1, d]; k_cache, v_cache
+    [n_kv, S, head_dim]. n_heads, n_kv: the query and KV heads w_qkv holds (a tensor-parallel rank's: bench_tp
+    all-reduces the output before adding it)."""
     h = h + mlp_out
     x = rms_norm(h, w_ln1, eps)
     qkv = F.linear(x, w_qkv)
@@ -153,7 +155,16 @@ def attn_block(h, mlp_out, pos, cos_t, sin_t, k_cache, v_cache, w_ln1, w_qkv, w_
     s = s.masked_fill(torch.arange(k_cache.shape[1], device=h.device) > pos, float("-inf"))
     p = torch.softmax(s, dim=-1).to(h.dtype)
     o = torch.matmul(p, v_cache).reshape(1, n_heads * head_dim)
-    h = h + F.linear(o, w_o)
+    return h, F.linear(o, w_o)
+
+
+def attn_block(h, mlp_out, pos, cos_t, sin_t, k_cache, v_cache, w_ln1, w_qkv, w_qn, w_kn, w_o, w_ln2, eps: float,
+               n_heads: int, n_kv: int, head_dim: int):
+    """One decoder layer up to the MLP, for one token (attention(), the residual add, RMSNorm). Returns
+    (h, x_mlp)."""
+    h, o = attention(h, mlp_out, pos, cos_t, sin_t, k_cache, v_cache, w_ln1, w_qkv, w_qn, w_kn, w_o, eps, n_heads,
+                     n_kv, head_dim)
+    h = h + o
     return h, rms_norm(h, w_ln2, eps)
 
 
@@ -263,11 +274,15 @@ def set_mlps(model, mlps):
 
 class Runner:
     """Captures a step in a CUDA graph (or runs it eagerly on the CPU) and times new tokens. on_reset(ctx),
-    when given, runs whenever the position is reset to ctx (outside the graph)."""
+    when given, runs whenever the position is reset to ctx (outside the graph); before_timing(), when given,
+    before each timed run (bench_tp: a barrier of the ranks). capture_error_mode: torch.cuda.graph's ("thread_local"
+    for a step holding NCCL calls, whose own threads may call CUDA meanwhile). ``out`` is the captured step's
+    return value (refreshed by every replay)."""
 
-    def __init__(self, fn, tok, pos, ctx: int, use_graph: bool, on_reset=None):
+    def __init__(self, fn, tok, pos, ctx: int, use_graph: bool, on_reset=None, before_timing=None,
+                 capture_error_mode: str = "global"):
         self.fn, self.tok, self.pos, self.ctx, self.use_graph = fn, tok, pos, ctx, use_graph
-        self.on_reset = on_reset
+        self.on_reset, self.before_timing = on_reset, before_timing
         self.graph = None
         with torch.no_grad():
             for _ in range(2):  # warm-up: plans, lazy caches, compiled kernels
@@ -283,8 +298,8 @@ class Runner:
                 torch.cuda.current_stream().wait_stream(s)
                 self.graph = torch.cuda.CUDAGraph()
                 self.reset()
-                with torch.cuda.graph(self.graph):
-                    fn(tok, pos)
+                with torch.cuda.graph(self.graph, capture_error_mode=capture_error_mode):
+                    self.out = fn(tok, pos)
 
     def reset(self):
         self.tok.fill_(1)
@@ -299,6 +314,9 @@ class Runner:
             self.reset()
             if self.use_graph:
                 torch.cuda.synchronize()
+            if self.before_timing is not None:
+                self.before_timing()
+            if self.use_graph:
                 a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 a.record()
                 for _ in range(new_tokens):
@@ -568,7 +586,10 @@ def check_lean(args):
     return worst
 
 
-def plot(results: dict, path: str) -> None:
+def plot(results: dict, path: str, targets=None, title: str = "prox end-to-end batch-1 decode") -> None:
+    """Speed-up against e per (model, step), the Amdahl bound dashed; targets: {model or (model, step): (e %
+    values, speed-ups, label)} drawn as stars (default: the 8B targets). bench_tp draws its plot with it."""
+    targets = {"8b": ([50, 70], [1.45, 1.8], "targets (8B, H100)")} if targets is None else targets
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -586,15 +607,16 @@ def plot(results: dict, path: str) -> None:
             line, = ax.plot([100 * e for e in es], [c["prox"][str(e)]["speedup"] for e in es], "o-", label=lab)
             ax.plot([100 * e for e in es], [c["prox"][str(e)]["amdahl_bound"] for e in es], "--",
                     color=line.get_color(), alpha=0.6)
-        if model == "8b":
-            ax.plot([50, 70], [1.45, 1.8], "k*", markersize=11, label="targets (8B, H100)")
+        star = targets.get((model, step), targets.get(model))
+        if star:
+            ax.plot(star[0], star[1], "k*", markersize=11, label=star[2])
         ax.axhline(1.0, color="grey", lw=0.8)
         ax.set_title(f"Qwen3-{model.upper()} shape, {step} step")
         ax.set_xlabel("effective sparsity e (%)")
         ax.set_ylabel("decode speed-up vs dense (dashed: Amdahl bound)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    fig.suptitle(f"prox end-to-end batch-1 decode, {results['device']}", fontsize=10)
+    fig.suptitle(f"{title}, {results['device']}", fontsize=10)
     fig.tight_layout()
     fig.savefig(path)
 

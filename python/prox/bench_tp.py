@@ -51,7 +51,8 @@ import torch.nn.functional as F
 
 import prox
 from prox import distributed as pd
-from prox.bench_decode import DTYPES, amdahl, dense_mlp, git_commit, rms_norm, rotate_half, time_graph
+from prox.bench_decode import (DTYPES, Runner, amdahl, attention, dense_mlp, git_commit, plot as plot_decode,
+                               rms_norm, time_graph)
 
 MODELS = {
     # Qwen3-32B (config.json of the released model) and Qwen3-14B
@@ -73,31 +74,8 @@ def log(msg: str) -> None:
 # ---------------------------------------------------------------- the TP decoder
 
 
-def attn_tp(h, mlp_out, pos, cos_t, sin_t, k_cache, v_cache, w_ln1, w_qkv, w_qn, w_kn, w_o, eps: float,
-            n_heads: int, n_kv: int, head_dim: int):
-    """bench_decode.attn_block on a rank's heads, up to its partial o_proj: returns (h, o), o to be all-reduced
-    before the residual add (post_attn). n_heads, n_kv are this rank's."""
-    h = h + mlp_out
-    x = rms_norm(h, w_ln1, eps)
-    qkv = F.linear(x, w_qkv)
-    q = qkv[:, :n_heads * head_dim].view(n_heads, head_dim)
-    k = qkv[:, n_heads * head_dim:(n_heads + n_kv) * head_dim].view(n_kv, head_dim)
-    v = qkv[:, (n_heads + n_kv) * head_dim:].view(n_kv, head_dim)
-    q, k = rms_norm(q, w_qn, eps), rms_norm(k, w_kn, eps)
-    cos, sin = cos_t[pos], sin_t[pos]
-    q = q * cos + rotate_half(q) * sin
-    k = k * cos + rotate_half(k) * sin
-    k_cache.index_copy_(1, pos, k[:, None])
-    v_cache.index_copy_(1, pos, v[:, None])
-    g = n_heads // n_kv
-    s = torch.matmul(q.view(n_kv, g, head_dim), k_cache.transpose(1, 2)).float() * (head_dim ** -0.5)
-    s = s.masked_fill(torch.arange(k_cache.shape[1], device=h.device) > pos, float("-inf"))
-    p = torch.softmax(s, dim=-1).to(h.dtype)
-    o = torch.matmul(p, v_cache).reshape(1, n_heads * head_dim)
-    return h, F.linear(o, w_o)
-
-
 def post_attn(h, o, w_ln2, eps: float):
+    """The residual add of the all-reduced attention output, and the MLP's RMSNorm."""
     h = h + o
     return h, rms_norm(h, w_ln2, eps)
 
@@ -171,7 +149,7 @@ class TPDecoder:
         self.zero = torch.zeros(1, d, dtype=dtype, device=self.device)
         self.zero_mlp = torch.zeros(1, d, dtype=dtype, device=self.device)
         c = (lambda f: torch.compile(f, dynamic=False, fullgraph=True)) if compile else (lambda f: f)
-        self.attn, self.post, self.mlp_dense, self.final = c(attn_tp), c(post_attn), c(dense_mlp), c(final_tp)
+        self.attn, self.post, self.mlp_dense, self.final = c(attention), c(post_attn), c(dense_mlp), c(final_tp)
         self.sparse = None
         self.record = None  # a list per layer: the MLP inputs of eager steps (calibration)
 
@@ -240,64 +218,10 @@ class TPDecoder:
 # ---------------------------------------------------------------- graphs and timing
 
 
-class GraphStep:
-    """A decode step captured in a CUDA graph (capture_error_mode='thread_local': NCCL's own threads may call
-    CUDA meanwhile) after eager warm-up, or run eagerly off CUDA; times new tokens from position ctx."""
-
-    def __init__(self, fn, tok, pos, ctx: int, use_graph: bool):
-        self.fn, self.tok, self.pos, self.ctx, self.use_graph = fn, tok, pos, ctx, use_graph
-        self.graph = None
-        with torch.no_grad():
-            for _ in range(2):
-                self.reset()
-                fn(tok, pos)
-            if use_graph:
-                torch.cuda.synchronize()
-                s = torch.cuda.Stream()
-                s.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(s):
-                    self.reset()
-                    fn(tok, pos)
-                torch.cuda.current_stream().wait_stream(s)
-                torch.cuda.synchronize()
-                self.graph = torch.cuda.CUDAGraph()
-                self.reset()
-                with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
-                    self.out = fn(tok, pos)
-
-    def reset(self):
-        self.tok.fill_(1)
-        self.pos.fill_(self.ctx)
-
-    def run(self, tokens: int) -> None:
-        with torch.no_grad():
-            for _ in range(tokens):
-                if self.use_graph:
-                    self.graph.replay()
-                else:
-                    self.fn(self.tok, self.pos)
-
-    def time(self, tokens: int, repeats: int) -> float:
-        """Seconds per token (median of repeats), every rank starting together."""
-        out = []
-        for _ in range(repeats):
-            self.reset()
-            if self.use_graph:
-                torch.cuda.synchronize()
-            dist.barrier()
-            if self.use_graph:
-                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                a.record()
-                self.run(tokens)
-                b.record()
-                b.synchronize()
-                out.append(a.elapsed_time(b) / 1e3 / tokens)
-            else:
-                t = time.perf_counter()
-                self.run(tokens)
-                out.append((time.perf_counter() - t) / tokens)
-        out.sort()
-        return out[len(out) // 2]
+def graph_step(fn, tok, pos, ctx: int, use_graph: bool):
+    """bench_decode's Runner for a TP step: captured with capture_error_mode='thread_local' (NCCL's own threads
+    may call CUDA meanwhile), every rank starting each timed run together (a barrier)."""
+    return Runner(fn, tok, pos, ctx, use_graph, before_timing=dist.barrier, capture_error_mode="thread_local")
 
 
 def gathered(value):
@@ -453,16 +377,16 @@ def run_model(args, name: str, dtype_name: str, group, results: dict, save) -> N
     tok = torch.ones(1, 1, dtype=torch.long, device=dev)
     pos = torch.zeros(1, dtype=torch.long, device=dev)
     t = time.time()
-    dense = GraphStep(lambda a, b: model.step(a, b, "dense"), tok, pos, ctx, use_graph)
+    dense = graph_step(lambda a, b: model.step(a, b, "dense"), tok, pos, ctx, use_graph)
     compile_s = time.time() - t
-    none = GraphStep(lambda a, b: model.step(a, b, "none"), tok, pos, ctx, use_graph)
+    none = graph_step(lambda a, b: model.step(a, b, "none"), tok, pos, ctx, use_graph)
     noop = pd.NoOpCommunicator()
     model.set_comm(noop)
     try:
-        noar = GraphStep(lambda a, b: model.step(a, b, "dense"), tok, pos, ctx, use_graph)
+        noar = graph_step(lambda a, b: model.step(a, b, "dense"), tok, pos, ctx, use_graph)
     finally:
         model.set_comm(comm)
-    sparse_step = GraphStep(lambda a, b: model.step(a, b, "prox"), tok, pos, ctx, use_graph)
+    sparse_step = graph_step(lambda a, b: model.step(a, b, "prox"), tok, pos, ctx, use_graph)
     t_dense = dense.time(args.new_tokens, args.repeats)
     t_none = none.time(args.new_tokens, args.repeats)
     t_noar = noar.time(args.new_tokens, args.repeats)
@@ -503,30 +427,9 @@ def run_model(args, name: str, dtype_name: str, group, results: dict, save) -> N
 
 
 def plot(results: dict, path: str) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    cells = [c for c in results["cells"].values() if "error" not in c]
-    if not cells:
-        return
-    fig, axes = plt.subplots(1, len(cells), figsize=(5.2 * len(cells), 4.2), squeeze=False)
-    for ax, c in zip(axes[0], cells):
-        es = sorted(float(e) for e in c["prox"])
-        xs = [100 * e for e in es]
-        ax.plot(xs, [c["prox"][str(e)]["speedup"] for e in es], "o-", label="Prox vs dense, end to end")
-        ax.plot(xs, [c["prox"][str(e)]["amdahl_bound"] for e in es], "--", label="Amdahl bound (rank's FFN)")
-        ax.plot(xs, [c["ffn"]["speedup"][str(e)] for e in es], ":", label="rank's FFN alone")
-        if c["model"] == "32b" and c["tp"] == 2:
-            ax.plot([70], [1.6], "k*", markersize=11, label="target (32B TP=2, H100)")
-        ax.axhline(1.0, color="grey", lw=0.8)
-        ax.set_title(f"Qwen3-{c['model'].upper()} shape, TP={c['tp']}, {c['dtype']}, ctx {c['context']}")
-        ax.set_xlabel("effective sparsity e (%)")
-        ax.set_ylabel("speed-up vs dense")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.suptitle(f"prox tensor-parallel batch-1 decode, {results['world']} x {results['device']}", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path)
+    """bench_decode's plot of these cells (one panel per model and TP degree), with the issue's target."""
+    plot_decode(results, path, targets={("32b", "tp2"): ([70], [1.6], "target (32B TP=2, H100)")},
+                title=f"prox tensor-parallel batch-1 decode, {results['world']} x")
 
 
 def main(argv=None) -> int:

@@ -299,7 +299,7 @@ def case_sparsify_model(ctx: Ctx) -> dict:
 
 
 def replay(step) -> None:
-    """One replay of a GraphStep's graph (CUDA), or one eager step in its place."""
+    """One replay of a graph_step's graph (CUDA), or one eager step in its place."""
     if step.use_graph:
         step.graph.replay()
         torch.cuda.synchronize()
@@ -346,7 +346,7 @@ def case_decode_step(ctx: Ctx) -> dict:
             tok.fill_(1)
             for _ in range(4):
                 eager.append((m.step(tok, pos, kind).clone(), tok.clone()))
-            step = bench_tp.GraphStep(lambda a, b: m.step(a, b, kind), tok, pos, 20, ctx.cuda)
+            step = bench_tp.graph_step(lambda a, b: m.step(a, b, kind), tok, pos, 20, ctx.cuda)
             step.reset()
             for i in range(4):
                 replay(step)
