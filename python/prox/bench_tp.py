@@ -44,6 +44,7 @@ import os
 import platform
 import sys
 import time
+import types
 
 import torch
 import torch.distributed as dist
@@ -91,10 +92,6 @@ def final_tp(h, mlp_out, w_norm, w_head, eps: float, rank: int, world: int):
     return logits, table
 
 
-class Layer:
-    pass
-
-
 class TPDecoder:
     """A Qwen3-shaped decoder's rank shard (weights, KV cache, rope tables) and its lean decode step.
 
@@ -123,7 +120,7 @@ class TPDecoder:
         nq, nk = spec["heads"] * hd, spec["kv_heads"] * hd
         self.layers = []
         for _ in range(spec["layers"]):
-            L = Layer()
+            L = types.SimpleNamespace()  # one layer's shard
             q = self._draw((nq, d), std, rows=(rank * self.nh * hd, (rank + 1) * self.nh * hd))
             k = self._draw((nk, d), std, rows=(rank * self.nkv * hd, (rank + 1) * self.nkv * hd))
             v = self._draw((nk, d), std, rows=(rank * self.nkv * hd, (rank + 1) * self.nkv * hd))
@@ -472,6 +469,8 @@ def main(argv=None) -> int:
             raise SystemExit("prox.bench_tp: the CUDA op is not loaded (prox._C): refusing to time Prox through the "
                              "torch reference")
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    for k in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS"):  # NVLink multicast
+        os.environ.setdefault(k, "0" if k == "NCCL_NVLS_ENABLE" else "1")                   # off unless set
     backend = args.backend or ("nccl" if args.device == "cuda" else "gloo")
     kw = {"device_id": torch.device("cuda", torch.cuda.current_device())} if backend == "nccl" else {}
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=300), **kw)

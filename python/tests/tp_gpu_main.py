@@ -123,6 +123,8 @@ GPU_CASES = {"planned_masks": case_planned_masks, "nccl_communicator": case_nccl
 
 
 def main() -> int:
+    for k, v in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"), ("NVSHMEM_DISABLE_NVLS", "1")):
+        os.environ.setdefault(k, v)  # NVLink multicast off (scripts/tp_tests.sh sets them too)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
     dev = torch.device("cuda", torch.cuda.current_device())
