@@ -187,7 +187,9 @@ class TPDecoder:
                 y = self.comm.all_reduce_(self.zero_mlp)
         logits, table = self.final(h, y, self.norm, self.head, EPS, self.rank, self.world)
         self.comm.all_reduce_(table)
-        nxt = table[torch.argmax(table[:, 0]), 1].long()
+        # A gather, not table[argmax, 1]: indexing with a 0-d CUDA tensor reads it on the host (a sync that graph
+        # capture refuses).
+        nxt = table[:, 1].gather(0, torch.argmax(table[:, 0]).reshape(1)).long()
         tok.copy_(nxt.view_as(tok))
         pos.add_(1)
         return logits

@@ -165,10 +165,20 @@ class PlannedFfn:
         return FfnOutputs(y, mask if return_mask else None, s_proxy if return_s_proxy else None,
                           s if return_s else None)
 
-    def proxy_values(self, x: torch.Tensor) -> torch.Tensor:
-        """Stage 1 in values mode under the current tau_x: s~ float32 [tokens, d_ff] for x [tokens, d_model]
-        (one launch per token; for calibration)."""
-        return torch.ops.prox.proxy_values(x, *self._tensors(), self.workspace, self.act_code, self._options)
+    def proxy_values(self, x: torch.Tensor, tau_x: Optional[float] = None) -> torch.Tensor:
+        """Stage 1 in values mode: s~ float32 [tokens, d_ff] for x [tokens, d_model] (one launch per token; for
+        calibration), under the layer's current tau_x, or under ``tau_x`` when given (the thresholds are written
+        for the call and restored after it: calibrate_layer's proxy_values(x, tau_x) callback, as SparseMLP's)."""
+        if tau_x is None:
+            return torch.ops.prox.proxy_values(x, *self._tensors(), self.workspace, self.act_code, self._options)
+        if not float(tau_x) >= 0.0:
+            raise ValueError(f"prox: tau_x must be >= 0, got {tau_x}")
+        saved = self.thresholds.clone()
+        self.thresholds[0].fill_(float(tau_x))
+        try:
+            return torch.ops.prox.proxy_values(x, *self._tensors(), self.workspace, self.act_code, self._options)
+        finally:
+            self.thresholds.copy_(saved)
 
 
 def _unpin_all(pins: list) -> None:
