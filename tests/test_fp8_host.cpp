@@ -23,6 +23,7 @@
 using prox::Status;
 using prox::fp8::Orientation;
 using prox::fp8::ScaleLayout;
+using prox_test::random_vector;
 
 namespace {
 
@@ -60,25 +61,6 @@ std::uint8_t nearest_code(double x) {
     }
   }
   return best;
-}
-
-template <class T>
-T make_elem(float v) {
-  if constexpr (std::is_same_v<T, float>) {
-    return v;
-  } else {
-    return prox::from_float<T>(v);
-  }
-}
-
-//! Normal(0, sigma) values as T, seeded; never all zero.
-template <class T>
-std::vector<T> random_weights(std::size_t n, std::uint64_t seed, double sigma) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<double> dist(0.0, sigma);
-  std::vector<T> v(n);
-  for (auto& e : v) e = make_elem<T>(static_cast<float>(dist(rng)));
-  return v;
 }
 
 std::uint32_t bits(float f) { return prox::fp8::float_bits(f); }
@@ -198,7 +180,8 @@ TEST_CASE("fp8 layouts: scale shapes and indices, sizes not multiples of 128", "
   CHECK(check_scale_shape(ScaleLayout::kBlock128, Orientation::kOutIn, 129, 257, 1, 2) == Status::kErrorInvalidShape);
   CHECK(check_scale_shape(ScaleLayout::kBlock128, Orientation::kOutIn, 129, 257, 129, 1) == Status::kErrorInvalidShape);
   CHECK(check_scale_shape(ScaleLayout::kPerChannel, Orientation::kOutIn, 129, 257, 129, 1) == Status::kSuccess);
-  CHECK(check_scale_shape(ScaleLayout::kPerChannel, Orientation::kOutIn, 129, 257, 257, 1) == Status::kErrorInvalidShape);
+  CHECK(check_scale_shape(ScaleLayout::kPerChannel, Orientation::kOutIn, 129, 257, 257, 1) ==
+        Status::kErrorInvalidShape);
   CHECK(check_scale_shape(ScaleLayout::kPerChannel, Orientation::kInOut, 129, 257, 257, 1) == Status::kSuccess);
   CHECK(check_scale_shape(ScaleLayout::kPerChannel, Orientation::kOutIn, 129, 257, 2, 3) == Status::kErrorInvalidShape);
   CHECK(check_scale_shape(static_cast<ScaleLayout>(5), Orientation::kOutIn, 129, 257, 2, 3) ==
@@ -207,7 +190,7 @@ TEST_CASE("fp8 layouts: scale shapes and indices, sizes not multiples of 128", "
 
   // Each block of a 129 x 257 matrix (partial blocks: 1 row, 1 column) gets its own amax / 448.
   const int N = 129, K = 257;
-  auto w = random_weights<float>(static_cast<std::size_t>(N) * K, 3, 0.001);
+  auto w = random_vector<float>(static_cast<std::size_t>(N) * K, 3, 0.001);
   for (int br = 0; br < 2; ++br)
     for (int bc = 0; bc < 3; ++bc) {
       const int r = std::min(128 * br + 17 * bc, N - 1), c = std::min(128 * bc + 5 * br, K - 1);
@@ -227,12 +210,12 @@ TEMPLATE_TEST_CASE("fp8 quantize_host: scales, nearest codes, error bound, both 
   for (const ScaleLayout layout : kLayouts) {
     for (const auto& [N, K] : shapes) {
       CAPTURE(prox::fp8::to_string(layout), N, K);
-      auto w = random_weights<TestType>(static_cast<std::size_t>(N) * K, ++seed, 0.05);
+      auto w = random_vector<TestType>(static_cast<std::size_t>(N) * K, ++seed, 0.05);
       // Wide dynamic range: every 7th row 300x larger, so rows and blocks have very different scales.
       for (int r = 0; r < N; r += 7)
         for (int c = 0; c < K; ++c) {
           auto& e = w[static_cast<std::size_t>(r) * K + c];
-          e = make_elem<TestType>(prox::fp8::source_float(e) * 300.0f);
+          e = prox_test::element_from_float<TestType>(prox::fp8::source_float(e) * 300.0f);
         }
       const std::size_t count = prox::fp8::scale_count(layout, Orientation::kOutIn, N, K);
       std::vector<std::uint8_t> q(w.size(), 0xFF);
@@ -249,8 +232,7 @@ TEMPLATE_TEST_CASE("fp8 quantize_host: scales, nearest codes, error bound, both 
           amax[j] = std::max(amax[j], std::fabs(prox::fp8::source_float(w[static_cast<std::size_t>(r) * K + c])));
         }
       std::size_t bad_scale = 0;
-      for (std::size_t j = 0; j < count; ++j)
-        bad_scale += bits(s[j]) != bits(std::max(amax[j] / 448.0f, FLT_MIN));
+      for (std::size_t j = 0; j < count; ++j) bad_scale += bits(s[j]) != bits(std::max(amax[j] / 448.0f, FLT_MIN));
       CHECK(bad_scale == 0);
       std::size_t bad_code = 0, over_bound = 0, amax_not_448 = 0;
       for (int r = 0; r < N; ++r)
@@ -288,7 +270,7 @@ TEMPLATE_TEST_CASE("fp8 quantize_host: scales, nearest codes, error bound, both 
 
 TEST_CASE("fp8 quantize_host: an all-zero row or block gets the floor scale and zero codes", "[fp8]") {
   const int N = 130, K = 260;
-  auto w = random_weights<__nv_bfloat16>(static_cast<std::size_t>(N) * K, 8, 0.1);
+  auto w = random_vector<__nv_bfloat16>(static_cast<std::size_t>(N) * K, 8, 0.1);
   for (int r = 128; r < N; ++r)  // the last block row (2 rows) and channel 129: all zero
     for (int c = 0; c < K; ++c) w[static_cast<std::size_t>(r) * K + c] = prox::from_float<__nv_bfloat16>(0.0f);
   for (const ScaleLayout layout : kLayouts) {
@@ -306,7 +288,8 @@ TEST_CASE("fp8 transpose_down_host: codes transposed, per-channel scales kept, b
   for (const ScaleLayout layout : kLayouts) {
     for (const auto& [d_model, d_ff] : shapes) {
       CAPTURE(prox::fp8::to_string(layout), d_model, d_ff);
-      const auto w = random_weights<__half>(static_cast<std::size_t>(d_model) * d_ff, 21, 0.03);  // W_down [d_model][d_ff]
+      const auto w =
+          random_vector<__half>(static_cast<std::size_t>(d_model) * d_ff, 21, 0.03);  // W_down [d_model][d_ff]
       const std::size_t count = prox::fp8::scale_count(layout, Orientation::kOutIn, d_model, d_ff);
       std::vector<std::uint8_t> q(w.size()), qt(w.size(), 0xFF);
       std::vector<float> s(count), st(count, -1.0f);
@@ -323,7 +306,8 @@ TEST_CASE("fp8 transpose_down_host: codes transposed, per-channel scales kept, b
         CHECK(st == s);
       } else {
         for (int i = 0; i < bm; ++i)
-          for (int j = 0; j < bf; ++j) CHECK(st[static_cast<std::size_t>(j) * bm + i] == s[static_cast<std::size_t>(i) * bf + j]);
+          for (int j = 0; j < bf; ++j)
+            CHECK(st[static_cast<std::size_t>(j) * bm + i] == s[static_cast<std::size_t>(i) * bf + j]);
       }
       // The dequantized W_down^T (kInOut) is the transpose of the dequantized W_down, exactly.
       std::vector<double> a(w.size()), b(w.size());
@@ -358,7 +342,7 @@ TEST_CASE("fp8 pack_int4_host: the int4 packer over the dequantized weights", "[
   for (const ScaleLayout layout : kLayouts) {
     for (const auto& [d_model, d_ff] : shapes) {
       CAPTURE(prox::fp8::to_string(layout), d_model, d_ff);
-      const auto w = random_weights<__nv_bfloat16>(static_cast<std::size_t>(d_ff) * d_model, 33, 0.02);  // W_gate
+      const auto w = random_vector<__nv_bfloat16>(static_cast<std::size_t>(d_ff) * d_model, 33, 0.02);  // W_gate
       std::vector<std::uint8_t> q(w.size());
       std::vector<float> s(prox::fp8::scale_count(layout, Orientation::kOutIn, d_ff, d_model));
       REQUIRE(prox::fp8::quantize_host(w.data(), d_ff, d_model, layout, q.data(), s.data()) == Status::kSuccess);
@@ -425,7 +409,8 @@ TEST_CASE("fp8 pack_int4_host equals int4::pack_host where the dequantized weigh
 TEST_CASE("fp8 validation: scales, matrices, shapes and bad weights get a Status", "[fp8]") {
   using prox::fp8::check_scales_host;
   const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
-  for (const float bad : {nan, -nan, 0.0f, -0.0f, -1.0f, -FLT_MIN, inf, -inf, -std::numeric_limits<float>::denorm_min()}) {
+  for (const float bad :
+       {nan, -nan, 0.0f, -0.0f, -1.0f, -FLT_MIN, inf, -inf, -std::numeric_limits<float>::denorm_min()}) {
     CAPTURE(bad);
     std::vector<float> s(300, 0.5f);
     s[123] = bad;
@@ -483,7 +468,8 @@ TEST_CASE("fp8 validation: scales, matrices, shapes and bad weights get a Status
   std::vector<float> w(N * K, 0.25f);
   CHECK(prox::fp8::quantize_host<float>(nullptr, N, K, ScaleLayout::kPerChannel, q.data(), s.data()) ==
         Status::kErrorNullPointer);
-  CHECK(prox::fp8::quantize_host(w.data(), N, K, ScaleLayout::kPerChannel, nullptr, s.data()) == Status::kErrorNullPointer);
+  CHECK(prox::fp8::quantize_host(w.data(), N, K, ScaleLayout::kPerChannel, nullptr, s.data()) ==
+        Status::kErrorNullPointer);
   CHECK(prox::fp8::quantize_host(w.data(), 0, K, ScaleLayout::kPerChannel, q.data(), s.data()) ==
         Status::kErrorInvalidShape);
   CHECK(prox::fp8::quantize_host(w.data(), N, (1 << 20) + 1, ScaleLayout::kPerChannel, q.data(), s.data()) ==

@@ -24,6 +24,8 @@
 #include "core/math.hpp"
 #include "core/status.hpp"
 #include "core/types.cuh"
+#include "core/vec.cuh"
+#include "core/warp.cuh"
 #include "fp8_format.hpp"
 #include "int4.cuh"
 #include "layout.cuh"
@@ -41,7 +43,8 @@ inline Status check_transpose_args(const std::uint8_t* q_down, const float* scal
   PROX_RETURN_IF_ERROR(check_matrix_shape(d_model, d_ff));
   if (!is_valid(layout)) return Status::kErrorInvalidArgument;
   // Not in place: the matrix is not square in general; block scales neither. Per-channel scales may stay put.
-  if (q_down == q_down_t || (layout == ScaleLayout::kBlock128 && scales == scales_t)) return Status::kErrorInvalidArgument;
+  if (q_down == q_down_t || (layout == ScaleLayout::kBlock128 && scales == scales_t))
+    return Status::kErrorInvalidArgument;
   return Status::kSuccess;
 }
 }  // namespace detail
@@ -66,7 +69,8 @@ inline Status transpose_down_host(const std::uint8_t* q_down, const float* scale
                                   ScaleLayout layout, std::uint8_t* q_down_t, float* scales_t) {
   PROX_RETURN_IF_ERROR(detail::check_transpose_args(q_down, scales, d_model, d_ff, layout, q_down_t, scales_t));
   PROX_RETURN_IF_ERROR(transpose_host(q_down, d_model, d_ff, q_down_t));
-  if (layout == ScaleLayout::kBlock128) return transpose_host(scales, scale_blocks(d_model), scale_blocks(d_ff), scales_t);
+  if (layout == ScaleLayout::kBlock128)
+    return transpose_host(scales, scale_blocks(d_model), scale_blocks(d_ff), scales_t);
   if (scales_t != scales) std::memcpy(scales_t, scales, sizeof(float) * static_cast<std::size_t>(d_model));
   return Status::kSuccess;
 }
@@ -120,7 +124,9 @@ PROX_DEVICE PROX_FORCEINLINE __half2 e4m3x2_to_half2(std::uint32_t pair) {
 }
 
 //! Two e4m3 codes (as e4m3x2_to_half2) to two exact floats.
-PROX_DEVICE PROX_FORCEINLINE float2 e4m3x2_to_float2(std::uint32_t pair) { return __half22float2(e4m3x2_to_half2(pair)); }
+PROX_DEVICE PROX_FORCEINLINE float2 e4m3x2_to_float2(std::uint32_t pair) {
+  return __half22float2(e4m3x2_to_half2(pair));
+}
 
 //! Four e4m3 codes of one 32-bit word (byte i = element i) to f16x2 (elements 0, 1) and (2, 3), emulated.
 PROX_DEVICE PROX_FORCEINLINE void e4m3x4_to_half2_emulated(std::uint32_t w, __half2& lo, __half2& hi) {
@@ -141,7 +147,7 @@ PROX_DEVICE PROX_FORCEINLINE void e4m3x4_to_half2(std::uint32_t w, __half2& lo, 
 /**
  * @brief Dequantize one 16-byte piece (16 e4m3 codes, element j in byte j of the little-endian
  * uint4, as one LDG.128 of a row returns it) into 8 f16 pairs (h[i] = elements 2i, 2i+1), exactly;
- * no scale applied. Eight conversion instructions on sm_89+.
+ * no scale applied. sm_90a SASS: 8 F2FP.F16.E4M3.UNPACK_B and 4 shifts (the high pair of each word).
  * @code
  * const uint4 v = prox::ld_stream_16(row + k);   // 16 weights of one row, k a multiple of 16
  * __half2 h[8];
@@ -188,16 +194,8 @@ PROX_KERNEL void fp8_row_scale_kernel(const T* __restrict__ w, int rows, int col
   const int r = static_cast<int>(blockIdx.x) * (kThreads / kWarpSize) + warp_id();
   if (r >= rows) return;
   const T* row = w + static_cast<std::size_t>(r) * static_cast<std::size_t>(cols);
-  float amax = 0.0f;
   bool finite = true;
-  for (int c = lane_id(); c < cols; c += kWarpSize) {
-    const float v = source_float(row[c]);
-    finite = finite && isfinite(v);
-    amax = fmaxf(amax, fabsf(v));
-  }
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
-  finite = __all_sync(0xffffffffu, finite);
+  const float amax = warp_abs_max([&](int c) { return source_float(row[c]); }, cols, finite);
   if (lane_id() == 0) scales[r] = finite ? scale_from_amax(amax) : __int_as_float(0x7fc00000);
 }
 
@@ -219,8 +217,7 @@ PROX_KERNEL void __launch_bounds__(kThreads)
       amax = fmaxf(amax, fabsf(v));
     }
   }
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+  amax = warp_max(amax);
   if (lane_id() == 0) warp_amax[warp_id()] = amax;
   finite = __syncthreads_and(finite) != 0;  // also orders the warp_amax writes before the reads
   if (threadIdx.x == 0) {
@@ -337,13 +334,16 @@ Status quantize_device(const T* w, int rows, int cols, ScaleLayout layout, std::
   if (layout == ScaleLayout::kBlock128 && scale_blocks(rows) > 65535) return Status::kErrorInvalidShape;  // grid.y
   PROX_RETURN_IF_ERROR(detail::refuse_capture(stream));
   if (layout == ScaleLayout::kPerChannel) {
-    const LaunchConfig lc = plain_launch(dim3(static_cast<unsigned>(ceil_div(rows, detail::kThreads / kWarpSize))),
-                                         dim3(detail::kThreads));
-    PROX_RETURN_IF_ERROR(prox::detail::launch_kernel(detail::fp8_row_scale_kernel<T>, lc, stream, w, rows, cols, scales));
+    const LaunchConfig lc =
+        plain_launch(dim3(static_cast<unsigned>(ceil_div(rows, detail::kThreads / kWarpSize))), dim3(detail::kThreads));
+    PROX_RETURN_IF_ERROR(
+        prox::detail::launch_kernel(detail::fp8_row_scale_kernel<T>, lc, stream, w, rows, cols, scales));
   } else {
-    const LaunchConfig lc = plain_launch(
-        dim3(static_cast<unsigned>(scale_blocks(cols)), static_cast<unsigned>(scale_blocks(rows))), dim3(detail::kThreads));
-    PROX_RETURN_IF_ERROR(prox::detail::launch_kernel(detail::fp8_block_scale_kernel<T>, lc, stream, w, rows, cols, scales));
+    const LaunchConfig lc =
+        plain_launch(dim3(static_cast<unsigned>(scale_blocks(cols)), static_cast<unsigned>(scale_blocks(rows))),
+                     dim3(detail::kThreads));
+    PROX_RETURN_IF_ERROR(
+        prox::detail::launch_kernel(detail::fp8_block_scale_kernel<T>, lc, stream, w, rows, cols, scales));
   }
   const Status st = check_scales_device(scales, scale_count(layout, Orientation::kOutIn, rows, cols), stream);
   if (st == Status::kErrorInvalidScale) return Status::kErrorNonFiniteWeight;  // only a NaN can be invalid here
@@ -370,7 +370,8 @@ Status quantize_device(const T* w, int rows, int cols, ScaleLayout layout, std::
 inline Status transpose_down_device(const std::uint8_t* q_down, const float* scales, int d_model, int d_ff,
                                     ScaleLayout layout, std::uint8_t* q_down_t, float* scales_t, cudaStream_t stream) {
   PROX_RETURN_IF_ERROR(detail::check_transpose_args(q_down, scales, d_model, d_ff, layout, q_down_t, scales_t));
-  if (!is_aligned(scales, alignof(float)) || !is_aligned(scales_t, alignof(float))) return Status::kErrorMisalignedPointer;
+  if (!is_aligned(scales, alignof(float)) || !is_aligned(scales_t, alignof(float)))
+    return Status::kErrorMisalignedPointer;
   PROX_RETURN_IF_ERROR(transpose_device(q_down, d_model, d_ff, q_down_t, stream));
   if (layout == ScaleLayout::kBlock128)
     return transpose_device(scales, scale_blocks(d_model), scale_blocks(d_ff), scales_t, stream);

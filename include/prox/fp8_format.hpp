@@ -9,7 +9,11 @@
 //!            bits; no infinity; S.1111.111 is NaN; largest finite 448; smallest subnormal 2^-9.
 //!   weights  uint8 e4m3 [rows][cols] row-major, as a checkpoint stores nn.Linear's [N = out][K = in].
 //!   scales   float32, the dequantized weight is q * scale (the checkpoint's `weight_scale` or
-//!            `weight_scale_inv`: both name this multiplier), in one of two layouts (ScaleLayout):
+//!            `weight_scale_inv`: both name this multiplier; in transformers'
+//!            src/transformers/integrations/finegrained_fp8.py, Fp8Dequantize computes quantized *
+//!            scales, FP8Linear hands weight_scale_inv to its GEMM as the weight's scale, and Fp8Quantize
+//!            stores 1 / (448 / amax); vLLM's FP8 Marlin preparation takes weight_scale_inv exactly as
+//!            weight_scale), in one of two layouts (ScaleLayout):
 //!            kPerChannel  one per output channel ([N], or [N][1] as compressed-tensors stores it);
 //!            kBlock128    one per 128 x 128 block, [ceil(N/128)][ceil(K/128)] row-major, the last
 //!                         block of a row or column partial (DeepSeek-V3, the official Qwen3-*-FP8).
@@ -35,9 +39,9 @@ namespace fp8 {
 //! Layout tag for tools that store prox-made FP8 tensors (W_down^T and its scales); bump with any change.
 constexpr const char* kLayoutTag = "prox-fp8-e4m3-v1";
 constexpr int kLayoutVersion = 1;
-constexpr float kMax = 448.0f;      //!< largest finite e4m3 value
-constexpr int kBlockSize = 128;     //!< side of a kBlock128 scale block
-constexpr int kVecElems = 16;       //!< e4m3 values in one 16-byte piece (one LDG.128)
+constexpr float kMax = 448.0f;           //!< largest finite e4m3 value
+constexpr int kBlockSize = 128;          //!< side of a kBlock128 scale block
+constexpr int kVecElems = 16;            //!< e4m3 values in one 16-byte piece (one LDG.128)
 constexpr std::uint8_t kCodeMax = 0x7E;  //!< code of +448 (0xFE: -448)
 constexpr std::uint8_t kCodeNaN = 0x7F;  //!< the NaN code this library writes (0xFF is NaN too)
 //! Smallest scale quantize_* writes: FLT_MIN (2^-126), so that every scale stays a normal float > 0.
@@ -204,8 +208,9 @@ PROX_HOST_DEVICE PROX_FORCEINLINE float e4m3_to_float(std::uint8_t v) {
   const std::uint32_t e = (v >> 3) & 0xFu;
   const std::uint32_t m = v & 0x7u;
   if ((v & 0x7Fu) == 0x7Fu) return bits_float(0x7FC00000u);
-  if (e == 0) return bits_float(sign | float_bits(static_cast<float>(m) * 0.001953125f));  // m * 2^-9, exact
-  return bits_float(sign | ((e + 120u) << 23) | (m << 20));  // exponent bias 7 -> 127
+  // Subnormal m * 2^-9 (exact); a normal moves its exponent from bias 7 to bias 127.
+  if (e == 0) return bits_float(sign | float_bits(static_cast<float>(m) * 0.001953125f));
+  return bits_float(sign | ((e + 120u) << 23) | (m << 20));
 }
 
 /**
@@ -250,8 +255,9 @@ PROX_HOST_DEVICE PROX_FORCEINLINE std::uint8_t float_to_e4m3(float x) {
     return static_cast<std::uint8_t>(sign | r);
   }
   // Below 2^-6: multiples of 2^-9, i.e. rint(|x| 2^9) in [0, 8] (8 is also the code of 2^-6).
-  const std::uint32_t shift = 141u - (a >> 23);  // |x| 2^9 = m24 >> shift, m24 the 24-bit significand
-  if (shift > 24u) return static_cast<std::uint8_t>(sign);  // |x| < 2^-10 (float subnormals too): 0
+  // |x| 2^9 = m24 >> shift, m24 the 24-bit significand; |x| < 2^-10 (float subnormals too) gives 0.
+  const std::uint32_t shift = 141u - (a >> 23);
+  if (shift > 24u) return static_cast<std::uint8_t>(sign);
   const std::uint32_t m24 = (a & 0x7FFFFFu) | 0x800000u;
   std::uint32_t r = m24 >> shift;
   const std::uint32_t rem = m24 & ((1u << shift) - 1u);

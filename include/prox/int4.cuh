@@ -155,16 +155,8 @@ template <class Src>
 PROX_KERNEL void int4_scale_kernel(const Src src, int d_model, int d_ff, float* __restrict__ scales) {
   const int n = static_cast<int>(blockIdx.x) * (blockDim.x / kWarpSize) + warp_id();
   if (n >= d_ff) return;
-  float amax = 0.0f;
   bool finite = true;
-  for (int k = lane_id(); k < d_model; k += kWarpSize) {
-    const float v = src(n, k);
-    finite = finite && isfinite(v);
-    amax = fmaxf(amax, fabsf(v));
-  }
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
-  finite = __all_sync(0xffffffffu, finite);
+  const float amax = warp_abs_max([&](int k) { return src(n, k); }, d_model, finite);
   if (lane_id() == 0) scales[n] = finite ? scale_from_amax(amax) : __int_as_float(0x7fc00000);
 }
 
