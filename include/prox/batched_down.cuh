@@ -232,7 +232,7 @@ namespace detail {
 //! sizes it; above 48 KB for the 3072-channel chunks at capacity 4): the chunk's union rows, every token's s
 //! of them, the tile reduction and the compaction's per-warp counts (all of it dynamic, so that the opt-in
 //! above 48 KB covers the whole block).
-template <class Policy, class Fmt>
+template <class Policy, class Fmt = NativeWeights<__half>>
 struct BatchedDownSmem {
   using Reducer = TileReducer<Policy::kThreads, Policy::kTile / Fmt::kElemsPerVec, Fmt::kElemsPerVec, Policy::kTokens>;
   static constexpr int kPer = (Policy::kChunk + Policy::kThreads - 1) / Policy::kThreads;
@@ -242,7 +242,7 @@ struct BatchedDownSmem {
   int warp[kPer * (Policy::kThreads / kWarpSize)];
 };
 //! Whether BatchedDownSmem exceeds the 48 KB a kernel may hold without opting in (then it is dynamic).
-template <class Policy, class Fmt>
+template <class Policy, class Fmt = NativeWeights<__half>>
 struct BatchedDownSmemDynamic : std::bool_constant<(sizeof(BatchedDownSmem<Policy, Fmt>) > kDefaultDynamicSmem)> {};
 }  // namespace detail
 

@@ -146,6 +146,185 @@ struct BatchedProxySmem {
 
 }  // namespace detail
 
+namespace detail {
+/**
+ * @brief The L1 pieces of the batched Stage 1, in the order batched_proxy_gemv_kernel calls them: gather the
+ * union's kept inputs of a chunk, count them, (the tensor-core row stream, inline in the kernel), then either
+ * the not-ready exit or, after the split-K combine, the epilogue. Every thread of the block calls each.
+ */
+template <class Policy, class T>
+struct BatchedProxyBlock {
+  static constexpr int kB = Policy::kTokens;
+  static constexpr int kTpt = Policy::kTokensPerThread;
+  static constexpr int kThreads = Policy::kThreads;
+  static constexpr int kChunk = Policy::kChunk;
+  static constexpr int kTile = Policy::kTile;  // channels of a tile
+  static constexpr int kWarps = kThreads / kWarpSize;
+  using Reducer = typename BatchedProxySmem<Policy>::Reducer;
+  static constexpr int kXPer = kChunk / kThreads;  // coordinates of x per thread and token
+  static_assert(kChunk % kThreads == 0 && (kXPer == 2 || kXPer == 4 || kXPer == 8), "runs of 2, 4 or 8");
+
+  /**
+   * @brief 1. Threshold every token's chunk [k0, k0 + chunk_len) of x and compact the union of the kept
+   * coordinates, in order: s_rows the rows, s_x every token's x 2^-6 on them (0 where the token did not keep
+   * the row, and on the rows past the union up to the next multiple of 16). Also clears the tile's union
+   * mask words (s_union). keep[b][i]: token b kept this thread's coordinate i. Returns the union's row count.
+   * Contains a block barrier; the caller syncs before reading s_rows, s_x or s_union.
+   */
+  PROX_DEVICE static PROX_FORCEINLINE int gather(const BatchedProxyGemvArgs<T>& a, int tokens, int k0, int chunk_len,
+                                                 float tau_x, int (&s_rows)[kChunk], __half (&s_x)[kB][kChunk],
+                                                 int* s_warp, std::uint32_t* s_union, bool (&keep)[kB][kXPer]) {
+    const int tid = static_cast<int>(threadIdx.x);
+    // 1. Threshold every token's chunk of x; compact the union of the kept coordinates, in order. Thread t
+    // owns the kXPer consecutive coordinates k0 + t kXPer .. + kXPer - 1 of every token: one vector load
+    // per token (x aligned to the run), all issued before the first compare. (Strided scalar loads, kXPer
+    // per token, made the prologue the larger part of the kernel: 9.8 of 32.5 us on Qwen3-8B at B = 4,
+    // ncu on the H100, docs/history.md.) The chunk starts at a multiple of 16 and d_model is a multiple of
+    // 8, so a thread's run lies wholly inside or wholly outside the chunk and the matrix.
+    const int kk0 = tid * kXPer;
+    const bool run_in = kk0 < chunk_len && k0 + kk0 < a.d_model;
+    const bool vec = reinterpret_cast<std::uintptr_t>(a.x) % (kXPer * sizeof(T)) == 0;
+    float xv[kB][kXPer];
+#pragma unroll
+    for (int b = 0; b < kB; ++b) {
+      if (run_in && b < tokens) {
+        load_run<kXPer>(a.x + static_cast<std::size_t>(b) * a.d_model + k0 + kk0, vec, xv[b]);
+      } else {
+#pragma unroll
+        for (int i = 0; i < kXPer; ++i) xv[b][i] = 0.0f;
+      }
+    }
+    bool any[kXPer];
+    int mine = 0;
+#pragma unroll
+    for (int i = 0; i < kXPer; ++i) {
+      any[i] = false;
+#pragma unroll
+      for (int b = 0; b < kB; ++b) {
+        keep[b][i] = run_in && b < tokens && keep_magnitude(xv[b][i], tau_x);
+        any[i] = any[i] || keep[b][i];
+      }
+      mine += any[i] ? 1 : 0;
+    }
+    // Runs in thread order are coordinates in order: the union's rows are listed in increasing k.
+    int count = 0;
+    int at = block_exclusive_sum<kThreads>(mine, s_warp, &count);
+    if (tid < kTile / kWarpSize) s_union[tid] = 0u;
+#pragma unroll
+    for (int i = 0; i < kXPer; ++i) {
+      if (any[i]) {
+        s_rows[at] = k0 + kk0 + i;
+#pragma unroll
+        for (int b = 0; b < kB; ++b) s_x[b][at] = __float2half_rn(keep[b][i] ? xv[b][i] * Int4Weights::kXScale : 0.0f);
+        ++at;
+      }
+    }
+    // The tensor-core steps take 16 rows: x is 0 on the rows past the union up to the next multiple of 16
+    // (their weight loads are predicated off and decode to 0; 0 x stale shared memory could be NaN).
+    for (int i = tid; i < kB * 16; i += kThreads) {
+      const int r = count + i % 16;
+      if (r < ((count + 15) & ~15)) s_x[i / 16][r] = __float2half_rn(0.0f);
+    }
+    return count;
+  }
+
+  //! The runtime statistics of the chunk (a.counters; tile 0's blocks): every token's kept inputs, the union's,
+  //! and one call per token and for the union (chunk 0).
+  PROX_DEVICE static PROX_FORCEINLINE void count_kept(const BatchedProxyGemvArgs<T>& a, int tokens, int count,
+                                                     int chunk, const bool (&keep)[kB][kXPer]) {
+    const int tid = static_cast<int>(threadIdx.x);
+    // Per-token kept counts of this chunk: one warp-reduced atomic per token and warp.
+#pragma unroll
+    for (int b = 0; b < kB; ++b) {
+      int mine = 0;
+#pragma unroll
+      for (int i = 0; i < kXPer; ++i) mine += keep[b][i] ? 1 : 0;
+      int sum = mine;
+#pragma unroll
+      for (int off = kWarpSize / 2; off > 0; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+      if (b < tokens && lane_id() == 0 && sum > 0)
+        atomicAdd(&a.counters[b].kept_inputs, static_cast<unsigned long long>(sum));
+    }
+    if (tid == 0) {
+      atomicAdd(&a.counters[tokens].kept_inputs, static_cast<unsigned long long>(count));
+      if (chunk == 0) {
+        for (int b = 0; b <= tokens; ++b) atomicAdd(&a.counters[b].calls, 1ull);
+      }
+    }
+  }
+
+  //! 4. On a workspace that is not ready (the whole grid agrees): see the comment at the call.
+  PROX_DEVICE static PROX_FORCEINLINE void not_ready(const BatchedProxyGemvArgs<T>& a, const OpWorkspace& ws,
+                                                     int tokens, int n0, int ncols, int chunk) {
+    const int tid = static_cast<int>(threadIdx.x);
+    detail::proxy_not_ready<kTile>(ws, a.d_ff, n0, ncols, chunk, /*select_all=*/false, nullptr, nullptr, nullptr);
+    if (chunk != 0) return;
+    for (int i = tid; i < (tokens + 1) * ncols; i += kThreads) {
+      const int b = i / ncols;  // b == tokens: the union
+      const int ch = i % ncols;
+      if (ch % kWarpSize == 0) {
+        std::uint32_t* m = b < tokens ? a.channel_mask + static_cast<std::size_t>(b) * (a.d_ff / kWarpSize)
+                                      : a.union_mask;
+        m[(n0 + ch) / kWarpSize] = 0xffffffffu;
+      }
+      if (b < tokens && a.s_proxy != nullptr)
+        a.s_proxy[static_cast<std::size_t>(b) * a.d_ff + n0 + ch] = __int_as_float(0x7fc00000);
+    }
+    if (a.counters != nullptr && tid <= tokens)
+      atomicAdd(&a.counters[tid].selected_channels, static_cast<unsigned long long>(ncols));
+  }
+
+
+  /**
+   * @brief 5. After the split-K combine (the tile's last block): every token's s~ of the thread's channel
+   * (my_ch; its scales my_sg, my_su), the threshold, the masks (ballot per 32-channel word) and their union.
+   */
+  template <class Act>
+  PROX_DEVICE static PROX_FORCEINLINE void epilogue(const BatchedProxyGemvArgs<T>& a, typename Reducer::Storage& s_red,
+                                                    int tokens, int n0, int ncols, int my_ch, bool my_in, float my_sg,
+                                                    float my_su, float tau_s, std::uint32_t* s_union) {
+    const int tid = static_cast<int>(threadIdx.x);
+    // 5. Epilogue: each warp takes whole 32-channel words of one token: rescale, s~, threshold, ballot.
+    const Act act{};
+    constexpr int kPairs = kB * kTile;
+#pragma unroll 1
+    for (int i0 = 0; i0 < kPairs; i0 += kThreads) {
+      const int i = i0 + tid;
+      const int b = i / kTile;  // warp-uniform (kTile is a multiple of 32)
+      const int ch = my_ch;  // i % kTile: kThreads is a multiple of kTile
+      const int j = n0 + ch;
+      const bool in = i < kPairs && b < tokens && my_in;
+      bool sel = false;
+      if (in) {
+        const int tg = b / kTpt;
+        const int t = b % kTpt;
+        const float g = Reducer::at(s_red, t, tg * kTile + ch) * my_sg;
+        const float u = Reducer::at(s_red, kTpt + t, tg * kTile + ch) * my_su;
+        const float s = u * act(g);
+        sel = keep_magnitude(s, tau_s);
+        if (a.s_proxy != nullptr) a.s_proxy[static_cast<std::size_t>(b) * a.d_ff + j] = s;
+      }
+      const unsigned word = __ballot_sync(0xffffffffu, sel);
+      if (lane_id() == 0 && in) {
+        a.channel_mask[static_cast<std::size_t>(b) * (a.d_ff / kWarpSize) + j / kWarpSize] = word;
+        if (word != 0u) {
+          atomicOr(&s_union[ch / kWarpSize], word);
+          if (a.counters != nullptr)
+            atomicAdd(&a.counters[b].selected_channels, static_cast<unsigned long long>(__popc(word)));
+        }
+      }
+    }
+    __syncthreads();
+    if (tid < ncols / kWarpSize) {
+      const std::uint32_t w = s_union[tid];
+      a.union_mask[n0 / kWarpSize + tid] = w;
+      if (a.counters != nullptr && w != 0u)
+        atomicAdd(&a.counters[tokens].selected_channels, static_cast<unsigned long long>(__popc(w)));
+    }
+  }
+};
+}  // namespace detail
+
 template <class Policy, class T, class Act>
 PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void batched_proxy_gemv_kernel(
     const BatchedProxyGemvArgs<T> a, const OpWorkspace ws) {
@@ -162,8 +341,7 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void batched
   using Reducer = typename Smem::Reducer;
   static_assert(std::is_same_v<Reducer, detail::TileReducer<kThreads, kTn, 16, kMats>>, "reducer shape");
   constexpr int kCols = kTn * 16;
-  constexpr int kXPer = kChunk / kThreads;  // coordinates of x per thread and token
-  static_assert(kChunk % kThreads == 0 && (kXPer == 2 || kXPer == 4 || kXPer == 8), "runs of 2, 4 or 8");
+  using Block = detail::BatchedProxyBlock<Policy, T>;  // the L1 pieces
 
   extern __shared__ __align__(16) unsigned char prox_batched_proxy_smem[];
   Smem& smem = *reinterpret_cast<Smem*>(prox_batched_proxy_smem);
@@ -198,82 +376,16 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void batched
   const float my_sg = my_in ? a.gate.scales[n0 + my_ch] : 0.0f;
   const float my_su = my_in ? a.up.scales[n0 + my_ch] : 0.0f;
 
-  // 1. Threshold every token's chunk of x; compact the union of the kept coordinates, in order. Thread t
-  // owns the kXPer consecutive coordinates k0 + t kXPer .. + kXPer - 1 of every token: one vector load
-  // per token (x aligned to the run), all issued before the first compare. (Strided scalar loads, kXPer
-  // per token, made the prologue the larger part of the kernel: 9.8 of 32.5 us on Qwen3-8B at B = 4,
-  // ncu on the H100, docs/history.md.) The chunk starts at a multiple of 16 and d_model is a multiple of
-  // 8, so a thread's run lies wholly inside or wholly outside the chunk and the matrix.
-  const int kk0 = tid * kXPer;
-  const bool run_in = kk0 < chunk_len && k0 + kk0 < a.d_model;
-  const bool vec = reinterpret_cast<std::uintptr_t>(a.x) % (kXPer * sizeof(T)) == 0;
-  float xv[kB][kXPer];
-#pragma unroll
-  for (int b = 0; b < kB; ++b) {
-    if (run_in && b < tokens) {
-      load_run<kXPer>(a.x + static_cast<std::size_t>(b) * a.d_model + k0 + kk0, vec, xv[b]);
-    } else {
-#pragma unroll
-      for (int i = 0; i < kXPer; ++i) xv[b][i] = 0.0f;
-    }
-  }
-  bool keep[kB][kXPer];
-  bool any[kXPer];
-  int mine = 0;
-#pragma unroll
-  for (int i = 0; i < kXPer; ++i) {
-    any[i] = false;
-#pragma unroll
-    for (int b = 0; b < kB; ++b) {
-      keep[b][i] = run_in && b < tokens && keep_magnitude(xv[b][i], tau_x);
-      any[i] = any[i] || keep[b][i];
-    }
-    mine += any[i] ? 1 : 0;
-  }
-  // Runs in thread order are coordinates in order: the union's rows are listed in increasing k.
-  int count = 0;
-  int at = block_exclusive_sum<kThreads>(mine, s_warp, &count);
-  if (tid < kTile / kWarpSize) s_union[tid] = 0u;
-#pragma unroll
-  for (int i = 0; i < kXPer; ++i) {
-    if (any[i]) {
-      s_rows[at] = k0 + kk0 + i;
-#pragma unroll
-      for (int b = 0; b < kB; ++b) s_x[b][at] = __float2half_rn(keep[b][i] ? xv[b][i] * Int4Weights::kXScale : 0.0f);
-      ++at;
-    }
-  }
-  // The tensor-core steps take 16 rows: x is 0 on the rows past the union up to the next multiple of 16
-  // (their weight loads are predicated off and decode to 0; 0 x stale shared memory could be NaN).
-  for (int i = tid; i < kB * 16; i += kThreads) {
-    const int r = count + i % 16;
-    if (r < ((count + 15) & ~15)) s_x[i / 16][r] = __float2half_rn(0.0f);
-  }
+  // 1. The union of the tokens' kept inputs of this chunk.
+  bool keep[kB][Block::kXPer];
+  const int count = Block::gather(a, tokens, k0, chunk_len, tau_x, s_rows, s_x, s_warp, s_union, keep);
   if (tid == 0) s_ready = detail::workspace_ready(header, ws.guard);
   __syncthreads();
   const bool ready = s_ready != 0;
-  if (a.counters != nullptr && tile == 0) {
-    // Per-token kept counts of this chunk: one warp-reduced atomic per token and warp.
-#pragma unroll
-    for (int b = 0; b < kB; ++b) {
-      int mine = 0;
-#pragma unroll
-      for (int i = 0; i < kXPer; ++i) mine += keep[b][i] ? 1 : 0;
-      int sum = mine;
-#pragma unroll
-      for (int off = kWarpSize / 2; off > 0; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-      if (b < tokens && lane_id() == 0 && sum > 0)
-        atomicAdd(&a.counters[b].kept_inputs, static_cast<unsigned long long>(sum));
-    }
-    if (tid == 0) {
-      atomicAdd(&a.counters[tokens].kept_inputs, static_cast<unsigned long long>(count));
-      if (chunk == 0) {
-        for (int b = 0; b <= tokens; ++b) atomicAdd(&a.counters[b].calls, 1ull);
-      }
-    }
-  }
+  if (a.counters != nullptr && tile == 0) Block::count_kept(a, tokens, count, chunk, keep);
 
-  // 2. Stream the union's rows of this tile, and 3. reduce over the block's row groups.
+  // 2. Stream the union's rows of this tile, and 3. reduce over the block's row groups. (Inline: as a function
+  // of its own the stream compiled to other register assignments, and this kernel's SASS is what was measured.)
   // Tensor cores: per step a warp takes 16 union rows of the 128-channel tile, one m16n8k16 tile per
   // 2 x 8 channels and matrix: A = the decoded INT4 weights (16 channels x 16 rows), B = x (16 rows x 8
   // tokens; tokens past kB are 0), fp32 accumulators. Lane (g, t) = (lane / 4, lane % 4) loads 8 bytes
@@ -386,21 +498,7 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void batched
     // Not initialized or another layout: the counters cannot be trusted. Zero them and the next
     // kernel's sync words, flag the header; the chunk-0 block of each tile selects every channel of
     // every token (Stage 2 then computes the exact dense FFN) and writes NaN s~.
-    detail::proxy_not_ready<kTile>(ws, a.d_ff, n0, ncols, chunk, /*select_all=*/false, nullptr, nullptr, nullptr);
-    if (chunk != 0) return;
-    for (int i = tid; i < (tokens + 1) * ncols; i += kThreads) {
-      const int b = i / ncols;  // b == tokens: the union
-      const int ch = i % ncols;
-      if (ch % kWarpSize == 0) {
-        std::uint32_t* m = b < tokens ? a.channel_mask + static_cast<std::size_t>(b) * (a.d_ff / kWarpSize)
-                                      : a.union_mask;
-        m[(n0 + ch) / kWarpSize] = 0xffffffffu;
-      }
-      if (b < tokens && a.s_proxy != nullptr)
-        a.s_proxy[static_cast<std::size_t>(b) * a.d_ff + n0 + ch] = __int_as_float(0x7fc00000);
-    }
-    if (a.counters != nullptr && tid <= tokens)
-      atomicAdd(&a.counters[tid].selected_channels, static_cast<unsigned long long>(ncols));
+    Block::not_ready(a, ws, tokens, n0, ncols, chunk);
     return;
   }
   if (!Reducer::split_k(s_red, static_cast<float*>(ws.scratch), ws.sync + tile, gridDim.x * kCols, tile * kCols,
@@ -409,42 +507,7 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void batched
   }
 
   // 5. Epilogue: each warp takes whole 32-channel words of one token: rescale, s~, threshold, ballot.
-  const Act act{};
-  constexpr int kPairs = kB * kTile;
-#pragma unroll 1
-  for (int i0 = 0; i0 < kPairs; i0 += kThreads) {
-    const int i = i0 + tid;
-    const int b = i / kTile;  // warp-uniform (kTile is a multiple of 32)
-    const int ch = my_ch;  // i % kTile: kThreads is a multiple of kTile
-    const int j = n0 + ch;
-    const bool in = i < kPairs && b < tokens && my_in;
-    bool sel = false;
-    if (in) {
-      const int tg = b / kTpt;
-      const int t = b % kTpt;
-      const float g = Reducer::at(s_red, t, tg * kTile + ch) * my_sg;
-      const float u = Reducer::at(s_red, kTpt + t, tg * kTile + ch) * my_su;
-      const float s = u * act(g);
-      sel = keep_magnitude(s, tau_s);
-      if (a.s_proxy != nullptr) a.s_proxy[static_cast<std::size_t>(b) * a.d_ff + j] = s;
-    }
-    const unsigned word = __ballot_sync(0xffffffffu, sel);
-    if (lane_id() == 0 && in) {
-      a.channel_mask[static_cast<std::size_t>(b) * (a.d_ff / kWarpSize) + j / kWarpSize] = word;
-      if (word != 0u) {
-        atomicOr(&s_union[ch / kWarpSize], word);
-        if (a.counters != nullptr)
-          atomicAdd(&a.counters[b].selected_channels, static_cast<unsigned long long>(__popc(word)));
-      }
-    }
-  }
-  __syncthreads();
-  if (tid < ncols / kWarpSize) {
-    const std::uint32_t w = s_union[tid];
-    a.union_mask[n0 / kWarpSize + tid] = w;
-    if (a.counters != nullptr && w != 0u)
-      atomicAdd(&a.counters[tokens].selected_channels, static_cast<unsigned long long>(__popc(w)));
-  }
+  Block::template epilogue<Act>(a, s_red, tokens, n0, ncols, my_ch, my_in, my_sg, my_su, tau_s, s_union);
 }
 
 /**

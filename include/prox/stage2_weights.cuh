@@ -60,13 +60,14 @@ struct NativeWeights {
   static constexpr int kDownTileDivides = 0;
 
   /**
-   * @brief One matrix: a device pointer, owned by the caller. Converts from `const W*`, so that
-   * `weights.gate = d_wg;` and `args.w_gate = d_wg;` read as they did before the seam.
+   * @brief One matrix: a device pointer, owned by the caller. Converts from and to `const W*`, so that code
+   * written before the seam (`weights.gate = d_wg;`, `args.w_down_t = w.down_t + 1;`) reads as it did.
    */
   struct Matrix {
     const W* w = nullptr;  //!< [rows][cols] row-major, 16-byte aligned
     Matrix() = default;
     PROX_HOST_DEVICE Matrix(const W* p) noexcept : w(p) {}  // NOLINT(google-explicit-constructor): by design
+    PROX_HOST_DEVICE operator const W*() const noexcept { return w; }  // NOLINT(google-explicit-constructor)
   };
 
   PROX_HOST_DEVICE static PROX_FORCEINLINE const W* data(const Matrix& m) noexcept { return m.w; }
