@@ -568,9 +568,9 @@ def shard_mlps(model: nn.Module, tp, **kw) -> list:
     """Replace every gated MLP of a model (whole on every rank) by this rank's shard (shard_mlp). The rest of the
     model stays replicated: each rank runs it whole, and the MLPs' all-reduce makes their outputs whole again.
     Returns the names. Every rank must call it."""
-    from .nn import SparseMLP, WorkspacePool, _set_submodule, find_mlps, workspace_pool
+    from .nn import SparseMLP, _model_pool, _set_submodule, find_mlps
     if kw.get("workspace") is None and kw.get("workspace_pool") is None:  # the model's own, as swap_mlps()
-        kw["workspace_pool"] = workspace_pool(model) or WorkspacePool()
+        kw["workspace_pool"] = _model_pool(model)
     names = []
     for name, m in find_mlps(model):
         if not isinstance(m, SparseMLP):

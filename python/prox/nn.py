@@ -110,6 +110,11 @@ class WorkspacePool:
     def __len__(self) -> int:
         return len(self._ws)
 
+    def __bool__(self) -> bool:
+        # A pool is a pool even while it holds no workspace yet: without this, `pool or DEFAULT_POOL` (len 0
+        # is false) silently gave every new model the process-wide pool (two models then shared workspaces).
+        return True
+
     def nbytes(self) -> int:
         return sum(w.numel() for w in list(self._ws.values()))
 
@@ -250,7 +255,7 @@ class SparseMLP(nn.Module):
                              else None, persistent=False)
         # A given workspace is used as given; otherwise the pool's workspace of the current stream, re-taken
         # in forward() when the stream changes (_bind_workspace()).
-        self._pool = None if workspace is not None else (workspace_pool or DEFAULT_POOL)
+        self._pool = None if workspace is not None else (workspace_pool if workspace_pool is not None else DEFAULT_POOL)
         self._ws_stream = None
         self.register_buffer("workspace", workspace, persistent=False)
         self._q_cache = None  # unpacked proxies for the torch backend
@@ -623,6 +628,12 @@ def memory_report(model: nn.Module) -> dict:
     return tot
 
 
+def _model_pool(model: nn.Module) -> WorkspacePool:
+    """The model's own pool: the one its SparseMLPs already use, else a new one."""
+    pool = workspace_pool(model)
+    return pool if pool is not None else WorkspacePool()
+
+
 def workspace_pool(model: nn.Module) -> Optional[WorkspacePool]:
     """The WorkspacePool of the model's SparseMLPs (the first one's; None where none uses a pool)."""
     for _, m in sparse_mlps(model):
@@ -658,7 +669,7 @@ def swap_mlps(model: nn.Module, **kw) -> list[str]:
     The new layers share one WorkspacePool of their own (the model's: not shared with other models) unless
     ``workspace`` or ``workspace_pool`` is given."""
     if kw.get("workspace") is None and kw.get("workspace_pool") is None:
-        kw["workspace_pool"] = workspace_pool(model) or WorkspacePool()
+        kw["workspace_pool"] = _model_pool(model)
     names = []
     for name, m in find_mlps(model):
         if not isinstance(m, SparseMLP):

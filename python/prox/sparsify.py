@@ -29,7 +29,7 @@ from .calibration import (DEFAULT_CAPACITY, DEFAULT_SEED, Calibrator, calibrate_
                           quantile_threshold)
 from . import _ops
 from .distributed import agreed, all_reduce_float64, check_same_thresholds, fingerprints as tp_fingerprints
-from .nn import SparseMLP, WorkspacePool, _set_submodule, find_mlps, set_mode, sparse_mlps, workspace_pool
+from .nn import SparseMLP, _model_pool, _set_submodule, find_mlps, set_mode, sparse_mlps
 from .planned import summed_report
 from .thresholds import INT4_LAYOUT, LayerRecord, ThresholdConfig, find_config, fingerprint_mismatch, load_thresholds
 
@@ -137,7 +137,7 @@ def sparsify(model: nn.Module, e: float, calibration_inputs=None, *, thresholds=
         raise ValueError("prox: no gated MLP (gate_proj/up_proj/down_proj) found in the model")
     # The model's layers share one workspace pool of their own (never another model's).
     kw = dict(backend=backend, keep_down=keep_down, options=options, track_sparsity=track_sparsity,
-              workspace_pool=workspace_pool(model) or WorkspacePool())
+              workspace_pool=_model_pool(model))
 
     if thresholds is not None:
         cfg = thresholds

@@ -261,7 +261,11 @@ def case_sparsify_model(ctx: Ctx) -> dict:
         return transformers.LlamaForCausalLM(cfg_m).to(device=ctx.device, dtype=ctx.dtype).eval()
     ids = torch.randint(0, 128, (2, 24), generator=torch.Generator().manual_seed(3)).to(ctx.device)
     f32 = ctx.dtype == torch.float32  # else bf16/fp16 hidden states: the all-reduce rounds at 2^-8 / 2^-11
-    tol_x, tol_s, tol_logits, tol_err = (1e-3, 2e-2, 1e-3, 1e-4) if f32 else (3e-2, 1e-1, 1e-1, 1e-3)
+    # Logits: the sharded and unsharded models sum in other orders (the all-reduce, the CPU's matmul threads), and
+    # a channel whose s~ lies within that rounding of tau_s is kept by one and dropped by the other: a step, not a
+    # rounding error (3e-3 seen on a 16-core machine in float32, 1e-4 on 2 cores). The thresholds themselves are
+    # compared exactly above.
+    tol_x, tol_s, tol_logits, tol_err = (1e-3, 2e-2, 1e-2, 1e-4) if f32 else (3e-2, 1e-1, 1e-1, 1e-3)
     out = {}
     for split in ("paper", "search"):
         m1, m2 = model(), model()
