@@ -1,8 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 //! @file ffn_type.cuh  The one place the extension names prox's layer type: a (T, activation, Stage-2 weight
-//! format) of the layer-type list maps to its SparseFfn here, and is instantiated (or declared extern)
-//! through the two macros below. A new Stage-2 weight format is one specialization here, one Format code
-//! (ffn_api.h) and one entry of setup.py's LAYER_TYPES.
+//! format) of the layer-type list maps to its SparseFfn here, its Weights are made from the layer's slots
+//! (ffn_api.h, PROX_EXT_LAYER_SLOTS) here, and it is instantiated (or declared extern) through the two macros
+//! below. A new Stage-2 weight format is one specialization here, one entry of setup.py's FORMATS and
+//! LAYER_TYPES, its slots (ffn_api.h) and their checks (layer_slots.h, FormatSlots): docs/python.md, "The
+//! layer's tensors".
 #pragma once
 
 #include <prox/prox.cuh>
@@ -11,6 +13,8 @@
 
 namespace prox_ext {
 
+//! type: the layer type's SparseFfn; weights(d): its Weights from the slots of `d` (which bindings.cpp has
+//! checked with the format's FormatSlots).
 template <class T, class ActT, Format kFormat>
 struct FfnTypeOf;
 
@@ -18,6 +22,16 @@ struct FfnTypeOf;
 template <class T, class ActT>
 struct FfnTypeOf<T, ActT, Format::kNative> {
   using type = prox::SparseFfn<T, ActT, prox::Int4Weights>;
+
+  static typename type::Weights weights(const FfnDesc& d) noexcept {
+    typename type::Weights w;
+    w.gate = d.slot<T>(Slot::w_gate);
+    w.up = d.slot<T>(Slot::w_up);
+    w.down_t = d.slot<T>(Slot::w_down_t);
+    w.proxy_gate = {d.slot<std::uint32_t>(Slot::proxy_gate), d.slot<float>(Slot::scale_gate)};
+    w.proxy_up = {d.slot<std::uint32_t>(Slot::proxy_up), d.slot<float>(Slot::scale_up)};
+    return w;
+  }
 };
 
 template <class T, class ActT, Format kFormat>
