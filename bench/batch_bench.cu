@@ -38,7 +38,7 @@
 
 #include "bench_common.cuh"
 #include "bench_loop.cuh"
-#include "dense_baseline.cuh"
+#include <prox_support/dense_ffn.cuh>
 
 namespace {
 
@@ -66,13 +66,7 @@ struct Options {
 };
 Options g_opt;
 
-struct Globals {
-  prox_bench::DeviceFacts dev;
-  prox_bench::CopyBandwidth copy;
-  cudaStream_t stream = nullptr;
-  cublasHandle_t cublas = nullptr;
-};
-Globals g;
+prox_bench::BenchGlobals g;
 
 enum class Masks { kIndependent, kCorrelated };
 const char* masks_name(Masks m) { return m == Masks::kIndependent ? "indep" : "corr"; }
@@ -132,7 +126,7 @@ struct Context : ContextBase {
   }
   FfnShape shape;
   prox_bench::SyntheticLayer<T> layer;
-  prox_bench::DenseFfn<T, prox::SiLU> dense;
+  prox_support::DenseFfn<T, prox::SiLU> dense;
   DeviceBuffer y, counters, x_ind, x_cor;
   std::vector<float> abs_ind;
   int launches = 0;
@@ -412,45 +406,16 @@ void parse_flags(int* argc, char** argv) {
   prox_bench::parse_own_flags(app, argc, argv);
 }
 
+//! --help: the flags of this binary (Google Benchmark's are listed by --benchmark_*).
+void usage() {
+  CLI::App app{kDescription, "prox_batch_bench"};
+  add_flags(&app);
+  std::fputs(app.help().c_str(), stdout);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  const std::string command = prox_bench::join_argv(argc, argv);
-  try {
-    if (prox_bench::has_arg(argc, argv, "--help") || prox_bench::has_arg(argc, argv, "-h")) {
-      CLI::App app{kDescription, "prox_batch_bench"};
-      add_flags(&app);
-      std::fputs(app.help().c_str(), stdout);
-      return 0;
-    }
-    parse_flags(&argc, argv);
-    const bool list_only = prox_bench::list_only(argc, argv);
-    benchmark::Initialize(&argc, argv);
-    if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-    register_all();
-    if (list_only) {
-      benchmark::RunSpecifiedBenchmarks();
-      benchmark::Shutdown();
-      return 0;
-    }
-    g.dev = prox_bench::query_device_facts();
-    std::fprintf(stderr, "[batch_bench] device: %s\n", prox_bench::describe(g.dev).c_str());
-    PROX_BENCH_CUDA(cudaStreamCreateWithFlags(&g.stream, cudaStreamNonBlocking));
-    prox_bench::check_cublas(cublasCreate(&g.cublas), "cublasCreate");
-    g.copy = prox_bench::measure_copy_bandwidth(g.stream);
-    const std::string commit = prox_bench::resolve_commit(g_opt.commit);
-    std::fprintf(stderr, "[batch_bench] copy bandwidth: %.1f GB/s; commit %s\n", g.copy.GBps, commit.c_str());
-    for (const auto& [key, value] : prox_bench::run_context(g.dev, g.copy.GBps, commit, command))
-      benchmark::AddCustomContext(key, value);
-    benchmark::RunSpecifiedBenchmarks();
-    benchmark::Shutdown();
-    cudaStreamSynchronize(g.stream);
-    g_ctx.reset();
-    cublasDestroy(g.cublas);
-    cudaStreamDestroy(g.stream);
-    return 0;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "prox_batch_bench: error: %s\n", e.what());
-    return 1;
-  }
+  const prox_bench::BenchMain m{"prox_batch_bench", usage, parse_flags, register_all, nullptr, [] { g_ctx.reset(); }};
+  return prox_bench::bench_main(argc, argv, g, m, g_opt.commit);
 }

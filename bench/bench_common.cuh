@@ -33,7 +33,7 @@
 #include <prox_support/device_buffer.hpp>
 #include <prox_support/random.cuh>
 
-#include "dense_baseline.cuh"
+#include <prox_support/dense_ffn.cuh>
 
 #define PROX_BENCH_STR2(x) #x
 #define PROX_BENCH_STR(x) PROX_BENCH_STR2(x)
@@ -83,6 +83,7 @@ inline std::string lower(std::string s) {
   return s;
 }
 
+using prox_support::check_cuda;  // the dense baseline's (prox_support/dense_ffn.cuh)
 using prox_support::cli::split_list;
 
 /**

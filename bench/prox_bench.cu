@@ -57,7 +57,7 @@
 
 #include "bench_common.cuh"
 #include "bench_loop.cuh"
-#include "dense_baseline.cuh"
+#include <prox_support/dense_ffn.cuh>
 #include "prox/tuning/choose.cuh"
 
 namespace {
@@ -94,11 +94,7 @@ struct Options {
 };
 Options g_opt;
 
-struct Globals {
-  prox_bench::DeviceFacts dev;
-  prox_bench::CopyBandwidth copy;
-  cudaStream_t stream = nullptr;
-  cublasHandle_t cublas = nullptr;
+struct Globals : prox_bench::BenchGlobals {
   std::unique_ptr<prox::tuning::Cache> tuning;  //!< --prox_tuning
 };
 Globals g;
@@ -175,7 +171,7 @@ struct Context : ContextBase {
   }
   FfnShape shape;
   prox_bench::SyntheticLayer<T> layer;
-  prox_bench::DenseFfn<T, prox::SiLU> dense;
+  prox_support::DenseFfn<T, prox::SiLU> dense;
   DeviceBuffer y, gemv_out, down_in;
   int launches = 0;
   std::map<int, std::unique_ptr<SparseSetup<T>>> sparse;
@@ -998,65 +994,28 @@ void parse_flags(int* argc, char** argv) {
   prox_bench::parse_own_flags(app, argc, argv);
 }
 
+//! prox_bench's own run context: the tuning cache (--prox_tuning), the architectures, the options.
+void add_context() {
+  if (!g_opt.tuning.empty()) {
+    prox::tuning::CacheOptions co;
+    co.path = g_opt.tuning;
+    co.mode = prox::tuning::Mode::kReadOnly;
+    const prox::Status st = prox::tuning::open_cache(&g.tuning, co);
+    if (g.tuning == nullptr) throw std::runtime_error("--prox_tuning: " + std::string(prox::to_string(st)));
+    std::fprintf(stderr, "[prox_bench] tuning cache %s: %zu entries\n", g_opt.tuning.c_str(), g.tuning->size());
+    benchmark::AddCustomContext("prox_tuning", g_opt.tuning);
+  }
+  benchmark::AddCustomContext("prox_cuda_archs", PROX_BENCH_CUDA_ARCHS);
+  char opts[160];
+  std::snprintf(opts, sizeof(opts), "iterations=%d warmup=%d tokens=%d min_launches=%d rotate_gb=%.2f fuse=%d cluster=%d",
+                g_opt.iterations, g_opt.warmup, g_opt.tokens, g_opt.min_launches, g_opt.rotate_gb, int(g_opt.fuse),
+                int(g_opt.cluster));
+  benchmark::AddCustomContext("prox_options", opts);
+}
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  const std::string command = prox_bench::join_argv(argc, argv);
-  try {
-    if (prox_bench::has_arg(argc, argv, "--help") || prox_bench::has_arg(argc, argv, "-h")) {
-      usage();
-      return 0;
-    }
-    parse_flags(&argc, argv);
-    // Listing needs no GPU: register and let Google Benchmark print the names.
-    const bool list_only = prox_bench::list_only(argc, argv);
-    benchmark::Initialize(&argc, argv);
-    if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-    register_all();
-    if (list_only) {
-      benchmark::RunSpecifiedBenchmarks();
-      benchmark::Shutdown();
-      return 0;
-    }
-
-    g.dev = prox_bench::query_device_facts();
-    std::fprintf(stderr, "[prox_bench] device: %s\n", prox_bench::describe(g.dev).c_str());
-    PROX_BENCH_CUDA(cudaStreamCreateWithFlags(&g.stream, cudaStreamNonBlocking));
-    prox_bench::check_cublas(cublasCreate(&g.cublas), "cublasCreate");
-    g.copy = prox_bench::measure_copy_bandwidth(g.stream);
-    const std::string commit = prox_bench::resolve_commit(g_opt.commit);
-    std::fprintf(stderr, "[prox_bench] copy bandwidth (D2D 1 GiB, read + write): %.1f GB/s; commit %s\n", g.copy.GBps,
-                 commit.c_str());
-
-    for (const auto& [key, value] : prox_bench::run_context(g.dev, g.copy.GBps, commit, command))
-      benchmark::AddCustomContext(key, value);
-    if (!g_opt.tuning.empty()) {
-      prox::tuning::CacheOptions co;
-      co.path = g_opt.tuning;
-      co.mode = prox::tuning::Mode::kReadOnly;
-      const prox::Status st = prox::tuning::open_cache(&g.tuning, co);
-      if (g.tuning == nullptr) throw std::runtime_error("--prox_tuning: " + std::string(prox::to_string(st)));
-      std::fprintf(stderr, "[prox_bench] tuning cache %s: %zu entries\n", g_opt.tuning.c_str(), g.tuning->size());
-      benchmark::AddCustomContext("prox_tuning", g_opt.tuning);
-    }
-    benchmark::AddCustomContext("prox_cuda_archs", PROX_BENCH_CUDA_ARCHS);
-    char opts[160];
-    std::snprintf(opts, sizeof(opts),
-                  "iterations=%d warmup=%d tokens=%d min_launches=%d rotate_gb=%.2f fuse=%d cluster=%d",
-                  g_opt.iterations, g_opt.warmup, g_opt.tokens, g_opt.min_launches, g_opt.rotate_gb, int(g_opt.fuse),
-                  int(g_opt.cluster));
-    benchmark::AddCustomContext("prox_options", opts);
-
-    benchmark::RunSpecifiedBenchmarks();
-    benchmark::Shutdown();
-    cudaStreamSynchronize(g.stream);
-    g_ctx.reset();
-    cublasDestroy(g.cublas);
-    cudaStreamDestroy(g.stream);
-    return 0;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "prox_bench: error: %s\n", e.what());
-    return 1;
-  }
+  const prox_bench::BenchMain m{"prox_bench", usage, parse_flags, register_all, add_context, [] { g_ctx.reset(); }};
+  return prox_bench::bench_main(argc, argv, g, m, g_opt.commit);
 }

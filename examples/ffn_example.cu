@@ -38,7 +38,7 @@
 #include <prox_support/device_buffer.hpp>
 #include <prox_support/random.cuh>
 
-#include "dense_baseline.cuh"
+#include <prox_support/dense_ffn.cuh>
 
 namespace {
 
@@ -235,7 +235,7 @@ void run(const Options& o) {
   cudaStream_t stream;
   EX_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   cublasHandle_t handle;
-  prox_bench::check_cublas(cublasCreate(&handle), "create");
+  prox_support::check_cublas(cublasCreate(&handle), "create");
 
   {  // scope: every device buffer is freed before the handle and stream
     // 1. The layer: nn.Linear weights, W_down^T for prox, INT4 proxies of gate and up.
@@ -296,7 +296,7 @@ void run(const Options& o) {
       fmt::print("           note: a target is not reachable on these samples (ties); the nearest threshold is used\n");
 
     // 4. Dense (cuBLAS) and Prox on the held-out tokens; keep what the report compares.
-    prox_bench::DenseFfn<T, Act> dense(handle, K, N);
+    prox_support::DenseFfn<T, Act> dense(handle, K, N);
     DevBuf<T> y_dense(static_cast<std::size_t>(E) * K), y_prox(static_cast<std::size_t>(E) * K);
     DevBuf<float> s_dense(static_cast<std::size_t>(E) * N);
     const int mask_words = N / 32;

@@ -401,7 +401,10 @@ TEST_CASE("Prox FFN: bad input gets a Status before any launch", "[ffn][gpu][sta
 TEST_CASE("Prox FFN: Weights has named, typed members and no positional initialization", "[ffn][gpu][safety]") {
   using Ffn = prox::SparseFfn<__half, prox::SiLU>;
   STATIC_REQUIRE(!std::is_aggregate_v<Ffn::Weights>);
-  STATIC_REQUIRE(std::is_same_v<decltype(Ffn::Weights::gate), const __half*>);
+  // The exact weights in the layer's Stage-2 format: fp16 weights are a pointer, to and from which they convert.
+  STATIC_REQUIRE(std::is_same_v<decltype(Ffn::Weights::gate), prox::NativeWeights<__half>::Matrix>);
+  STATIC_REQUIRE(std::is_same_v<decltype(Ffn::Weights::gate.w), const __half*>);
+  STATIC_REQUIRE(std::is_convertible_v<const __half*, Ffn::Matrix> && std::is_convertible_v<Ffn::Matrix, const __half*>);
   STATIC_REQUIRE(std::is_same_v<decltype(Ffn::Weights::proxy_gate.packed), const std::uint32_t*>);
   STATIC_REQUIRE(std::is_same_v<decltype(Ffn::Weights::proxy_up.scales), const float*>);
   // A dense-proxy layer's proxies are typed as its own element type.

@@ -371,10 +371,13 @@ TEST_CASE("fused Stage 2: the plan's default policy covers a row with the fewest
   using P1 = prox::PolicyAt<1, L>;  // 320 threads
   STATIC_REQUIRE(P0::kThreads == 256);
   STATIC_REQUIRE(P1::kThreads == 320);
-  CHECK(prox::detail::glu_row_slots<P0>(4096) == 512);  // 512 pieces: 2 full steps
-  CHECK(prox::detail::glu_row_slots<P0>(5120) == 768);  // 640 pieces: 3 steps, the last half idle
-  CHECK(prox::detail::glu_row_slots<P1>(5120) == 640);
-  CHECK(prox::detail::glu_row_slots<P1>(8) == 320);     // 1 piece still takes a step
+  using W = prox::NativeWeights<__half>;
+  using R0 = prox::detail::GluRowsOf<typename P0::Glu, __half, W>;
+  using R1 = prox::detail::GluRowsOf<typename P1::Glu, __half, W>;
+  CHECK(R0::row_slots(4096) == 512);  // 512 pieces: 2 full steps
+  CHECK(R0::row_slots(5120) == 768);  // 640 pieces: 3 steps, the last half idle
+  CHECK(R1::row_slots(5120) == 640);
+  CHECK(R1::row_slots(8) == 320);     // 1 piece still takes a step
   const auto dflt = [](int d_model) {
     prox::GluDownGemvArgs<__half> a;
     a.d_model = d_model;

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 //! @file batched_glu_down.cuh  The fused Stage 2 for batched decode: the batched GLU GEMV and the batched
-//! down GEMV (batched.cuh) in one grid, as glu_down_gemv.cuh fuses them for one token.
+//! down GEMV (batched_glu.cuh, batched_down.cuh) in one grid, as glu_down_gemv.cuh fuses them for one token.
 //!
 //! A block streams its rank range of the union's gate/up rows (every token's dot products from the same
 //! bytes; s[b][j] = u act(g) where token b selected j, +0 elsewhere), announces that its s values are
@@ -30,7 +30,8 @@
 #include <string>
 
 #include "activation.cuh"
-#include "batched.cuh"
+#include "batched_down.cuh"
+#include "batched_glu.cuh"
 #include "core/config.hpp"
 #include "core/device.hpp"
 #include "core/launch.cuh"
@@ -41,7 +42,9 @@
 #include "core/workspace.cuh"
 #include "detail/rank_range.cuh"
 #include "detail/tile_reduce.cuh"
+#include "dispatch.cuh"
 #include "glu_down_gemv.cuh"
+#include "stage2_weights.cuh"
 
 PROX_NAMESPACE_BEGIN
 
@@ -49,10 +52,10 @@ PROX_NAMESPACE_BEGIN
  * @brief Arguments of the fused batched Stage 2: those of the batched GLU GEMV (x, tokens, shape, W_gate,
  * W_up, each token's channel mask and their union, s) plus W_down^T and y. All pointers are device pointers.
  */
-template <class T>
-struct BatchedGluDownGemvArgs : BatchedGluGemvArgs<T> {
-  const T* w_down_t = nullptr;  //!< [d_ff][d_model] = W_down^T, 16-byte aligned
-  T* y = nullptr;               //!< out [tokens][d_model]; every element written
+template <class T, class Fmt = NativeWeights<T>>
+struct BatchedGluDownGemvArgs : BatchedGluGemvArgs<T, Fmt> {
+  typename Fmt::Matrix w_down_t{};  //!< [d_ff][d_model] = W_down^T, 16-byte aligned
+  T* y = nullptr;                   //!< out [tokens][d_model]; every element written
 };
 
 /**
@@ -86,28 +89,33 @@ struct BatchedGluDownPolicy {
 //! 2048 down rows per round: with 1024 a Qwen3-14B or 32B down task (1100-1600 union rows at B = 2 and 4)
 //! took two rounds, each restarting the row stream (FFN 1-1.6 % slower there, H100, docs/history.md).
 template <int Tokens>
-struct BatchedGluDownPoliciesFor;
+struct NativeBatchedGluDownPolicies;
 template <>
-struct BatchedGluDownPoliciesFor<2> {
+struct NativeBatchedGluDownPolicies<2> {
   using type = PolicyList<BatchedGluDownPolicy<2, 256, 64, 2048, 4, 2>>;
 };
 template <>
-struct BatchedGluDownPoliciesFor<4> {
+struct NativeBatchedGluDownPolicies<4> {
   using type = PolicyList<BatchedGluDownPolicy<4, 256, 64, 2048, 4, 2>, BatchedGluDownPolicy<4, 320, 64, 2048, 4, 2>>;
+};
+//! The candidates of capacity Tokens for Stage-2 format Fmt (CUDA cores: the native lists serve every format).
+template <int Tokens, class Fmt = NativeWeights<__half>>
+struct BatchedGluDownPoliciesFor {
+  using type = typename NativeBatchedGluDownPolicies<Tokens>::type;
 };
 
 // ---------------------------------------------------------------- L2: kernel
-template <class Policy, class T, class Act>
+template <class Policy, class T, class Act, class Fmt>
 PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void batched_glu_down_kernel(
-    const BatchedGluDownGemvArgs<T> a, const OpWorkspace ws) {
+    const BatchedGluDownGemvArgs<T, Fmt> a, const OpWorkspace ws) {
   constexpr int kB = Policy::kTokens;
   constexpr int kThreads = Policy::kThreads;
   constexpr int kTile = Policy::kTile;
   constexpr int kRows = Policy::kRows;
-  using Glu = detail::BatchedGluRows<typename Policy::Glu, T, Act>;
-  using Down = detail::BatchedDownRows<kB, kThreads, Policy::kUnroll, T>;
-  using Reducer = detail::TileReducer<kThreads, Down::kTn, 8, kB>;
-  static_assert(kTile == Down::kTile, "the row stream's tile");
+  using Glu = detail::BatchedGluRowsOf<typename Policy::Glu, T, Fmt>;
+  using Down = detail::DownRows<kThreads, kTile, Policy::kUnroll, kB, Fmt>;
+  constexpr int kE = Down::kE;
+  using Reducer = detail::TileReducer<kThreads, Down::kTn, kE, kB>;
   // Storage live at different times shares its bytes: the GLU part's (it ends with a block barrier), a down
   // round's rows and s values, and a task's tile reduction (after its rounds; a barrier ends each task).
   struct RoundStorage {
@@ -130,9 +138,11 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void batched
   const int blocks = static_cast<int>(gridDim.x);
   // The PDL wait, the header stamp, the zero fill of s off the union and the block's rank range. No PDL
   // trigger yet: the next kernel is let in once every down row is streamed (glu_down_gemv.cuh says why).
-  const detail::GluRange range = detail::batched_glu_begin<kThreads, T, false>(a, ws, s_warp);
+  const detail::GluRange range = detail::glu_begin<kThreads, false>(a, ws, s_warp);
   const unsigned gen = tid == 0 ? detail::GridBarrier::generation(ws.sync) : 0u;
-  Glu::run(a, range, s.glu);
+  const Act act{};
+  Glu::run(a.x, a.d_model, a.d_ff, a.w_gate, a.w_up, a.union_mask, a.tokens, range, s.glu,
+           [&](int b, int j, float g, float u) { detail::batched_glu_store(a, b, j, g, u, act); });
   // Checked after the GLU part, as the batch-1 fused Stage 2 does (SparseFfn passes no header to check).
   if (!detail::workspace_ready(ws.guard)) {
     detail::fused_not_ready<kTile>(a.y, a.tokens, a.d_model, ws);
@@ -153,11 +163,11 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void batched
     int lo = 0;
     int hi = 0;
     detail::rank_range(range.total, part, parts, &lo, &hi);
-    float acc[kB][8];
+    float acc[kB][kE];
 #pragma unroll
     for (int b = 0; b < kB; ++b) {
 #pragma unroll
-      for (int c = 0; c < 8; ++c) acc[b][c] = 0.0f;
+      for (int c = 0; c < kE; ++c) acc[b][c] = 0.0f;
     }
 #pragma unroll 1
     for (int sub = lo; sub < hi; sub += kRows) {
@@ -166,7 +176,7 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void batched
       __syncthreads();
       // Two steps of rows in flight while the block waits at the barrier (with one, the FFN was 0.6-2.7 %
       // slower on the Qwen3 1.7B and 8B shapes at B = 2 and 4, 14B -0.2 / +1.5 %: H100, docs/history.md).
-      Down::template run<kRows, 2>(a.w_down_t, a.d_model, d0, s.down.round.rows, &s.down.round.val[0][0], count, acc, [&] {
+      Down::template run<kRows, 2>(Fmt::data(a.w_down_t), a.d_model, d0, s.down.round.rows, &s.down.round.val[0][0], count, acc, [&] {
         if (!waited) {  // block-uniform
           if (tid == 0) detail::GridBarrier::wait(ws.sync, gen);
           __syncthreads();
@@ -181,7 +191,8 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void batched
           for (int j = 0; j < kPer; ++j) {
             const int i = tid + j * kThreads;
             sv[b][j] = i < count && b < a.tokens
-                           ? __ldcg(a.s + static_cast<std::size_t>(b) * a.d_ff + s.down.round.rows[i])
+                           ? Fmt::down_s(a.w_down_t, s.down.round.rows[i], d0, a.d_model,
+                                         __ldcg(a.s + static_cast<std::size_t>(b) * a.d_ff + s.down.round.rows[i]))
                            : 0.0f;
           }
         }
@@ -201,8 +212,9 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void batched
     // split-K combine runs. Blocks without a down task count as triggered when they exit.
     if (task + blocks >= tiles * parts) pdl_launch_dependents();
     Reducer::reduce(s.down.red, acc);
-    detail::batched_tile_combine<kTile, Reducer>(s.down.red, a.y, a.tokens, a.d_model, static_cast<float*>(ws.scratch),
-                                                 ws.sync + detail::kBarrierWords + tile, d0, part, parts);
+    detail::batched_tile_combine<kTile, Reducer, Fmt>(s.down.red, a.w_down_t, a.y, a.tokens, a.d_model,
+                                                      static_cast<float*>(ws.scratch),
+                                                      ws.sync + detail::kBarrierWords + tile, d0, part, parts);
     __syncthreads();  // red is reused by the next task
   }
 }
@@ -212,12 +224,13 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void batched
  * @brief The fused batched Stage 2 as a planned op (operator.cuh's contract), token capacity Tokens (2 or
  * 4) and a run-time `tokens` in [1, Tokens]. A cooperative launch by default, as GluDownGemvOp.
  */
-template <class T, class Act = SiLU, int Tokens = 2>
+template <class T, class Act = SiLU, int Tokens = 2, class Fmt = NativeWeights<T>>
 struct BatchedGluDownGemvOp {
   static constexpr const char* kName = "batched_glu_down_gemv";
   static constexpr int kTokens = Tokens;
-  using Args = BatchedGluDownGemvArgs<T>;
-  using Policies = typename BatchedGluDownPoliciesFor<Tokens>::type;
+  using Format = Fmt;
+  using Args = BatchedGluDownGemvArgs<T, Fmt>;
+  using Policies = typename BatchedGluDownPoliciesFor<Tokens, Fmt>::type;
   struct Options {
     bool pdl = false;          //!< launch with PDL (sm_90+)
     bool cooperative = true;   //!< as GluDownGemvOp::Options::cooperative
@@ -229,17 +242,13 @@ struct BatchedGluDownGemvOp {
     return ceil_div(d_model, P::kTile);
   }
 
-  //! The batched GLU GEMV's rules, W_down^T 16-byte aligned, y element-aligned.
+  //! The batched GLU GEMV's rules, W_down^T as Fmt::check, y element-aligned.
   static Status can_implement(const Args& a) noexcept {
-    PROX_RETURN_IF_ERROR((BatchedGluGemvOp<T, Act, Tokens>::can_implement(a)));
-    if (a.w_down_t == nullptr || a.y == nullptr) return Status::kErrorNullPointer;
-    if (!is_aligned(a.w_down_t, 16) || !is_aligned(a.y, sizeof(T))) return Status::kErrorMisalignedPointer;
-    return Status::kSuccess;
+    PROX_RETURN_IF_ERROR((BatchedGluGemvOp<T, Act, Tokens, Fmt>::can_implement(a)));
+    return detail::check_fused_down<T, Fmt>(a);
   }
   static bool same_shape(const Args& a, const Args& b) noexcept { return a.d_model == b.d_model && a.d_ff == b.d_ff; }
-  static Status check_options(const Options& o) noexcept {
-    return o.grid_blocks < 0 ? Status::kErrorInvalidArgument : Status::kSuccess;
-  }
+  static Status check_options(const Options& o) noexcept { return detail::GluOpRules<T, Fmt>::check_options(o); }
 
   //! GluDownGemvOp's sync words (barrier, then the down tile counters), and the split-K partials of every
   //! token for the largest grid any policy may have (kMaxFusedGridBlocks).
@@ -250,18 +259,26 @@ struct BatchedGluDownGemvOp {
   //! Largest grid of policy P on device `d` (as GluDownGemvOp::max_grid_blocks).
   template <class P>
   static Status max_grid_blocks(const DeviceInfo& d, int* out) noexcept {
-    return detail::barrier_grid_blocks<batched_glu_down_kernel<P, T, Act>, P::kThreads, P::kMinBlocks>(d, out);
+    return detail::barrier_grid_blocks<batched_glu_down_kernel<P, T, Act, Fmt>, P::kThreads, P::kMinBlocks>(d, out);
   }
 
   template <class P>
   static Status configure(const Args&, const Options& o, const DeviceInfo& d, LaunchConfig* lc) noexcept {
-    return detail::configure_barrier_grid<batched_glu_down_kernel<P, T, Act>, P::kThreads, P::kMinBlocks>(
+    return detail::configure_barrier_grid<batched_glu_down_kernel<P, T, Act, Fmt>, P::kThreads, P::kMinBlocks>(
         o.grid_blocks, o.cooperative, d, lc);
   }
   template <class P>
   static Status launch(const Args& a, const LaunchConfig& lc, const OpWorkspace& ws, cudaStream_t stream) noexcept {
-    return detail::launch_kernel(batched_glu_down_kernel<P, T, Act>, lc, stream, a, ws);
+    return detail::launch_kernel(batched_glu_down_kernel<P, T, Act, Fmt>, lc, stream, a, ws);
   }
 };
+
+//! Fused batched Stage 2: as the batched GLU GEMV's rule, the fewest GLU load slots per row of d_model inputs.
+template <class T, class Act, int B, class Fmt>
+int default_policy(BatchedGluDownGemvOp<T, Act, B, Fmt>, const DeviceInfo&,
+                   const BatchedGluDownGemvArgs<T, Fmt>& a) noexcept {
+  return detail::fewest_load_slots<typename BatchedGluDownGemvOp<T, Act, B, Fmt>::Policies>(
+      [&](auto p) { return detail::BatchedGluRowsOf<typename decltype(p)::Glu, T, Fmt>::row_slots(a.d_model); });
+}
 
 PROX_NAMESPACE_END

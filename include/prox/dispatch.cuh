@@ -1,8 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 //! @file dispatch.cuh  L4, the runtime choice: the policy an op runs when nobody chose one (no tuning-
-//! cache entry, no explicit index), for a device and a shape. Every default rule of prox is here, one
-//! overload of default_policy() per op. Plan time only: nothing here allocates, synchronizes or
-//! queries the device (the DeviceInfo was read once by the planner).
+//! cache entry, no explicit index), for a device and a shape. Here: the shared helpers of the default
+//! rules (the fewest waves, the fewest load slots) and the fallback of every op without a rule of its own
+//! (policy 0). Each op's own rule, an overload of default_policy(), sits in the op's header next to the op,
+//! so an op cannot be included without its rule; Operator (operator.cuh) finds it by argument-dependent
+//! lookup. Plan time only: nothing here allocates, synchronizes or queries the device (the DeviceInfo was
+//! read once by the planner).
 #pragma once
 
 #include <type_traits>
@@ -10,13 +13,6 @@
 #include "core/config.hpp"
 #include "core/device.hpp"
 #include "core/policy.hpp"
-#include "batched.cuh"
-#include "batched_glu_down.cuh"
-#include "down_gemv.cuh"
-#include "glu_down_gemv.cuh"
-#include "glu_gemv.cuh"
-#include "proxy_gemv.cuh"
-#include "threshold.cuh"
 
 PROX_NAMESPACE_BEGIN
 
@@ -88,23 +84,6 @@ int default_fewest_waves(int sm_count, BlocksFn&& blocks, PreferFn&& prefer_mult
 }
 
 /**
- * @brief Load slots a fused Stage-2 block's GLU part spends on one selected row of d_model inputs:
- * its steps (GluGemvPolicy::steps_per_row) times the pieces a step loads.
- */
-template <class Policy>
-constexpr long glu_row_slots(int d_model) noexcept {
-  using G = typename Policy::Glu;
-  return static_cast<long>(G::steps_per_row(d_model)) * G::kThreads * G::kUnroll;
-}
-
-//! Load slots a batched GLU policy (BatchedGluPolicy) spends on one row of d_model inputs: its steps x its
-//! threads (a CUDA-core thread loads one 16-byte piece of a row per step).
-template <class G>
-constexpr long batched_glu_row_slots(int d_model) noexcept {
-  return static_cast<long>(G::steps_per_row(d_model)) * G::kThreads;
-}
-
-/**
  * @brief The candidate of `List` with the fewest load slots per row (`slots(policy)`), ties to the lower
  * index: the fused Stage 2s' and the batched GLU's rule (their GLU steps cover a row with the fewest slots).
  */
@@ -124,77 +103,13 @@ int fewest_load_slots(SlotsFn&& slots) noexcept {
 
 }  // namespace detail
 
-//! Any op without a rule of its own: its policy 0 (the fallback every candidate list starts with). A
-//! new op needs an overload here only when a measured rule beats that.
+//! Any op without a rule of its own: its policy 0 (the fallback every candidate list starts with). An op's
+//! own rule is an overload of this in the op's header (found by argument-dependent lookup), which partial
+//! ordering prefers. Ops without one: the threshold op (policy 0, 256 x 16, the fastest or within 0.5 us at
+//! n = 2048-5120 on the H100: threshold.cuh) and the unfused GLU GEMV (a one-wave grid whatever the policy).
 template <class Op, class Args>
 int default_policy(Op, const DeviceInfo&, const Args&) noexcept {
   return 0;
-}
-
-// Threshold op: the fallback, policy 0 (256 x 16), the fastest or within 0.5 us at n = 2048-5120 on the
-// H100 (threshold.cuh).
-
-//! Stage 1: the fewest waves, preferring a cp.async-pipelined candidate (kStages > 0) when the grid
-//! needs more than one wave, then the most blocks (detail::default_fewest_waves).
-template <class T, class Act, class Fmt, class List>
-int default_policy(ProxyGemvOp<T, Act, Fmt, List>, const DeviceInfo& d, const ProxyGemvArgs<T, Fmt>& a) noexcept {
-  using Op = ProxyGemvOp<T, Act, Fmt, List>;
-  return detail::default_fewest_waves<typename Op::Policies>(
-      d.sm_count, [&](auto p) { return Op::template num_blocks<decltype(p)>(a.d_model, a.d_ff); },
-      [](auto p) { return decltype(p)::kStages > 0; });
-}
-
-// Unfused GLU GEMV: the fallback, policy 0. Its grid is one wave whatever the policy (rows split evenly
-// by rank).
-
-//! Unfused down GEMV: the fewest waves, then the most blocks (detail::default_fewest_waves).
-template <class T>
-int default_policy(DownGemvOp<T>, const DeviceInfo& d, const DownGemvArgs<T>& a) noexcept {
-  return detail::default_fewest_waves<DownGemvPolicies>(
-      d.sm_count, [&](auto p) { return DownGemvOp<T>::template num_blocks<decltype(p)>(a.d_model, a.d_ff); });
-}
-
-/**
- * @brief Fused Stage 2: the candidate whose GLU steps cover a row of d_model inputs with the fewest
- * load slots (detail::glu_row_slots), ties to the lower index. Measured on the H100: with 256 threads
- * a 5120-wide row takes 3 steps of which the last is half idle, and 320 threads (2 full steps) made
- * the FFN 0.7-2.5 us faster on Qwen3-14B and 32B; 256 threads stayed faster where they fit (2048, 4096).
- */
-template <class T, class Act>
-int default_policy(GluDownGemvOp<T, Act>, const DeviceInfo&, const GluDownGemvArgs<T>& a) noexcept {
-  return detail::fewest_load_slots<GluDownGemvPolicies>(
-      [&](auto p) { return detail::glu_row_slots<decltype(p)>(a.d_model); });
-}
-
-//! Batched Stage 1 and batched down GEMV: the fewest waves, then the most blocks, as the batch-1 ops
-//! (detail::default_fewest_waves). The batched GLU GEMV (a one-wave grid, rows by rank): below.
-template <class T, class Act, int B>
-int default_policy(BatchedProxyGemvOp<T, Act, B>, const DeviceInfo& d, const BatchedProxyGemvArgs<T>& a) noexcept {
-  using Op = BatchedProxyGemvOp<T, Act, B>;
-  return detail::default_fewest_waves<typename Op::Policies>(
-      d.sm_count, [&](auto p) { return Op::template num_blocks<decltype(p)>(a.d_model, a.d_ff, d.sm_count); });
-}
-template <class T, int B>
-int default_policy(BatchedDownGemvOp<T, B>, const DeviceInfo& d, const BatchedDownGemvArgs<T>& a) noexcept {
-  using Op = BatchedDownGemvOp<T, B>;
-  return detail::default_fewest_waves<typename Op::Policies>(
-      d.sm_count, [&](auto p) { return Op::template num_blocks<decltype(p)>(a.d_model, a.d_ff, d.sm_count); });
-}
-
-/**
- * @brief Batched GLU GEMV and fused batched Stage 2: as the batch-1 fused Stage 2's rule, the fewest GLU load
- * slots per row of d_model inputs (detail::fewest_load_slots): at B = 4, 320 threads on d_model 2560 and
- * 5120, 256 on 2048 and 4096.
- */
-template <class T, class Act, int B>
-int default_policy(BatchedGluGemvOp<T, Act, B>, const DeviceInfo&, const BatchedGluGemvArgs<T>& a) noexcept {
-  return detail::fewest_load_slots<typename BatchedGluGemvOp<T, Act, B>::Policies>(
-      [&](auto p) { return detail::batched_glu_row_slots<decltype(p)>(a.d_model); });
-}
-template <class T, class Act, int B>
-int default_policy(BatchedGluDownGemvOp<T, Act, B>, const DeviceInfo&, const BatchedGluDownGemvArgs<T>& a) noexcept {
-  return detail::fewest_load_slots<typename BatchedGluDownGemvOp<T, Act, B>::Policies>(
-      [&](auto p) { return detail::batched_glu_row_slots<typename decltype(p)::Glu>(a.d_model); });
 }
 
 PROX_NAMESPACE_END

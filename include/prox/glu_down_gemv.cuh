@@ -40,20 +40,22 @@
 #include "core/workspace.cuh"
 #include "detail/rank_range.cuh"
 #include "detail/tile_reduce.cuh"
+#include "dispatch.cuh"
 #include "down_gemv.cuh"
 #include "glu_gemv.cuh"
+#include "stage2_weights.cuh"
 
 PROX_NAMESPACE_BEGIN
 
 /**
  * @brief Arguments of the fused Stage-2 GEMV: those of the GLU GEMV (x, shape, W_gate, W_up, mask,
  * s) plus the down GEMV's W_down^T and y. All pointers are device pointers.
- * @tparam T `__half` or `__nv_bfloat16`.
+ * @tparam T `__half` or `__nv_bfloat16` (activations); @tparam Fmt the Stage-2 weight format.
  */
-template <class T>
-struct GluDownGemvArgs : GluGemvArgs<T> {
-  const T* w_down_t = nullptr;  //!< [d_ff][d_model] = W_down^T, 16-byte aligned
-  T* y = nullptr;               //!< out [d_model]; every element is written
+template <class T, class Fmt = NativeWeights<T>>
+struct GluDownGemvArgs : GluGemvArgs<T, Fmt> {
+  typename Fmt::Matrix w_down_t{};  //!< [d_ff][d_model] = W_down^T, 16-byte aligned
+  T* y = nullptr;                   //!< out [d_model]; every element is written
 };
 
 /**
@@ -61,7 +63,7 @@ struct GluDownGemvArgs : GluGemvArgs<T> {
  * and a down part (as DownGemvPolicy) sharing the block size and the residency.
  * @tparam Threads   threads per block
  * @tparam GluRows   GLU rows a block holds at a time; @tparam Batch GLU rows reduced together
- * @tparam Tile      down outputs per task (Tile/8 threads share a row, at most 32)
+ * @tparam Tile      down outputs per task (Tile / Fmt::kElemsPerVec threads share a row, at most 32)
  * @tparam Rows      down rows a block holds at a time; @tparam Unroll down rows in flight per thread
  * @tparam MinBlocks resident blocks per SM (__launch_bounds__); the grid is SMs x MinBlocks at most
  */
@@ -73,7 +75,7 @@ struct GluDownGemvPolicy {
   static constexpr int kUnroll = Unroll;
   static constexpr int kMinBlocks = MinBlocks;
   using Glu = GluGemvPolicy<Threads, GluRows, Batch, 1, MinBlocks>;
-  static_assert(Tile % 8 == 0 && Tile / 8 <= 32 && Threads % (Tile / 8) == 0 && Rows % 32 == 0, "policy shape");
+  static_assert(Tile % 8 == 0 && Rows % 32 == 0, "policy shape");  // the rest per format: detail::DownRows
   static std::string name() {
     return "glud_t" + std::to_string(Threads) + "_c" + std::to_string(GluRows) + "_b" + std::to_string(Batch) + "_d" +
            std::to_string(Tile) + "_r" + std::to_string(Rows) + "_u" + std::to_string(Unroll) + "_m" +
@@ -89,6 +91,15 @@ using GluDownGemvPolicies =
     PolicyList<GluDownGemvPolicy<256, 64, 4, 256, 1024, 4, 2>,   // d_model 2048, 4096
                GluDownGemvPolicy<320, 64, 2, 256, 1024, 4, 2>,   // d_model 2560, 5120: FFN 0.7-2.5 us faster
                GluDownGemvPolicy<256, 64, 2, 256, 1024, 4, 3>>;  // timed within 0.5 %, FFN 1.6-1.8 us slower (14B)
+
+//! The candidate list of a Stage-2 weight format, and its name in a tuning cache (the policy table's row).
+template <class Fmt>
+struct GluDownGemvPoliciesFor;
+template <class W>
+struct GluDownGemvPoliciesFor<NativeWeights<W>> {
+  using type = GluDownGemvPolicies;
+  static constexpr const char* kName = "glu_down_gemv";
+};
 
 //! Most blocks a fused Stage-2 grid has: the workspace's partials are sized for it, so the size does not
 //! depend on the device. 1024 exceeds SMs x resident blocks of every current GPU (H100: 132 x 2-3).
@@ -182,6 +193,15 @@ Status configure_barrier_grid(int grid_blocks, bool cooperative, const DeviceInf
   return Status::kSuccess;
 }
 
+//! The down part's rules of a fused Stage 2 (batch 1 or batched; the GLU part's come first): W_down^T as
+//! Fmt::check, y non-null and element-aligned.
+template <class T, class Fmt, class Args>
+Status check_fused_down(const Args& a) noexcept {
+  if (Fmt::data(a.w_down_t) == nullptr || a.y == nullptr) return Status::kErrorNullPointer;
+  PROX_RETURN_IF_ERROR(Fmt::check(a.w_down_t, a.d_ff, a.d_model));
+  return is_aligned(a.y, sizeof(T)) ? Status::kSuccess : Status::kErrorMisalignedPointer;
+}
+
 //! A fused Stage 2 (batch 1 or batched) launched alone on a workspace that is not ready (the whole grid
 //! agrees): the barrier and counters are not used; they are zeroed for the next launch, y[tokens][d_model]
 //! is NaN, the header flagged. Not inlined: kept out of the kernel's register allocation (inlined, it made
@@ -199,15 +219,16 @@ __device__ __noinline__ void fused_not_ready(T* y, int tokens, int d_model, OpWo
 }  // namespace detail
 
 // ---------------------------------------------------------------- L2: kernel
-template <class Policy, class T, class Act>
+template <class Policy, class T, class Act, class Fmt>
 PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void glu_down_gemv_kernel(
-    const GluDownGemvArgs<T> a, const OpWorkspace ws) {
+    const GluDownGemvArgs<T, Fmt> a, const OpWorkspace ws) {
   constexpr int kThreads = Policy::kThreads;
   constexpr int kTile = Policy::kTile;
   constexpr int kRows = Policy::kRows;
-  using Glu = detail::GluRows<typename Policy::Glu, T, Act>;
-  using Down = detail::DownRows<kThreads, kTile, Policy::kUnroll, T>;
-  using Reducer = detail::TileReducer<kThreads, Down::kTn, 8, 1>;
+  using Glu = detail::GluRowsOf<typename Policy::Glu, T, Fmt>;
+  using Down = detail::DownRows<kThreads, kTile, Policy::kUnroll, 1, Fmt>;
+  constexpr int kE = Down::kE;
+  using Reducer = detail::TileReducer<kThreads, Down::kTn, kE, 1>;
 
   __shared__ typename Glu::Storage s_glu;
   __shared__ int s_rows[kRows];
@@ -229,15 +250,17 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void glu_dow
   const unsigned gen = tid == 0 ? detail::GridBarrier::generation(ws.sync) : 0u;
 
   // GLU part: this block's rank range of the selected channels.
-  const GluGemvArgs<T>& g = a;
   const int n_words = a.d_ff / kWarpSize;
-  int total = 0;
-  const int offset = detail::mask_rank_offset<kThreads>(a.channel_mask, n_words, s_warp, &total);
+  detail::GluRange range;
+  range.offset = detail::mask_rank_offset<kThreads>(a.channel_mask, n_words, s_warp, &range.total);
+  detail::rank_range(range.total, block, blocks, &range.lo, &range.hi);
+  detail::zero_unselected<kThreads>(a, block, blocks);
+  const Act act{};
+  Glu::run(a.x, a.d_model, a.d_ff, a.w_gate, a.w_up, a.channel_mask, 1, range, s_glu,
+           [&](int, int j, float g, float u) { a.s[j] = u * act(g); });
+  const int total = range.total;
   int lo = 0;
   int hi = 0;
-  detail::rank_range(total, block, blocks, &lo, &hi);
-  Glu::zero_unselected(g, block, blocks);
-  Glu::run(g, offset, lo, hi, s_glu);
   const int tiles = ceil_div(a.d_model, kTile);
   // Checked after the GLU part, so nothing of it stays live across the GLU loop (SparseFfn passes no
   // header to check: then this costs no memory access).
@@ -257,15 +280,15 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void glu_dow
     const int part = task / tiles;
     const int d0 = tile * kTile;
     detail::rank_range(total, part, parts, &lo, &hi);
-    float acc[1][8];
+    float acc[1][kE];
 #pragma unroll
-    for (int c = 0; c < 8; ++c) acc[0][c] = 0.0f;
+    for (int c = 0; c < kE; ++c) acc[0][c] = 0.0f;
 #pragma unroll 1
     for (int sub = lo; sub < hi; sub += kRows) {
       const int count = min(kRows, hi - sub);
-      detail::gather_rank_range<kThreads>(a.channel_mask, n_words, offset, sub, sub + count, s_rows);
+      detail::gather_rank_range<kThreads>(a.channel_mask, n_words, range.offset, sub, sub + count, s_rows);
       __syncthreads();
-      Down::run(a.w_down_t, a.d_model, d0, s_rows, s_val, count, acc[0], [&] {
+      Down::template run<kRows, 2>(Fmt::data(a.w_down_t), a.d_model, d0, s_rows, s_val, count, acc, [&] {
         if (!waited) {  // block-uniform
           if (tid == 0) detail::GridBarrier::wait(ws.sync, gen);
           __syncthreads();
@@ -278,7 +301,7 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void glu_dow
 #pragma unroll
         for (int j = 0; j < kValsPerThread; ++j) {
           const int i = tid + j * kThreads;
-          sv[j] = i < count ? __ldcg(a.s + s_rows[i]) : 0.0f;
+          sv[j] = i < count ? Fmt::down_s(a.w_down_t, s_rows[i], d0, a.d_model, __ldcg(a.s + s_rows[i])) : 0.0f;
         }
 #pragma unroll
         for (int j = 0; j < kValsPerThread; ++j) {
@@ -298,7 +321,8 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void glu_dow
     const int ncols = min(kTile, a.d_model - d0);
     if (Reducer::split_k(s_red, static_cast<float*>(ws.scratch), ws.sync + detail::kBarrierWords + tile, a.d_model, d0, ncols, part,
                          parts)) {
-      for (int ch = tid; ch < ncols; ch += kThreads) a.y[d0 + ch] = from_float<T>(Reducer::at(s_red, 0, ch));
+      for (int ch = tid; ch < ncols; ch += kThreads)
+        a.y[d0 + ch] = from_float<T>(Fmt::down_out(a.w_down_t, d0 + ch, Reducer::at(s_red, 0, ch)));
     }
     __syncthreads();  // s_red is reused by the next task
   }
@@ -310,14 +334,15 @@ PROX_KERNEL __launch_bounds__(Policy::kThreads, Policy::kMinBlocks) void glu_dow
  * ProxyGemvOp). A cooperative launch: every block resident, so the grid-wide barrier cannot wait on a
  * block that never runs.
  */
-template <class T, class Act = SiLU>
+template <class T, class Act = SiLU, class Fmt = NativeWeights<T>>
 struct GluDownGemvOp {
   static constexpr const char* kName = "glu_down_gemv";
-  //! Its tuning-cache key (prox/tuning/choose.cuh): the weights are T.
-  static constexpr TuneKeyFields kTuneKey{"glu_down_gemv", DTypeTraits<T>::kName, DTypeTraits<T>::kName, Act::kName,
-                                          true};
-  using Args = GluDownGemvArgs<T>;
-  using Policies = GluDownGemvPolicies;
+  using Format = Fmt;
+  //! Its tuning-cache key (prox/tuning/choose.cuh): the format's candidate list and layout.
+  static constexpr TuneKeyFields kTuneKey{GluDownGemvPoliciesFor<Fmt>::kName, DTypeTraits<T>::kName, Fmt::kKeyName,
+                                          Act::kName, true};
+  using Args = GluDownGemvArgs<T, Fmt>;
+  using Policies = typename GluDownGemvPoliciesFor<Fmt>::type;
   struct Options {
     bool pdl = false;  //!< launch with PDL (sm_90+)
     //! Launch as a cooperative kernel, so a grid that cannot be co-resident fails to launch instead of
@@ -333,17 +358,13 @@ struct GluDownGemvOp {
     return ceil_div(d_model, P::kTile);
   }
 
-  //! The GLU GEMV's rules (GluGemvOp::can_implement), W_down^T 16-byte aligned, y element-aligned.
+  //! The GLU GEMV's rules (GluGemvOp::can_implement), W_down^T as Fmt::check, y element-aligned.
   static Status can_implement(const Args& a) noexcept {
-    PROX_RETURN_IF_ERROR(GluGemvOp<T, Act>::can_implement(a));
-    if (a.w_down_t == nullptr || a.y == nullptr) return Status::kErrorNullPointer;
-    if (!is_aligned(a.w_down_t, 16) || !is_aligned(a.y, sizeof(T))) return Status::kErrorMisalignedPointer;
-    return Status::kSuccess;
+    PROX_RETURN_IF_ERROR((GluGemvOp<T, Act, Fmt>::can_implement(a)));
+    return detail::check_fused_down<T, Fmt>(a);
   }
   static bool same_shape(const Args& a, const Args& b) noexcept { return a.d_model == b.d_model && a.d_ff == b.d_ff; }
-  static Status check_options(const Options& o) noexcept {
-    return o.grid_blocks < 0 ? Status::kErrorInvalidArgument : Status::kSuccess;
-  }
+  static Status check_options(const Options& o) noexcept { return detail::GluOpRules<T, Fmt>::check_options(o); }
 
   //! Barrier words and down tile counters (the same place for every policy and grid), and the split-K
   //! partials of the largest grid any policy may have (kMaxFusedGridBlocks).
@@ -355,18 +376,30 @@ struct GluDownGemvOp {
   //! at most kMaxFusedGridBlocks. Plan time (the occupancy is read once per device).
   template <class P>
   static Status max_grid_blocks(const DeviceInfo& d, int* out) noexcept {
-    return detail::barrier_grid_blocks<glu_down_gemv_kernel<P, T, Act>, P::kThreads, P::kMinBlocks>(d, out);
+    return detail::barrier_grid_blocks<glu_down_gemv_kernel<P, T, Act, Fmt>, P::kThreads, P::kMinBlocks>(d, out);
   }
 
   template <class P>
   static Status configure(const Args&, const Options& o, const DeviceInfo& d, LaunchConfig* lc) noexcept {
-    return detail::configure_barrier_grid<glu_down_gemv_kernel<P, T, Act>, P::kThreads, P::kMinBlocks>(
+    return detail::configure_barrier_grid<glu_down_gemv_kernel<P, T, Act, Fmt>, P::kThreads, P::kMinBlocks>(
         o.grid_blocks, o.cooperative, d, lc);
   }
   template <class P>
   static Status launch(const Args& a, const LaunchConfig& lc, const OpWorkspace& ws, cudaStream_t stream) noexcept {
-    return detail::launch_kernel(glu_down_gemv_kernel<P, T, Act>, lc, stream, a, ws);
+    return detail::launch_kernel(glu_down_gemv_kernel<P, T, Act, Fmt>, lc, stream, a, ws);
   }
 };
+
+/**
+ * @brief Fused Stage 2: the candidate whose GLU steps cover a row of d_model inputs with the fewest
+ * load slots (detail::GluRows::row_slots), ties to the lower index. Measured on the H100: with 256 threads
+ * a 5120-wide row takes 3 steps of which the last is half idle, and 320 threads (2 full steps) made
+ * the FFN 0.7-2.5 us faster on Qwen3-14B and 32B; 256 threads stayed faster where they fit (2048, 4096).
+ */
+template <class T, class Act, class Fmt>
+int default_policy(GluDownGemvOp<T, Act, Fmt>, const DeviceInfo&, const GluDownGemvArgs<T, Fmt>& a) noexcept {
+  return detail::fewest_load_slots<typename GluDownGemvOp<T, Act, Fmt>::Policies>(
+      [&](auto p) { return detail::GluRowsOf<typename decltype(p)::Glu, T, Fmt>::row_slots(a.d_model); });
+}
 
 PROX_NAMESPACE_END

@@ -16,7 +16,7 @@
 //! @endcode
 //!
 //! Use both at global scope (<prox/prox.cuh> includes this header). One instantiating file per
-//! (T, Act, Fmt) keeps the builds parallel, as TensorRT-LLM's and vLLM's per-type kernel files do.
+//! (T, Act, Fmt, WFmt) keeps the builds parallel, as TensorRT-LLM's and vLLM's per-type kernel files do.
 //! The instantiating file must be compiled for every architecture the program runs on (it holds the
 //! device code); the declaring files need not be. An explicit instantiation also compiles the
 //! members a program does not call (run_proxy_values).
@@ -27,10 +27,13 @@
 
 #include "sparse_ffn.cuh"
 
-//! Declares that SparseFfn<T, Act, Fmt> is instantiated in another translation unit: this one then
-//! compiles none of its kernels. Fmt is prox::Int4Weights or prox::DenseWeights<T>.
-#define PROX_SPARSE_FFN_EXTERN(T, Act, Fmt) extern template class ::prox::SparseFfn<T, Act, Fmt>;
+//! Declares that SparseFfn<T, Act, Fmt[, WFmt]> is instantiated in another translation unit: this one then
+//! compiles none of its kernels. Fmt is prox::Int4Weights or prox::DenseWeights<T>; the optional WFmt, the
+//! Stage-2 weight format (stage2_weights.cuh), defaults to prox::NativeWeights<T>. The arguments are
+//! SparseFfn's template arguments, so the 3-argument form names the same class as the 4-argument one with
+//! the default (a type with a comma goes in parentheses or behind an alias).
+#define PROX_SPARSE_FFN_EXTERN(...) extern template class ::prox::SparseFfn<__VA_ARGS__>;
 
-//! Instantiates SparseFfn<T, Act, Fmt> (host code and every kernel it launches) in this translation
-//! unit; at most once per program for each (T, Act, Fmt).
-#define PROX_SPARSE_FFN_INSTANTIATE(T, Act, Fmt) template class ::prox::SparseFfn<T, Act, Fmt>;
+//! Instantiates SparseFfn<T, Act, Fmt[, WFmt]> (host code and every kernel it launches) in this translation
+//! unit; at most once per program for each layer type.
+#define PROX_SPARSE_FFN_INSTANTIATE(...) template class ::prox::SparseFfn<__VA_ARGS__>;

@@ -13,7 +13,9 @@
 //!   workspace_needs(Args)     sync and scratch bytes, the same for every policy (core/workspace.cuh)
 //!   configure<P>(...)         plan time: grid, shared memory, launch attributes of policy P
 //!   launch<P>(...)            run time: launches with the planned configuration, nothing else
-//! and default_policy(Op, DeviceInfo, Args) in dispatch.cuh.
+//! and default_policy(Op, DeviceInfo, Args): the op's own rule beside it in its header, found by argument-
+//! dependent lookup, else dispatch.cuh's fallback (policy 0). This header includes no op: driving one op
+//! compiles that op.
 #pragma once
 
 #include <cuda_runtime.h>

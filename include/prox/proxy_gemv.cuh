@@ -36,6 +36,7 @@
 #include "core/workspace.cuh"
 #include "dense_weights.cuh"
 #include "detail/tile_reduce.cuh"
+#include "dispatch.cuh"
 #include "int4.cuh"
 #include "stats.cuh"
 #include "threshold.cuh"
@@ -507,5 +508,15 @@ struct ProxyGemvOp {
     return detail::launch_kernel(proxy_gemv_kernel<P, T, Act, Fmt>, lc, stream, a, ws);
   }
 };
+
+//! Stage 1: the fewest waves, preferring a cp.async-pipelined candidate (kStages > 0) when the grid
+//! needs more than one wave, then the most blocks (detail::default_fewest_waves).
+template <class T, class Act, class Fmt, class List>
+int default_policy(ProxyGemvOp<T, Act, Fmt, List>, const DeviceInfo& d, const ProxyGemvArgs<T, Fmt>& a) noexcept {
+  using Op = ProxyGemvOp<T, Act, Fmt, List>;
+  return detail::default_fewest_waves<typename Op::Policies>(
+      d.sm_count, [&](auto p) { return Op::template num_blocks<decltype(p)>(a.d_model, a.d_ff); },
+      [](auto p) { return decltype(p)::kStages > 0; });
+}
 
 PROX_NAMESPACE_END

@@ -19,8 +19,10 @@
 #include <utility>
 
 #include "activation.cuh"
-#include "batched.cuh"
+#include "batched_down.cuh"
+#include "batched_glu.cuh"
 #include "batched_glu_down.cuh"
+#include "batched_proxy.cuh"
 #include "core/config.hpp"
 #include "core/device.hpp"
 #include "core/math.hpp"
@@ -32,6 +34,7 @@
 #include "glu_gemv.cuh"
 #include "operator.cuh"
 #include "proxy_gemv.cuh"
+#include "stage2_weights.cuh"
 #include "stats.cuh"
 #include "threshold.cuh"
 
@@ -63,6 +66,7 @@ struct HasCooperative<O, std::void_t<decltype(std::declval<O&>().cooperative)>> 
  * @tparam T        `__half` or `__nv_bfloat16` (activations, exact weights, output)
  * @tparam Act      SiLU (SwiGLU) or GeluTanh (GeGLU)
  * @tparam ProxyFmt Int4Weights (the method) or DenseWeights<T> (A1 ablation)
+ * @tparam WFmt     the Stage-2 (exact) weight format, stage2_weights.cuh: NativeWeights<T> (fp16/bf16 weights)
  *
  * @code
  * using Ffn = prox::SparseFfn<__half, prox::SiLU>;
@@ -76,19 +80,21 @@ struct HasCooperative<O, std::void_t<decltype(std::declval<O&>().cooperative)>> 
  * ffn.run(d_x, d_y, d_ws, bytes, stream);                       // per token, graph-capturable
  * @endcode
  */
-template <class T, class Act = SiLU, class ProxyFmt = Int4Weights>
+template <class T, class Act = SiLU, class ProxyFmt = Int4Weights, class WFmt = NativeWeights<T>>
 class SparseFfn {
  public:
   using Stage1Op = ProxyGemvOp<T, Act, ProxyFmt>;
-  using FusedStage2Op = GluDownGemvOp<T, Act>;
-  using GluOp = GluGemvOp<T, Act>;
-  using DownOp = DownGemvOp<T>;
+  using FusedStage2Op = GluDownGemvOp<T, Act, WFmt>;
+  using GluOp = GluGemvOp<T, Act, WFmt>;
+  using DownOp = DownGemvOp<T, WFmt>;
   using ProxyPolicies = typename Stage1Op::Policies;
   using GluPolicies = typename GluOp::Policies;
   using DownPolicies = typename DownOp::Policies;
   using GluDownPolicies = typename FusedStage2Op::Policies;
   //! One proxy matrix in ProxyFmt's layout (Int4Weights: {packed, scales}).
   using ProxyMatrix = typename ProxyFmt::Matrix;
+  //! One exact matrix in WFmt's layout (NativeWeights<T>: a `const T*`, which it converts from).
+  using Matrix = typename WFmt::Matrix;
 
   //! Layer shape and calibrated thresholds.
   struct Config {
@@ -113,9 +119,9 @@ class SparseFfn {
    */
   struct Weights {
     Weights() noexcept {}
-    const T* gate = nullptr;    //!< W_gate [d_ff][d_model], nn.Linear layout
-    const T* up = nullptr;      //!< W_up [d_ff][d_model]
-    const T* down_t = nullptr;  //!< W_down^T [d_ff][d_model] (transpose_host/device of nn.Linear's W_down)
+    Matrix gate{};              //!< W_gate [d_ff][d_model], nn.Linear layout
+    Matrix up{};                //!< W_up [d_ff][d_model]
+    Matrix down_t{};            //!< W_down^T [d_ff][d_model] (transpose_host/device of nn.Linear's W_down)
     ProxyMatrix proxy_gate{};   //!< proxy of W_gate (Int4Weights: int4::pack_host / pack_device)
     ProxyMatrix proxy_up{};     //!< proxy of W_up
   };
@@ -277,9 +283,9 @@ class SparseFfn {
   template <int B>
   struct BatchStages {
     Operator<BatchedProxyGemvOp<T, Act, B>> proxy{};
-    Operator<BatchedGluGemvOp<T, Act, B>> glu{};
-    Operator<BatchedDownGemvOp<T, B>> down{};
-    std::conditional_t<kFusedBatch<B>, Operator<BatchedGluDownGemvOp<T, Act, B>>, NoStage> fused{};
+    Operator<BatchedGluGemvOp<T, Act, B, WFmt>> glu{};
+    Operator<BatchedDownGemvOp<T, B, WFmt>> down{};
+    std::conditional_t<kFusedBatch<B>, Operator<BatchedGluDownGemvOp<T, Act, B, WFmt>>, NoStage> fused{};
   };
   //! Whether run_batch() runs the fused Stage 2 at token capacity B.
   template <int B>
@@ -336,6 +342,64 @@ class SparseFfn {
     }
   };
 
+  /**
+   * @brief What plan() puts where run() later puts a call's own pointers (x, the masks, s, y): W_gate's
+   * address, 16-byte aligned and non-null (a null W_gate is reported as such), never dereferenced.
+   */
+  struct Standins {
+    const T* x;
+    std::uint32_t* mask;
+    float* s;
+    T* y;
+    explicit Standins(const Weights& w) noexcept {
+      void* p = const_cast<void*>(static_cast<const void*>(WFmt::data(w.gate)));
+      x = static_cast<const T*>(p);
+      mask = static_cast<std::uint32_t*>(p);
+      s = static_cast<float*>(p);
+      y = static_cast<T*>(p);
+    }
+  };
+  //! The planned arguments of a Stage 1 (batch 1 or batched): shape, thresholds, proxies, stand-ins.
+  template <class A>
+  static A stage1_args(const Config& cfg, const Weights& w, const Standins& p) noexcept {
+    A a1;
+    a1.x = p.x;
+    a1.d_model = cfg.d_model;
+    a1.d_ff = cfg.d_ff;
+    a1.tau_x = cfg.tau_x;
+    a1.tau_s = cfg.tau_s;
+    a1.thresholds = cfg.thresholds;
+    a1.gate = w.proxy_gate;
+    a1.up = w.proxy_up;
+    a1.channel_mask = p.mask;
+    return a1;
+  }
+  //! The planned arguments of a GLU GEMV (batch 1 or batched): shape, W_gate, W_up, stand-ins.
+  template <class A>
+  static A glu_args(const Config& cfg, const Weights& w, const Standins& p) noexcept {
+    A g;
+    g.x = p.x;
+    g.d_model = cfg.d_model;
+    g.d_ff = cfg.d_ff;
+    g.w_gate = w.gate;
+    g.w_up = w.up;
+    g.channel_mask = p.mask;
+    g.s = p.s;
+    return g;
+  }
+  //! The planned arguments of a down GEMV (batch 1 or batched; the caller sets its mask): shape, W_down^T,
+  //! stand-ins.
+  template <class A>
+  static A down_args(const Config& cfg, const Weights& w, const Standins& p) noexcept {
+    A d;
+    d.s = p.s;
+    d.w_down_t = w.down_t;
+    d.d_model = cfg.d_model;
+    d.d_ff = cfg.d_ff;
+    d.y = p.y;
+    return d;
+  }
+
   Status plan_impl(const Config& cfg, const Weights& w, const PlanOptions& opts) noexcept;
   template <int B>
   Status plan_batch(BatchStages<B>& st, const Config& cfg, const Weights& w, const PlanOptions& opts,
@@ -356,16 +420,16 @@ class SparseFfn {
       sc = n > sc ? n : sc;
     };
     add(BatchedProxyGemvOp<T, Act, 2>{});
-    add(BatchedDownGemvOp<T, 2>{});
-    add(BatchedGluDownGemvOp<T, Act, 2>{});
+    add(BatchedDownGemvOp<T, 2, WFmt>{});
+    add(BatchedGluDownGemvOp<T, Act, 2, WFmt>{});
     if (capacity >= 4) {
       add(BatchedProxyGemvOp<T, Act, 4>{});
-      add(BatchedDownGemvOp<T, 4>{});
-      add(BatchedGluDownGemvOp<T, Act, 4>{});
+      add(BatchedDownGemvOp<T, 4, WFmt>{});
+      add(BatchedGluDownGemvOp<T, Act, 4, WFmt>{});
     }
     if (capacity >= 8) {
       add(BatchedProxyGemvOp<T, Act, 8>{});
-      add(BatchedDownGemvOp<T, 8>{});
+      add(BatchedDownGemvOp<T, 8, WFmt>{});
     }
     return sc;
   }
@@ -408,15 +472,15 @@ class SparseFfn {
 // explicit instantiation declaration (PROX_SPARSE_FFN_EXTERN, prox/instantiate.cuh) then keeps a
 // translation unit from instantiating them, and with them every kernel of the layer.
 
-template <class T, class Act, class ProxyFmt>
-Status SparseFfn<T, Act, ProxyFmt>::plan(const Config& cfg, const Weights& w, const PlanOptions& opts) noexcept {
+template <class T, class Act, class ProxyFmt, class WFmt>
+Status SparseFfn<T, Act, ProxyFmt, WFmt>::plan(const Config& cfg, const Weights& w, const PlanOptions& opts) noexcept {
   const Status st = plan_impl(cfg, w, opts);
   if (st != Status::kSuccess) *this = SparseFfn{};  // unplanned: run() cannot use a stale plan
   return st;
 }
 
-template <class T, class Act, class ProxyFmt>
-Status SparseFfn<T, Act, ProxyFmt>::plan_impl(const Config& cfg, const Weights& w, const PlanOptions& opts) noexcept {
+template <class T, class Act, class ProxyFmt, class WFmt>
+Status SparseFfn<T, Act, ProxyFmt, WFmt>::plan_impl(const Config& cfg, const Weights& w, const PlanOptions& opts) noexcept {
   const PolicyChoice& c = opts.choice;
   if (cfg.max_tokens < 1 || cfg.max_tokens > kMaxBatchTokens || (cfg.max_tokens > 1 && !kBatched))
     return Status::kErrorInvalidArgument;
@@ -425,39 +489,15 @@ Status SparseFfn<T, Act, ProxyFmt>::plan_impl(const Config& cfg, const Weights& 
     return Status::kErrorInvalidArgument;
   // Every op is planned with a stand-in for the per-token pointers (x, mask, s, y), which run() fills
   // in; can_implement() sees the real weights and shape. Only the Stage 2 that will run is planned.
-  const T* placeholder_x = w.gate;  // 16-byte aligned, non-null (else x's check reports it); never dereferenced
-  auto* placeholder_mask = reinterpret_cast<std::uint32_t*>(const_cast<T*>(w.gate));
-  auto* placeholder_s = reinterpret_cast<float*>(const_cast<T*>(w.gate));
-  T* placeholder_y = const_cast<T*>(w.gate);
-  typename Stage1Op::Args a1;
-  a1.x = placeholder_x;
-  a1.d_model = cfg.d_model;
-  a1.d_ff = cfg.d_ff;
-  a1.tau_x = cfg.tau_x;
-  a1.tau_s = cfg.tau_s;
-  a1.thresholds = cfg.thresholds;
-  a1.gate = w.proxy_gate;
-  a1.up = w.proxy_up;
-  a1.channel_mask = placeholder_mask;
-  typename GluOp::Args g;
-  g.x = placeholder_x;
-  g.d_model = cfg.d_model;
-  g.d_ff = cfg.d_ff;
-  g.w_gate = w.gate;
-  g.w_up = w.up;
-  g.channel_mask = placeholder_mask;
-  g.s = placeholder_s;
+  const Standins p(w);
+  const auto a1 = stage1_args<typename Stage1Op::Args>(cfg, w, p);
+  const auto g = glu_args<typename GluOp::Args>(cfg, w, p);
   typename FusedStage2Op::Args f;
   static_cast<typename GluOp::Args&>(f) = g;
   f.w_down_t = w.down_t;
-  f.y = placeholder_y;
-  typename DownOp::Args d;
-  d.s = placeholder_s;
-  d.channel_mask = placeholder_mask;
-  d.w_down_t = w.down_t;
-  d.d_model = cfg.d_model;
-  d.d_ff = cfg.d_ff;
-  d.y = placeholder_y;
+  f.y = p.y;
+  auto d = down_args<typename DownOp::Args>(cfg, w, p);
+  d.channel_mask = p.mask;
   // The ops' own rules, every one before the device is asked anything.
   PROX_RETURN_IF_ERROR(Stage1Op::can_implement(a1));
   if (opts.fuse_stage2) {
@@ -496,8 +536,8 @@ Status SparseFfn<T, Act, ProxyFmt>::plan_impl(const Config& cfg, const Weights& 
   return Status::kSuccess;
 }
 
-template <class T, class Act, class ProxyFmt>
-Status SparseFfn<T, Act, ProxyFmt>::run(const T* x, T* y, void* workspace, std::size_t workspace_size,
+template <class T, class Act, class ProxyFmt, class WFmt>
+Status SparseFfn<T, Act, ProxyFmt, WFmt>::run(const T* x, T* y, void* workspace, std::size_t workspace_size,
                                         cudaStream_t stream, const Outputs& out) const noexcept {
   PROX_RETURN_IF_ERROR(check_run(x, y, workspace, workspace_size));
   if (!is_aligned(y, 16) || !is_aligned(out.counters, 8) || !is_aligned(out.channel_mask, 4) ||
@@ -549,62 +589,39 @@ Status SparseFfn<T, Act, ProxyFmt>::run(const T* x, T* y, void* workspace, std::
   return down_.launch(d, vd, stream);
 }
 
-template <class T, class Act, class ProxyFmt>
+template <class T, class Act, class ProxyFmt, class WFmt>
 template <int B>
-Status SparseFfn<T, Act, ProxyFmt>::plan_batch(BatchStages<B>& st, const Config& cfg, const Weights& w,
+Status SparseFfn<T, Act, ProxyFmt, WFmt>::plan_batch(BatchStages<B>& st, const Config& cfg, const Weights& w,
                                                const PlanOptions& opts, const DeviceInfo& dev) noexcept {
   // Stand-ins for the per-call pointers, as plan_impl's.
-  const T* placeholder_x = w.gate;
-  auto* placeholder_mask = reinterpret_cast<std::uint32_t*>(const_cast<T*>(w.gate));
-  auto* placeholder_s = reinterpret_cast<float*>(const_cast<T*>(w.gate));
-  typename BatchedProxyGemvOp<T, Act, B>::Args a1;
-  a1.x = placeholder_x;
+  const Standins p(w);
+  auto a1 = stage1_args<typename BatchedProxyGemvOp<T, Act, B>::Args>(cfg, w, p);
   a1.tokens = B;
-  a1.d_model = cfg.d_model;
-  a1.d_ff = cfg.d_ff;
-  a1.tau_x = cfg.tau_x;
-  a1.tau_s = cfg.tau_s;
-  a1.thresholds = cfg.thresholds;
-  a1.gate = w.proxy_gate;
-  a1.up = w.proxy_up;
-  a1.channel_mask = placeholder_mask;
-  a1.union_mask = placeholder_mask;
-  typename BatchedGluGemvOp<T, Act, B>::Args g;
-  g.x = placeholder_x;
+  a1.union_mask = p.mask;
+  auto g = glu_args<typename BatchedGluGemvOp<T, Act, B, WFmt>::Args>(cfg, w, p);
   g.tokens = B;
-  g.d_model = cfg.d_model;
-  g.d_ff = cfg.d_ff;
-  g.w_gate = w.gate;
-  g.w_up = w.up;
-  g.channel_mask = placeholder_mask;
-  g.union_mask = placeholder_mask;
-  g.s = placeholder_s;
-  typename BatchedDownGemvOp<T, B>::Args d;
-  d.s = placeholder_s;
-  d.union_mask = placeholder_mask;
-  d.w_down_t = w.down_t;
+  g.union_mask = p.mask;
+  auto d = down_args<typename BatchedDownGemvOp<T, B, WFmt>::Args>(cfg, w, p);
+  d.union_mask = p.mask;
   d.tokens = B;
-  d.d_model = cfg.d_model;
-  d.d_ff = cfg.d_ff;
-  d.y = const_cast<T*>(w.gate);
   PROX_RETURN_IF_ERROR(st.proxy.initialize(a1, op_options<BatchedProxyGemvOp<T, Act, B>>(opts), -1, dev));
   if constexpr (kFusedBatch<B>) {
     if (opts.fuse_batch_stage2) {
-      using FusedOp = BatchedGluDownGemvOp<T, Act, B>;
+      using FusedOp = BatchedGluDownGemvOp<T, Act, B, WFmt>;
       typename FusedOp::Args f;
-      static_cast<typename BatchedGluGemvOp<T, Act, B>::Args&>(f) = g;
+      static_cast<typename BatchedGluGemvOp<T, Act, B, WFmt>::Args&>(f) = g;
       f.w_down_t = w.down_t;
       f.y = d.y;
       return st.fused.initialize(f, op_options<FusedOp>(opts), -1, dev);
     }
   }
-  PROX_RETURN_IF_ERROR(st.glu.initialize(g, op_options<BatchedGluGemvOp<T, Act, B>>(opts), -1, dev));
-  return st.down.initialize(d, op_options<BatchedDownGemvOp<T, B>>(opts), -1, dev);
+  PROX_RETURN_IF_ERROR(st.glu.initialize(g, op_options<BatchedGluGemvOp<T, Act, B, WFmt>>(opts), -1, dev));
+  return st.down.initialize(d, op_options<BatchedDownGemvOp<T, B, WFmt>>(opts), -1, dev);
 }
 
-template <class T, class Act, class ProxyFmt>
+template <class T, class Act, class ProxyFmt, class WFmt>
 template <int B>
-Status SparseFfn<T, Act, ProxyFmt>::launch_batch(const BatchStages<B>& st, const T* x, T* y, int tokens, char* ws,
+Status SparseFfn<T, Act, ProxyFmt, WFmt>::launch_batch(const BatchStages<B>& st, const T* x, T* y, int tokens, char* ws,
                                                  cudaStream_t stream, const BatchOutputs& out) const noexcept {
   std::uint32_t* mask =
       out.channel_mask != nullptr ? out.channel_mask : reinterpret_cast<std::uint32_t*>(ws + layout_.mask);
@@ -623,7 +640,7 @@ Status SparseFfn<T, Act, ProxyFmt>::launch_batch(const BatchStages<B>& st, const
   stamp.tag = tag_;
   auto* stage2_sync = reinterpret_cast<std::uint32_t*>(ws + layout_.stage2_sync);
   // The GLU's per-call arguments, for the batched GLU GEMV and the fused batched Stage 2 alike.
-  const auto bind_glu = [&](BatchedGluGemvArgs<T>& g) {
+  const auto bind_glu = [&](BatchedGluGemvArgs<T, WFmt>& g) {
     g.x = x;
     g.tokens = tokens;
     g.channel_mask = mask;
@@ -632,7 +649,7 @@ Status SparseFfn<T, Act, ProxyFmt>::launch_batch(const BatchStages<B>& st, const
   };
   if constexpr (kFusedBatch<B>) {
     if (fused_batch<B>()) {
-      typename BatchedGluDownGemvOp<T, Act, B>::Args f = st.fused.args();
+      typename BatchedGluDownGemvOp<T, Act, B, WFmt>::Args f = st.fused.args();
       bind_glu(f);
       f.y = y;
       OpWorkspace v;
@@ -642,12 +659,12 @@ Status SparseFfn<T, Act, ProxyFmt>::launch_batch(const BatchStages<B>& st, const
       return st.fused.launch(f, v, stream);
     }
   }
-  typename BatchedGluGemvOp<T, Act, B>::Args g = st.glu.args();
+  typename BatchedGluGemvOp<T, Act, B, WFmt>::Args g = st.glu.args();
   bind_glu(g);
   OpWorkspace vg;
   vg.guard = stamp;
   PROX_RETURN_IF_ERROR(st.glu.launch(g, vg, stream));
-  typename BatchedDownGemvOp<T, B>::Args d = st.down.args();
+  typename BatchedDownGemvOp<T, B, WFmt>::Args d = st.down.args();
   d.s = s;
   d.union_mask = union_mask;
   d.tokens = tokens;
@@ -658,8 +675,8 @@ Status SparseFfn<T, Act, ProxyFmt>::launch_batch(const BatchStages<B>& st, const
   return st.down.launch(d, vd, stream);
 }
 
-template <class T, class Act, class ProxyFmt>
-Status SparseFfn<T, Act, ProxyFmt>::run_batch(const T* x, T* y, int tokens, void* workspace,
+template <class T, class Act, class ProxyFmt, class WFmt>
+Status SparseFfn<T, Act, ProxyFmt, WFmt>::run_batch(const T* x, T* y, int tokens, void* workspace,
                                               std::size_t workspace_size, cudaStream_t stream,
                                               const BatchOutputs& out) const noexcept {
   PROX_RETURN_IF_ERROR(check_run(x, y, workspace, workspace_size));
@@ -685,8 +702,8 @@ Status SparseFfn<T, Act, ProxyFmt>::run_batch(const T* x, T* y, int tokens, void
   }
 }
 
-template <class T, class Act, class ProxyFmt>
-Status SparseFfn<T, Act, ProxyFmt>::run_proxy_values(const T* x, float* s_proxy, void* workspace,
+template <class T, class Act, class ProxyFmt, class WFmt>
+Status SparseFfn<T, Act, ProxyFmt, WFmt>::run_proxy_values(const T* x, float* s_proxy, void* workspace,
                                                      std::size_t workspace_size,
                                                      cudaStream_t stream) const noexcept {
   PROX_RETURN_IF_ERROR(check_run(x, s_proxy, workspace, workspace_size));

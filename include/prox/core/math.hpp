@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "config.hpp"
 
@@ -83,6 +84,46 @@ constexpr int balanced_chunks(int k, int max_chunk, int align, long tiles, long 
   }
   return best;
 }
+
+//! Whether a policy splits its reduction into balanced_chunks(): its `kBalanced` member, true without one.
+template <class P, class = void>
+struct ChunksBalanced : std::true_type {};
+template <class P>
+struct ChunksBalanced<P, std::void_t<decltype(P::kBalanced)>> : std::bool_constant<P::kBalanced> {};
+
+/**
+ * @brief The grid of a batched split-K op (the batched Stage 1 and down GEMV): column tiles of P::kTile
+ * outputs x chunks of the reduction, balanced_chunks() of at most P::kChunk (aligned to kAlign) where the
+ * policy is ChunksBalanced, else P::kChunk. kTilesOverDff: the outputs are the d_ff channels and the reduction
+ * d_model (Stage 1), else the reverse (the down GEMV). The ops derive from it: Op::num_blocks<P>(...).
+ */
+template <int kAlign, bool kTilesOverDff>
+struct BatchedSplitGrid {
+  //! Column tiles over the op's n outputs.
+  template <class P>
+  static constexpr int num_tiles(int n) noexcept {
+    return ceil_div(n, P::kTile);
+  }
+  //! Split-K chunks: more, shorter ones where the policy's own split leaves a grid of less than one wave.
+  template <class P>
+  static constexpr int num_chunks(int d_model, int d_ff, int sm_count) noexcept {
+    const int k = kTilesOverDff ? d_model : d_ff;
+    if constexpr (!ChunksBalanced<P>::value) return ceil_div(k, P::kChunk);
+    return balanced_chunks(k, P::kChunk, kAlign, num_tiles<P>(kTilesOverDff ? d_ff : d_model),
+                           static_cast<long>(sm_count) * P::kMinBlocks);
+  }
+  //! The most chunks num_chunks() gives on any device (what the workspace's partials are sized for).
+  template <class P>
+  static constexpr int max_chunks(int d_model, int d_ff) noexcept {
+    const int k = kTilesOverDff ? d_model : d_ff;
+    if constexpr (!ChunksBalanced<P>::value) return ceil_div(k, P::kChunk);
+    return max_balanced_chunks(k, P::kChunk, kAlign, num_tiles<P>(kTilesOverDff ? d_ff : d_model));
+  }
+  template <class P>
+  static constexpr long num_blocks(int d_model, int d_ff, int sm_count) noexcept {
+    return static_cast<long>(num_tiles<P>(kTilesOverDff ? d_ff : d_model)) * num_chunks<P>(d_model, d_ff, sm_count);
+  }
+};
 
 //! The splitmix64 finalizer: a bijection on 64-bit integers with good avalanche (seeded hashes of
 //! the calibration reservoir, synthetic data of the tuner and the benches).

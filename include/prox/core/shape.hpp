@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-//! @file shape.hpp  The two FFN shape rules of prox, in one place (ops, driver, packer, tuner).
+//! @file shape.hpp  The two FFN shape rules of prox and the batch's token capacities, in one place (ops, driver,
+//! packer, tuner).
 #pragma once
 
 #include "config.hpp"
@@ -28,5 +29,11 @@ constexpr Status check_ffn_shape(int d_model, int d_ff) noexcept {
   if (d_model < 8 || d_model % 8 != 0) return Status::kErrorInvalidShape;
   return check_proxy_shape(d_model, d_ff);
 }
+
+//! Most tokens one batched call takes (SparseFfn::run_batch, the batched ops).
+constexpr int kMaxBatchTokens = 8;
+
+//! The compiled token capacity that serves `tokens` (2..8): 2, 4 or 8.
+constexpr int batch_capacity(int tokens) noexcept { return tokens <= 2 ? 2 : tokens <= 4 ? 4 : 8; }
 
 PROX_NAMESPACE_END

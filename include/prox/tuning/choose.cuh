@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -70,8 +71,9 @@ Key op_key(int d_model, int d_ff, double density) {
 // ---------------------------------------------------------------- the policy table
 /**
  * @brief One instance of every tuned candidate list: the registry (tuned_ops.cuh) for one element type
- * and activation. A list depends on the op and the weight format, not on the element type or the
- * activation, so one instance stands for all of them.
+ * and activation, with every Stage-2 weight format of it (Stage2FormatsFor). A list depends on the op and
+ * the weight format, not on the element type or the activation, so one instance stands for all of them
+ * (NativeWeights<__half> and NativeWeights<__nv_bfloat16> share their lists and their names).
  */
 using TunedOps = TunedOpsFor<TypeList<__half>, TypeList<SiLU>>;
 
@@ -85,14 +87,18 @@ constexpr bool same_text(const char* a, const char* b) noexcept {
   return *a == *b;
 }
 
-//! Whether the ops of a list name distinct candidate lists (the policy table has one row per name).
+//! Whether op A and every op of Ops that names A's candidate list have the same candidates.
+template <class A, class... Ops>
+constexpr bool same_name_same_list() noexcept {
+  return ((!same_text(OpKey<A>::kOp, OpKey<Ops>::kOp) || std::is_same_v<typename A::Policies, typename Ops::Policies>) &&
+          ...);
+}
+
+//! Whether the ops of a list that name one candidate list (the policy table has one row per name) have the
+//! same candidates: two formats may share a list (and its row), never a name for two lists.
 template <class... Ops>
-constexpr bool distinct_lists(OpList<Ops...>) noexcept {
-  const char* const names[] = {OpKey<Ops>::kOp..., ""};
-  for (std::size_t i = 0; i < sizeof...(Ops); ++i)
-    for (std::size_t j = i + 1; j < sizeof...(Ops); ++j)
-      if (same_text(names[i], names[j])) return false;
-  return true;
+constexpr bool consistent_lists(OpList<Ops...>) noexcept {
+  return (same_name_same_list<Ops, Ops...>() && ...);
 }
 
 template <class... Ops>
@@ -103,7 +109,8 @@ PolicyTable make_policy_table(OpList<Ops...>) {
 }
 }  // namespace detail
 
-static_assert(detail::distinct_lists(TunedOps{}), "two tuned ops name the same candidate list (kTuneKey.op)");
+static_assert(detail::consistent_lists(TunedOps{}),
+              "two tuned ops name the same candidate list (kTuneKey.op) with different candidates");
 
 /**
  * @brief The candidate names of every tuned op in this build: the table a Cache maps names with and

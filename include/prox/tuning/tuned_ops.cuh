@@ -6,11 +6,21 @@
 //!
 //! An op goes in the list that matches its template parameters: TunedTypeOps<T> for an op of the
 //! element type alone, TunedLayerOps<T, Act> for an op of a layer type. Its header states its cache
-//! key (`static constexpr TuneKeyFields kTuneKey`, core/tune_key.hpp) and is included by prox.cuh;
-//! its measurement is a TuneIO adapter, tools/tuning/src/io_<op>.cuh.
+//! key (`static constexpr TuneKeyFields kTuneKey`, core/tune_key.hpp) and is included here (this header
+//! includes the tuned ops' headers, not the umbrella prox.cuh); its measurement is a TuneIO adapter,
+//! tools/tuning/src/io_<op>.cuh. The Stage-2 ops are listed once per Stage-2 weight format of
+//! Stage2FormatsFor<T> (stage2_weights.cuh): a new format is one entry there.
 #pragma once
 
-#include "../prox.cuh"
+#include "../activation.cuh"
+#include "../dense_weights.cuh"
+#include "../down_gemv.cuh"
+#include "../glu_down_gemv.cuh"
+#include "../glu_gemv.cuh"
+#include "../int4.cuh"
+#include "../proxy_gemv.cuh"
+#include "../stage2_weights.cuh"
+#include "../threshold.cuh"
 
 PROX_NAMESPACE_BEGIN
 
@@ -25,14 +35,34 @@ template <class... Ts>
 struct TypeList {};
 
 // ---------------------------------------------------------------- the registry
-//! The tuned ops of element type T that take no activation.
+//! The Stage-2 weight formats whose ops are tuned, for activations of T.
 template <class T>
-using TunedTypeOps = OpList<ThresholdOp<T>, DownGemvOp<T>>;
+using Stage2FormatsFor = TypeList<NativeWeights<T>>;
 
-//! The tuned ops of layer type (T, Act): Stage 1 with INT4 and with T proxies, the GLU GEMV, the fused Stage 2.
+namespace detail {
+template <class T, class Formats>
+struct TypeOpsOf;
+template <class T, class... Fmts>
+struct TypeOpsOf<T, TypeList<Fmts...>> {
+  using type = OpList<ThresholdOp<T>, DownGemvOp<T, Fmts>...>;
+};
+template <class T, class Act, class Formats>
+struct LayerOpsOf;
+template <class T, class Act, class... Fmts>
+struct LayerOpsOf<T, Act, TypeList<Fmts...>> {
+  using type = OpList<ProxyGemvOp<T, Act, Int4Weights>, ProxyGemvOp<T, Act, DenseWeights<T>>, GluGemvOp<T, Act, Fmts>...,
+                      GluDownGemvOp<T, Act, Fmts>...>;
+};
+}  // namespace detail
+
+//! The tuned ops of element type T that take no activation: the threshold op, the down GEMV of every format.
+template <class T>
+using TunedTypeOps = typename detail::TypeOpsOf<T, Stage2FormatsFor<T>>::type;
+
+//! The tuned ops of layer type (T, Act): Stage 1 with INT4 and with T proxies, the GLU GEMV and the fused Stage 2
+//! of every format.
 template <class T, class Act>
-using TunedLayerOps = OpList<ProxyGemvOp<T, Act, Int4Weights>, ProxyGemvOp<T, Act, DenseWeights<T>>,
-                             GluGemvOp<T, Act>, GluDownGemvOp<T, Act>>;
+using TunedLayerOps = typename detail::LayerOpsOf<T, Act, Stage2FormatsFor<T>>::type;
 
 // ---------------------------------------------------------------- derived lists
 //! The ops of several OpLists, in order (::type).

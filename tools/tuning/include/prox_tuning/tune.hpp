@@ -46,7 +46,9 @@ struct GeluTanh;
 struct Int4Weights;
 template <class W>
 struct DenseWeights;
-template <class T, class Act, class ProxyFmt>
+template <class W>
+struct NativeWeights;
+template <class T, class Act, class ProxyFmt, class WFmt>
 class SparseFfn;
 PROX_NAMESPACE_END
 

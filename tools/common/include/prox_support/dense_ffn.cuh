@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-//! @file dense_baseline.cuh  The dense FFN baseline (cuBLAS), shared by the benchmarks, the alpha
-//! tool and the example. Not part of the library: prox::prox never links cuBLAS.
+//! @file dense_ffn.cuh  The dense FFN baseline (cuBLAS), shared by the benchmarks, the alpha tool and the
+//! example (prox_support: header-only; its users link CUDA::cublas). Not part of the library: prox::prox never
+//! links cuBLAS.
 //!
 //!   g = W_gate x, u = W_up x   (two cublasGemmEx GEMVs, fp32 compute)
 //!   s = u * act(g)             (one small kernel, s stored in T as a framework would)
@@ -17,7 +18,7 @@
 #include <prox/core/types.cuh>
 #include <prox_support/device_buffer.hpp>
 
-namespace prox_bench {
+namespace prox_support {
 
 inline void check_cublas(cublasStatus_t s, const char* what) {
   if (s != CUBLAS_STATUS_SUCCESS)
@@ -102,4 +103,4 @@ class DenseFfn {
   prox_support::DeviceBuffer ws_;
 };
 
-}  // namespace prox_bench
+}  // namespace prox_support
