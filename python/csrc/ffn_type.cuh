@@ -18,10 +18,11 @@ namespace prox_ext {
 template <class T, class ActT, Format kFormat>
 struct FfnTypeOf;
 
-//! Today's Stage 2: fp16/bf16 weights of the activation type T (Stage 1 reads the INT4 proxies).
+//! Today's Stage 2: fp16/bf16 weights of the activation type T (prox::NativeWeights<T>, stage2_weights.cuh);
+//! Stage 1 reads the INT4 proxies.
 template <class T, class ActT>
 struct FfnTypeOf<T, ActT, Format::kNative> {
-  using type = prox::SparseFfn<T, ActT, prox::Int4Weights>;
+  using type = prox::SparseFfn<T, ActT, prox::Int4Weights, prox::NativeWeights<T>>;
 
   static typename type::Weights weights(const FfnDesc& d) noexcept {
     typename type::Weights w;
@@ -42,5 +43,6 @@ using FfnType = typename FfnTypeOf<T, ActT, kFormat>::type;
 //! Instantiates / declares extern the kernels of one layer type (prox's explicit-instantiation macros).
 #define PROX_EXT_INSTANTIATE(T, ActT, format) PROX_EXT_INSTANTIATE_##format(T, ActT)
 #define PROX_EXT_EXTERN(T, ActT, format) PROX_EXT_EXTERN_##format(T, ActT)
-#define PROX_EXT_INSTANTIATE_kNative(T, ActT) PROX_SPARSE_FFN_INSTANTIATE(T, ActT, ::prox::Int4Weights)
-#define PROX_EXT_EXTERN_kNative(T, ActT) PROX_SPARSE_FFN_EXTERN(T, ActT, ::prox::Int4Weights)
+#define PROX_EXT_INSTANTIATE_kNative(T, ActT) \
+  PROX_SPARSE_FFN_INSTANTIATE(T, ActT, ::prox::Int4Weights, ::prox::NativeWeights<T>)
+#define PROX_EXT_EXTERN_kNative(T, ActT) PROX_SPARSE_FFN_EXTERN(T, ActT, ::prox::Int4Weights, ::prox::NativeWeights<T>)
