@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "ffn_api.h"
+#include "layer_slots.h"
 
 namespace prox_ext {
 namespace {
@@ -39,30 +40,10 @@ void check_status(prox::Status s, const char* what) {
   TORCH_CHECK(s == prox::Status::kSuccess, "prox: ", what, " failed: ", status_name(s));
 }
 
-bool aligned(const at::Tensor& t, std::uintptr_t a) {
-  return reinterpret_cast<std::uintptr_t>(t.data_ptr()) % a == 0;
-}
-
-void check_tensor(const at::Tensor& t, const char* name, const at::Device& dev, at::ScalarType dtype,
-                  std::uintptr_t alignment) {
-  TORCH_CHECK_VALUE(t.defined(), "prox: ", name, " is undefined");
-  TORCH_CHECK_VALUE(!dev.is_cuda() || t.is_cuda(), "prox: ", name, " must be a CUDA tensor (it is on ", t.device(),
-                    ")");
-  TORCH_CHECK_VALUE(t.device() == dev, "prox: ", name, " is on ", t.device(), ", the layer's tensors on ", dev);
-  TORCH_CHECK_TYPE(t.scalar_type() == dtype, "prox: ", name, " must be ", dtype, " (it is ", t.scalar_type(), ")");
-  TORCH_CHECK_VALUE(t.is_contiguous(), "prox: ", name, " must be contiguous");
-  TORCH_CHECK_VALUE(aligned(t, alignment), "prox: ", name, " must be ", alignment, "-byte aligned (data_ptr ",
-                    t.data_ptr(), ")");
-}
-
-void check_shape(const at::Tensor& t, const char* name, at::IntArrayRef shape) {
-  TORCH_CHECK_VALUE(t.sizes() == shape, "prox: ", name, " must have shape ", shape, " (it has ", t.sizes(), ")");
-}
-
 DType dtype_of(const at::Tensor& w, const char* name) {
   if (w.scalar_type() == at::kHalf) return DType::kHalf;
   if (w.scalar_type() == at::kBFloat16) return DType::kBFloat16;
-  TORCH_CHECK_TYPE(false, "prox: ", name, " must be float16 or bfloat16 (it is ", w.scalar_type(), ")");
+  TORCH_CHECK_TYPE(false, "prox: ", name, " must be float16 or bfloat16 (it is ", dtype_name(w.scalar_type()), ")");
   return DType::kHalf;
 }
 
@@ -111,56 +92,37 @@ std::vector<std::string> plan_flag_names_op() {
   };
 }
 
-//! Validates a layer's tensors (shapes, dtypes, devices, contiguity, alignment) and describes it.
-FfnDesc describe(const at::Tensor& w_gate, const at::Tensor& w_up, const at::Tensor& w_down_t,
-                 const at::Tensor& proxy_gate, const at::Tensor& scale_gate, const at::Tensor& proxy_up,
-                 const at::Tensor& scale_up, const at::Tensor& thresholds, int64_t act, at::IntArrayRef options) {
-  TORCH_CHECK_VALUE(w_gate.defined() && w_gate.dim() == 2, "prox: w_gate must be a 2-D [d_ff, d_model] tensor");
-  const at::Device dev = w_gate.device();
-  TORCH_CHECK_VALUE(dev.is_cuda(), "prox: w_gate must be a CUDA tensor (it is on ", dev, ")");
-  const at::ScalarType t = w_gate.scalar_type();
+std::vector<std::string> layer_slot_names_op() {
+  return {
+#define PROX_EXT_NAME(name) #name,
+      PROX_EXT_LAYER_SLOTS(PROX_EXT_NAME)
+#undef PROX_EXT_NAME
+  };
+}
+
+std::vector<std::string> layer_format_names_op() {
+  return {
+#define PROX_EXT_FORMAT(name, code) #name,
+#include "generated/formats.inc"
+#undef PROX_EXT_FORMAT
+  };
+}
+
+//! Validates a layer's tensors (each slot of its format by name: layer_slots.h; the thresholds) and its act,
+//! options and activation type, and describes it. `want`: the activation type the call asks for.
+FfnDesc describe(const LayerList& layer, int64_t format, const at::Tensor& thresholds, const ActType& want,
+                 int64_t act, at::IntArrayRef options) {
   FfnDesc d;
-  d.dtype = dtype_of(w_gate, "w_gate");
   d.act = act_of(act);
-  const int64_t d_ff = w_gate.size(0);
-  const int64_t d_model = w_gate.size(1);
-  TORCH_CHECK_VALUE(d_model >= 8 && d_model % 8 == 0 && d_model <= (1 << 20),
-                    "prox: d_model must be a multiple of 8 in [8, 2^20], got ", d_model);
-  TORCH_CHECK_VALUE(d_ff >= 32 && d_ff % 32 == 0 && d_ff <= (1 << 20),
-                    "prox: d_ff must be a multiple of 32 in [32, 2^20], got ", d_ff);
-  check_tensor(w_gate, "w_gate", dev, t, 16);
-  check_tensor(w_up, "w_up", dev, t, 16);
-  check_shape(w_up, "w_up", {d_ff, d_model});
-  check_tensor(w_down_t, "w_down_t", dev, t, 16);
-  check_shape(w_down_t, "w_down_t (W_down transposed)", {d_ff, d_model});
-  check_tensor(proxy_gate, "proxy_gate", dev, at::kInt, 16);
-  check_shape(proxy_gate, "proxy_gate", {d_model, d_ff / 8});
-  check_tensor(proxy_up, "proxy_up", dev, at::kInt, 16);
-  check_shape(proxy_up, "proxy_up", {d_model, d_ff / 8});
-  check_tensor(scale_gate, "scale_gate", dev, at::kFloat, 4);
-  check_shape(scale_gate, "scale_gate", {d_ff});
-  check_tensor(scale_up, "scale_up", dev, at::kFloat, 4);
-  check_shape(scale_up, "scale_up", {d_ff});
-  check_tensor(thresholds, "thresholds", dev, at::kFloat, 4);
-  check_shape(thresholds, "thresholds", {2});
-  d.d_model = static_cast<int>(d_model);
-  d.d_ff = static_cast<int>(d_ff);
-  d.gate = w_gate.data_ptr();
-  d.up = w_up.data_ptr();
-  d.down_t = w_down_t.data_ptr();
-  d.proxy_gate = static_cast<const std::uint32_t*>(proxy_gate.data_ptr());
-  d.scale_gate = scale_gate.data_ptr<float>();
-  d.proxy_up = static_cast<const std::uint32_t*>(proxy_up.data_ptr());
-  d.scale_up = scale_up.data_ptr<float>();
-  d.thresholds = thresholds.data_ptr<float>();
   d.flags = flags_of(options);
+  describe_layer(layer, format, thresholds, want, true, &d);
   return d;
 }
 
 //! The tokens x holds ([d_model]: 1, [tokens, d_model]: tokens). `one_call`: sparse_ffn's limit, one
 //! run() or one run_batch() of at most kMaxTokens tokens.
-int64_t check_x(const at::Tensor& x, const FfnDesc& d, const at::Tensor& w_gate, bool one_call) {
-  check_tensor(x, "x", w_gate.device(), w_gate.scalar_type(), 16);
+int64_t check_x(const at::Tensor& x, const FfnDesc& d, const at::Device& dev, bool one_call) {
+  check_tensor(x, "x", dev, d.dtype == DType::kHalf ? at::kHalf : at::kBFloat16, 16);
   TORCH_CHECK_VALUE((x.dim() == 1 || x.dim() == 2) && x.size(-1) == d.d_model,
                     "prox: x must be [d_model] or [tokens, d_model] with d_model = ", d.d_model, " (it is ",
                     x.sizes(), ")");
@@ -199,20 +161,21 @@ int plan_capacity(const at::Tensor& ws, const FfnDesc& d, const at::Device& dev,
 
 // ---------------------------------------------------------------- plan cache
 
-//! Everything plan() reads: device, type, shape, pointers, options and token capacity. A plan found
-//! under a key is valid for it whatever happened to the tensors since (it stores only these pointers
-//! and values).
-using Key = std::array<std::uintptr_t, 20>;
+//! Everything plan() reads: device, type, shape, every slot's pointer, the thresholds pointer, options and token
+//! capacity. A plan found under a key is valid for it whatever happened to the tensors since (it stores only
+//! these pointers and values).
+constexpr std::size_t kKeyFixed = 13;
+using Key = std::array<std::uintptr_t, kKeyFixed + kSlotCount>;
 
 Key key_of(const FfnDesc& d, int device) {
   const PlanFlags& f = d.flags;
-  const std::uintptr_t bits = f.word;
   auto u = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p); };
   auto i = [](int v) { return static_cast<std::uintptr_t>(static_cast<std::intptr_t>(v)); };
-  return Key{i(device), i(static_cast<int>(d.dtype)), i(static_cast<int>(d.act)), i(d.d_model), i(d.d_ff),
-             u(d.gate), u(d.up), u(d.down_t), u(d.proxy_gate), u(d.scale_gate), u(d.proxy_up), u(d.scale_up),
-             u(d.thresholds), bits, i(f.proxy), i(f.glu), i(f.down), i(f.glu_down), i(d.max_tokens),
-             i(static_cast<int>(d.format))};
+  Key k{i(device), i(static_cast<int>(d.dtype)), i(static_cast<int>(d.act)), i(static_cast<int>(d.format)),
+        i(d.d_model), i(d.d_ff), u(d.thresholds), f.word, i(f.proxy), i(f.glu), i(f.down), i(f.glu_down),
+        i(d.max_tokens)};
+  for (int s = 0; s < kSlotCount; ++s) k[kKeyFixed + s] = u(d.slots[s]);
+  return k;
 }
 
 struct KeyHash {
@@ -404,17 +367,14 @@ at::Tensor transpose_impl(const at::Tensor& w) {
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sparse_ffn_cuda(
-    const at::Tensor& x, const at::Tensor& w_gate, const at::Tensor& w_up, const at::Tensor& w_down_t,
-    const at::Tensor& proxy_gate, const at::Tensor& scale_gate, const at::Tensor& proxy_up,
-    const at::Tensor& scale_up, const at::Tensor& thresholds, const at::Tensor& workspace, int64_t act,
-    at::IntArrayRef options, bool return_mask, bool return_s_proxy, bool return_s,
-    const std::optional<at::Tensor>& counters) {
-  FfnDesc d = describe(w_gate, w_up, w_down_t, proxy_gate, scale_gate, proxy_up, scale_up, thresholds, act,
-                       options);
-  const at::Device dev = w_gate.device();
+    const at::Tensor& x, const LayerList& layer, int64_t format, const at::Tensor& thresholds,
+    const at::Tensor& workspace, int64_t act, at::IntArrayRef options, bool return_mask, bool return_s_proxy,
+    bool return_s, const std::optional<at::Tensor>& counters) {
+  FfnDesc d = describe(layer, format, thresholds, ActType{x.scalar_type(), "x"}, act, options);
+  const at::Device dev = thresholds.device();  // the layer's (describe() checked)
   // One token ([d_model] or [1, d_model]) runs run() with its batch-1 shapes; 2..kMaxTokens tokens run
   // run_batch(), and every output gains a leading token dimension.
-  const int64_t tokens = check_x(x, d, w_gate, true);
+  const int64_t tokens = check_x(x, d, dev, true);
   const bool batched = tokens > 1;
   if (batched) {
     d.max_tokens = plan_capacity(workspace, d, dev, tokens);
@@ -440,13 +400,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sparse_ffn_cuda(
   const c10::cuda::CUDAGuard guard(dev);
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream(dev.index());
   const std::shared_ptr<const FfnPlan> plan = cache().get(d, dev.index(), stream);
-  const at::TensorOptions f32 = w_gate.options().dtype(at::kFloat);
+  const at::TensorOptions f32 = x.options().dtype(at::kFloat);
   const auto shape = [&](bool wanted, int64_t n) {
     if (!wanted) return std::vector<int64_t>{0};
     return batched ? std::vector<int64_t>{tokens, n} : std::vector<int64_t>{n};
   };
   at::Tensor y = at::empty_like(x);
-  at::Tensor mask = at::empty(shape(return_mask, d.d_ff / 32), w_gate.options().dtype(at::kInt));
+  at::Tensor mask = at::empty(shape(return_mask, d.d_ff / 32), x.options().dtype(at::kInt));
   at::Tensor s_proxy = at::empty(shape(return_s_proxy, d.d_ff), f32);
   at::Tensor s = at::empty(shape(return_s, d.d_ff), f32);
   FfnOutputs out;
@@ -473,21 +433,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sparse_ffn_cuda(
   return {y, mask, s_proxy, s};
 }
 
-at::Tensor proxy_values_cuda(const at::Tensor& x, const at::Tensor& w_gate, const at::Tensor& w_up,
-                             const at::Tensor& w_down_t, const at::Tensor& proxy_gate, const at::Tensor& scale_gate,
-                             const at::Tensor& proxy_up, const at::Tensor& scale_up, const at::Tensor& thresholds,
+at::Tensor proxy_values_cuda(const at::Tensor& x, const LayerList& layer, int64_t format, const at::Tensor& thresholds,
                              const at::Tensor& workspace, int64_t act, at::IntArrayRef options) {
-  const FfnDesc d = describe(w_gate, w_up, w_down_t, proxy_gate, scale_gate, proxy_up, scale_up, thresholds, act,
-                             options);
-  const at::Device dev = w_gate.device();
-  check_x(x, d, w_gate, false);
+  const FfnDesc d = describe(layer, format, thresholds, ActType{x.scalar_type(), "x"}, act, options);
+  const at::Device dev = thresholds.device();  // the layer's (describe() checked)
+  check_x(x, d, dev, false);
   check_workspace(workspace, d, dev);
   const c10::cuda::CUDAGuard guard(dev);
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream(dev.index());
   const std::shared_ptr<const FfnPlan> plan = cache().get(d, dev.index(), stream);
   const int64_t tokens = x.dim() == 1 ? 1 : x.size(0);
   std::vector<int64_t> shape = x.dim() == 1 ? std::vector<int64_t>{d.d_ff} : std::vector<int64_t>{tokens, d.d_ff};
-  at::Tensor s = at::empty(shape, w_gate.options().dtype(at::kFloat));
+  at::Tensor s = at::empty(shape, x.options().dtype(at::kFloat));
   const std::size_t row = static_cast<std::size_t>(d.d_model) * x.element_size();
   const char* xp = static_cast<const char*>(x.data_ptr());
   for (int64_t t = 0; t < tokens; ++t) {
@@ -507,15 +464,13 @@ int check_max_tokens(int64_t max_tokens) {
 //! max_tokens: the plan's token capacity. A batched sparse_ffn call uses the capacity its workspace
 //! holds (plan_capacity()), so plan that one before capturing batched calls.
 //! pin: keep the plan until unpin_plan(handle) (the handle is a fifth entry of the result).
-std::vector<int64_t> plan_ffn_cuda(const at::Tensor& w_gate, const at::Tensor& w_up, const at::Tensor& w_down_t,
-                                   const at::Tensor& proxy_gate, const at::Tensor& scale_gate,
-                                   const at::Tensor& proxy_up, const at::Tensor& scale_up,
-                                   const at::Tensor& thresholds, int64_t act, at::IntArrayRef options,
-                                   int64_t max_tokens, bool pin) {
-  FfnDesc d = describe(w_gate, w_up, w_down_t, proxy_gate, scale_gate, proxy_up, scale_up, thresholds, act,
-                       options);
+//! dtype: the activation type (x, y); the native format's is its weights' (None means that).
+std::vector<int64_t> plan_ffn_cuda(const LayerList& layer, int64_t format, const at::Tensor& thresholds, int64_t act,
+                                   at::IntArrayRef options, int64_t max_tokens, bool pin,
+                                   std::optional<at::ScalarType> dtype) {
+  FfnDesc d = describe(layer, format, thresholds, ActType{dtype, "dtype"}, act, options);
   d.max_tokens = check_max_tokens(max_tokens);
-  const at::Device dev = w_gate.device();
+  const at::Device dev = thresholds.device();  // the layer's (describe() checked)
   const c10::cuda::CUDAGuard guard(dev);
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream(dev.index());
   std::int64_t handle = 0;
@@ -557,27 +512,28 @@ bool workspace_dirty_cuda(const at::Tensor& ws) {
   TORCH_CHECK_VALUE(false, "prox: ", op, " runs on CUDA tensors only (the layer's tensors are on the CPU)");
   throw;  // unreachable
 }
-//! They validate what needs no device first (act, options), so a bad option is the same error everywhere.
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sparse_ffn_cpu(
-    const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-    const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t act, at::IntArrayRef options,
-    bool, bool, bool, const std::optional<at::Tensor>&) {
+//! They validate what needs no device first (act, options, format, the list's length), so a bad option is the
+//! same error everywhere.
+void check_no_device(const LayerList& layer, int64_t format, int64_t act, at::IntArrayRef options) {
   act_of(act);
   flags_of(options);
+  format_of(format);
+  static_cast<void>(LayerSlots(layer));  // the list's length
+}
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> sparse_ffn_cpu(
+    const at::Tensor&, const LayerList& layer, int64_t format, const at::Tensor&, const at::Tensor&, int64_t act,
+    at::IntArrayRef options, bool, bool, bool, const std::optional<at::Tensor>&) {
+  check_no_device(layer, format, act, options);
   needs_cuda("sparse_ffn");
 }
-at::Tensor proxy_values_cpu(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                            const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                            const at::Tensor&, const at::Tensor&, int64_t act, at::IntArrayRef options) {
-  act_of(act);
-  flags_of(options);
+at::Tensor proxy_values_cpu(const at::Tensor&, const LayerList& layer, int64_t format, const at::Tensor&,
+                            const at::Tensor&, int64_t act, at::IntArrayRef options) {
+  check_no_device(layer, format, act, options);
   needs_cuda("proxy_values");
 }
-std::vector<int64_t> plan_ffn_cpu(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                  const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                  int64_t act, at::IntArrayRef options, int64_t max_tokens, bool) {
-  act_of(act);
-  flags_of(options);
+std::vector<int64_t> plan_ffn_cpu(const LayerList& layer, int64_t format, const at::Tensor&, int64_t act,
+                                  at::IntArrayRef options, int64_t max_tokens, bool, std::optional<at::ScalarType>) {
+  check_no_device(layer, format, act, options);
   check_max_tokens(max_tokens);
   needs_cuda("plan_ffn");
 }
@@ -585,6 +541,15 @@ void initialize_workspace_cpu(const at::Tensor&) { needs_cuda("initialize_worksp
 bool workspace_dirty_cpu(const at::Tensor& ws) {
   check_header(ws);
   needs_cuda("workspace_dirty");
+}
+
+//! The layer checks of every op call, on tensors of any device (no CUDA needed): prox.check_layer runs them where
+//! a layer is built, so a bad tensor is named there. Returns [d_model, d_ff].
+std::vector<int64_t> check_layer_op(const LayerList& layer, int64_t format, const at::Tensor& thresholds,
+                                    std::optional<at::ScalarType> dtype) {
+  FfnDesc d;
+  describe_layer(layer, format, thresholds, ActType{dtype, "dtype"}, false, &d);
+  return {d.d_model, d.d_ff};
 }
 
 int64_t workspace_bytes_op(int64_t d_model, int64_t d_ff, int64_t max_tokens) {
@@ -624,18 +589,22 @@ TORCH_LIBRARY(prox, m) {
   m.set_python_module("prox._ops");
   m.def("pack_int4(Tensor w) -> (Tensor packed, Tensor scales)");
   m.def("transpose(Tensor w) -> Tensor");
+  // `layer`: one entry per slot (layer_slot_names(), PROX_EXT_LAYER_SLOTS), None where the format has no such
+  // tensor; `format`: its Stage-2 weight format, a position in layer_format_names().
   m.def(
-      "sparse_ffn(Tensor x, Tensor w_gate, Tensor w_up, Tensor w_down_t, Tensor proxy_gate, Tensor scale_gate, "
-      "Tensor proxy_up, Tensor scale_up, Tensor thresholds, Tensor(a!) workspace, int act, int[] options, "
-      "bool return_mask=False, bool return_s_proxy=False, bool return_s=False, Tensor(b!)? counters=None) "
-      "-> (Tensor y, Tensor mask, Tensor s_proxy, Tensor s)");
+      "sparse_ffn(Tensor x, Tensor?[] layer, int format, Tensor thresholds, Tensor(a!) workspace, int act, "
+      "int[] options, bool return_mask=False, bool return_s_proxy=False, bool return_s=False, "
+      "Tensor(b!)? counters=None) -> (Tensor y, Tensor mask, Tensor s_proxy, Tensor s)");
   m.def(
-      "proxy_values(Tensor x, Tensor w_gate, Tensor w_up, Tensor w_down_t, Tensor proxy_gate, Tensor scale_gate, "
-      "Tensor proxy_up, Tensor scale_up, Tensor thresholds, Tensor(a!) workspace, int act, int[] options) -> Tensor");
+      "proxy_values(Tensor x, Tensor?[] layer, int format, Tensor thresholds, Tensor(a!) workspace, int act, "
+      "int[] options) -> Tensor");
   m.def(
-      "plan_ffn(Tensor w_gate, Tensor w_up, Tensor w_down_t, Tensor proxy_gate, Tensor scale_gate, "
-      "Tensor proxy_up, Tensor scale_up, Tensor thresholds, int act, int[] options, int max_tokens=1, "
-      "bool pin=False) -> int[]");
+      "plan_ffn(Tensor?[] layer, int format, Tensor thresholds, int act, int[] options, int max_tokens=1, "
+      "bool pin=False, ScalarType? dtype=None) -> int[]");
+  m.def("check_layer(Tensor?[] layer, int format, Tensor thresholds, ScalarType? dtype=None) -> int[]",
+        &prox_ext::check_layer_op);
+  m.def("layer_slot_names() -> str[]", &prox_ext::layer_slot_names_op);
+  m.def("layer_format_names() -> str[]", &prox_ext::layer_format_names_op);
   m.def("initialize_workspace(Tensor(a!) workspace) -> ()");
   m.def("workspace_dirty(Tensor workspace) -> bool");
   m.def("workspace_bytes(int d_model, int d_ff, int max_tokens=1) -> int", &prox_ext::workspace_bytes_op);

@@ -8,6 +8,7 @@
 
 #include <cuda_runtime.h>
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -44,30 +45,66 @@ struct PlanFlags {
   int proxy = -1, glu = -1, down = -1, glu_down = -1;
 };
 
-//! The Stage-2 weight formats the extension instantiates (the layer-type list's third field, setup.py).
-enum class Format : int { kNative = 0 };
+//! The Stage-2 weight formats, from setup.py's FORMATS (generated/formats.inc: PROX_EXT_FORMAT(name, code), in
+//! list order): the layer-type list's third field. Python names a format by its name (prox.LayerTensors.format)
+//! and passes its position in torch.ops.prox.layer_format_names() as the ops' `format`.
+enum class Format : int {
+#define PROX_EXT_FORMAT(name, code) code,
+#include "generated/formats.inc"
+#undef PROX_EXT_FORMAT
+};
 
-//! One layer as SparseFfn<T, Act, Int4Weights>::plan() sees it: device pointers, shape, options and
-//! token capacity. Thresholds are always read from the device (Config::thresholds), so one plan
-//! serves every sparsity target.
+//! The layer's tensors, written once: X(name) in slot order. The ops take them as one list, `Tensor?[] layer`,
+//! entry i holding the i-th slot (None where the layer's format has no such tensor). bindings.cpp reads each by
+//! its name and checks it (layer_slots.h: every error names the slot), the plan cache keys every slot's
+//! pointer, ffn_type.cuh maps the slots to SparseFfn::Weights, and Python's prox.LayerTensors builds the list by
+//! the names the extension reports (torch.ops.prox.layer_slot_names()). A format's own tensors (FP8's weight
+//! scales) are new entries at the end, checked by that format's FormatSlots (layer_slots.h) and None for the
+//! other formats. The enumerators are the names (Slot::w_gate).
+#define PROX_EXT_LAYER_SLOTS(X) \
+  X(w_gate)                     \
+  X(w_up)                       \
+  X(w_down_t)                   \
+  X(proxy_gate)                 \
+  X(scale_gate)                 \
+  X(proxy_up)                   \
+  X(scale_up)
+
+enum class Slot : int {
+#define PROX_EXT_SLOT_ENUM(name) name,
+  PROX_EXT_LAYER_SLOTS(PROX_EXT_SLOT_ENUM)
+#undef PROX_EXT_SLOT_ENUM
+};
+
+//! Entries of the ops' `layer` list (one per PROX_EXT_LAYER_SLOTS entry).
+constexpr int kSlotCount = 0
+#define PROX_EXT_SLOT_COUNT(name) +1
+    PROX_EXT_LAYER_SLOTS(PROX_EXT_SLOT_COUNT)
+#undef PROX_EXT_SLOT_COUNT
+    ;
+
+//! One layer as SparseFfn::plan() sees it: activation type, activation, weight format, shape, every slot's
+//! device pointer, options and token capacity. Thresholds are always read from the device
+//! (Config::thresholds), so one plan serves every sparsity target.
 struct FfnDesc {
-  DType dtype = DType::kHalf;
+  DType dtype = DType::kHalf;  //!< the activation type T (x, y)
   Act act = Act::kSiLU;
+  Format format = Format{};  //!< Stage 2's weight format
   int d_model = 0;
   int d_ff = 0;
-  const void* gate = nullptr;
-  const void* up = nullptr;
-  const void* down_t = nullptr;
-  const std::uint32_t* proxy_gate = nullptr;
-  const float* scale_gate = nullptr;
-  const std::uint32_t* proxy_up = nullptr;
-  const float* scale_up = nullptr;
+  //! Each slot's device pointer, indexed by Slot (null where the format has no such tensor).
+  std::array<const void*, kSlotCount> slots{};
   const float* thresholds = nullptr;  //!< device float[2] {tau_x, tau_s}
-  Format format = Format::kNative;  //!< Stage 2's weight format
   PlanFlags flags{};
   //! Config::max_tokens, 1..kMaxTokens: a plan of capacity m runs every batch of up to m tokens, and
   //! every call needs workspace_bytes(d_model, d_ff, m) (its layout has room for m tokens).
   int max_tokens = 1;
+
+  //! Slot `s`'s pointer as a `const P*`.
+  template <class P>
+  const P* slot(Slot s) const noexcept {
+    return static_cast<const P*>(slots[static_cast<int>(s)]);
+  }
 };
 
 //! SparseFfn::Outputs / BatchOutputs (device pointers, null = not wanted). For a batch of B tokens

@@ -23,12 +23,7 @@ class FfnPlanImpl final : public FfnPlan {
     cfg.tau_s = 0.0f;
     cfg.thresholds = d.thresholds;
     cfg.max_tokens = d.max_tokens;
-    typename Ffn::Weights w;
-    w.gate = static_cast<const T*>(d.gate);
-    w.up = static_cast<const T*>(d.up);
-    w.down_t = static_cast<const T*>(d.down_t);
-    w.proxy_gate = {d.proxy_gate, d.scale_gate};
-    w.proxy_up = {d.proxy_up, d.scale_up};
+    const typename Ffn::Weights w = FfnTypeOf<T, ActT, kFormat>::weights(d);
     typename Ffn::PlanOptions o;
 #define PROX_EXT_APPLY(name, def) o.name = d.flags.name;
     PROX_EXT_PLAN_FLAGS(PROX_EXT_APPLY)

@@ -11,8 +11,8 @@ sequential calibration.
 The pure-Python parts (allocation rule, calibration rule, torch reference, thresholds file) work without
 the compiled extension; the ops need it (prox.ops_available(); prox.ops_import_error() says why not).
 """
-from ._ops import (ACTS, MAX_TOKENS, PLAN_FLAGS, FfnOutputs, PlanOptions, allocate_sparsity_native,
-                   available as ops_available, check_layer, check_workspace, clear_plan_cache,
+from ._ops import (ACTS, FORMATS, LAYER_SLOTS, MAX_TOKENS, PLAN_FLAGS, FfnOutputs, LayerTensors, PlanOptions,
+                   allocate_sparsity_native, available as ops_available, check_layer, check_workspace, clear_plan_cache,
                    cuda_unavailable_reason, import_error as ops_import_error, initialize_workspace, int4_layout,
                    new_workspace, pack_int4, plan_cache_capacity, plan_cache_pinned, plan_cache_size,
                    set_plan_cache_capacity, transpose, workspace_bytes, workspace_dirty, workspace_header_bytes,
@@ -30,7 +30,8 @@ from . import distributed, reference
 __version__ = "0.1.0"
 
 __all__ = [
-    "ACTS", "ALPHA", "Calibrator", "FfnOutputs", "LayerRecord", "LayerThresholds", "MAX_TOKENS", "PLAN_FLAGS", "PlanOptions",
+    "ACTS", "ALPHA", "Calibrator", "FORMATS", "FfnOutputs", "LAYER_SLOTS", "LayerRecord", "LayerTensors",
+    "LayerThresholds", "MAX_TOKENS", "PLAN_FLAGS", "PlanOptions",
     "PlannedFfn", "SparseMLP", "StageSparsity", "ThresholdConfig", "ThresholdResult", "WorkspacePool",
     "allocate_sparsity", "allocate_sparsity_native", "apply_thresholds", "calibrate_layer", "check_layer",
     "check_workspace", "clear_plan_cache", "counters_report", "cuda_unavailable_reason", "effective_sparsity",

@@ -7,6 +7,10 @@ contiguity, alignment) before launching anything and raises TypeError / ValueErr
 name; ``sparse_ffn`` allocates only its outputs (torch's caching allocator, which is graph-safe),
 never synchronizes, and runs on the current stream, so it can be captured in a CUDA graph.
 
+The ops take a layer's tensors as one list, ``layer`` (``LayerTensors.tensors()``: one entry per slot of
+LAYER_SLOTS, None where the layer's format has none), and its Stage-2 weight format as a code
+(``LayerTensors.format_code()``).
+
 ``sparse_ffn`` runs one token (x [d_model] or [1, d_model]: SparseFfn::run) or a batch of 2 to
 MAX_TOKENS tokens (x [B, d_model]: SparseFfn::run_batch, each token what batch 1 would give it within
 rounding); a batch needs a workspace of workspace_bytes(d_model, d_ff, max_tokens=B) bytes or more.
@@ -182,6 +186,99 @@ class PlanOptions:
         return [flags, self.proxy, self.glu, self.down, self.glu_down]
 
 
+# ---------------------------------------------------------------- the layer's tensors
+
+#: The layer's tensor slots in the order of the ops' ``layer`` list (csrc/ffn_api.h, PROX_EXT_LAYER_SLOTS, is the
+#: one definition; with the extension loaded the order is read from it, and a host test checks this copy and
+#: LayerTensors' fields against it).
+LAYER_SLOTS = ("w_gate", "w_up", "w_down_t", "proxy_gate", "scale_gate", "proxy_up", "scale_up")
+
+#: The Stage-2 weight formats, code = position (setup.py's FORMATS is the one definition; read from the
+#: extension when loaded, and checked against this copy by a host test).
+FORMATS = ("native",)
+
+
+def _from_extension(op: str, copy: tuple) -> tuple:
+    """The names the loaded extension reports (``copy`` without it, or from a build too old to say)."""
+    if not available():
+        return copy
+    try:
+        return tuple(getattr(torch.ops.prox, op)())
+    except (AttributeError, RuntimeError):
+        warnings.warn(f"prox: the compiled extension has no op {op}: it was built from another version of prox; "
+                      "rebuild it (pip install ./python --no-build-isolation)", RuntimeWarning, stacklevel=2)
+        return copy
+
+
+#: What the loaded extension says: module constants, so torch.compile reads them as constants.
+_SLOTS = _from_extension("layer_slot_names", LAYER_SLOTS)
+_FORMAT_CODES = {name: i for i, name in enumerate(_from_extension("layer_format_names", FORMATS))}
+_W_GATE = _SLOTS.index("w_gate")
+
+
+class LayerTensors(NamedTuple):
+    """A layer's tensors by name, and its Stage-2 weight format: what the ops take, as ``tensors()`` (the list in
+    the extension's slot order) and ``format_code()``. Built by name, never by position:
+
+        lt = prox.LayerTensors(w_gate=wg, w_up=wu, w_down_t=wdt, proxy_gate=pg, scale_gate=sg, proxy_up=pu,
+                               scale_up=su)
+        y = torch.ops.prox.sparse_ffn(x, lt.tensors(), lt.format_code(), thresholds, workspace, act, options)[0]
+
+    ``format="native"``: fp16/bf16 W_gate, W_up and W_down^T ([d_ff, d_model], the activation dtype) and the INT4
+    proxies of W_gate and W_up (``pack_int4``: int32 [d_model, d_ff/8] and float32 [d_ff] scales). A format's
+    own tensors (FP8's weight scales) are fields with a default of None, for the formats that have none. The
+    thresholds and the workspace are not slots: they change at run time (the thresholds between graph replays,
+    often a row of one shared table) or per stream, and the workspace is written (``Tensor(a!)``).
+    ``prox.check_layer`` checks every slot, naming it; each op checks again on every call."""
+
+    w_gate: torch.Tensor  #: W_gate [d_ff, d_model] (nn.Linear layout)
+    w_up: torch.Tensor  #: W_up [d_ff, d_model]
+    w_down_t: torch.Tensor  #: W_down^T [d_ff, d_model] (prox.transpose of nn.Linear's W_down)
+    proxy_gate: torch.Tensor  #: INT4 proxy of W_gate, int32 [d_model, d_ff/8] (layout v1)
+    scale_gate: torch.Tensor  #: its float32 scales [d_ff]
+    proxy_up: torch.Tensor  #: INT4 proxy of W_up
+    scale_up: torch.Tensor  #: its float32 scales [d_ff]
+    format: str = "native"  #: the Stage-2 weight format (FORMATS)
+
+    def tensors(self) -> list:
+        """The ops' ``layer`` list: each slot's tensor (or None) in the extension's slot order."""
+        return layer_list(self)
+
+    def format_code(self) -> int:
+        """The ops' ``format``: the format's code in the extension (its position in FORMATS)."""
+        return format_code(self.format)
+
+
+def layer_list(layer: LayerTensors) -> list:
+    """``layer.tensors()`` as a function."""
+    return [getattr(layer, name) for name in _SLOTS]
+
+
+def layer_args(layer: LayerTensors) -> tuple[list, int]:
+    """The ops' ``layer`` and ``format`` arguments (module functions: torch.compile traces them in forward())."""
+    return layer_list(layer), format_code(layer.format)
+
+
+def format_code(name: str) -> int:
+    """The ops' ``format`` code of a format name (FORMATS)."""
+    code = _FORMAT_CODES.get(name)
+    if code is None:
+        raise ValueError(f"prox: unknown layer format {name!r} (this extension has {', '.join(_FORMAT_CODES)})")
+    return code
+
+
+def _check_layer_fields() -> None:
+    """The loaded extension's slots are LayerTensors' fields (a build of another prox version may differ)."""
+    missing = [n for n in _SLOTS if n not in LayerTensors._fields]
+    if missing:
+        warnings.warn(f"prox: the compiled extension has layer slots prox.LayerTensors lacks ({', '.join(missing)}): "
+                      "it was built from another version of prox; rebuild it (pip install ./python "
+                      "--no-build-isolation)", RuntimeWarning, stacklevel=3)
+
+
+_check_layer_fields()
+
+
 # ---------------------------------------------------------------- fake kernels
 
 if available():
@@ -196,9 +293,9 @@ if available():
         return w.new_empty((w.shape[1], w.shape[0]))
 
     @torch.library.register_fake("prox::sparse_ffn")
-    def _sparse_ffn_fake(x, w_gate, w_up, w_down_t, proxy_gate, scale_gate, proxy_up, scale_up, thresholds,
-                         workspace, act, options, return_mask=False, return_s_proxy=False, return_s=False,
-                         counters=None):
+    def _sparse_ffn_fake(x, layer, format, thresholds, workspace, act, options, return_mask=False,
+                         return_s_proxy=False, return_s=False, counters=None):
+        w_gate = layer[_W_GATE]  # [d_ff, d_model] in every format
         d_ff = w_gate.shape[0]
         # A batch ([B, d_model], B >= 2) gives each output a leading B; one token keeps batch-1 shapes.
         lead = (x.shape[0],) if x.dim() == 2 and x.shape[0] != 1 else ()
@@ -211,9 +308,8 @@ if available():
                 out(return_s, d_ff, torch.float32))
 
     @torch.library.register_fake("prox::proxy_values")
-    def _proxy_values_fake(x, w_gate, w_up, w_down_t, proxy_gate, scale_gate, proxy_up, scale_up, thresholds,
-                           workspace, act, options):
-        d_ff = w_gate.shape[0]
+    def _proxy_values_fake(x, layer, format, thresholds, workspace, act, options):
+        d_ff = layer[_W_GATE].shape[0]
         shape = (d_ff,) if x.dim() == 1 else (x.shape[0], d_ff)
         return x.new_empty(shape, dtype=torch.float32)
 
@@ -381,50 +477,30 @@ def clear_plan_cache() -> None:
 # ---------------------------------------------------------------- validation where the user is
 
 
-def _check_tensor(t, name: str, device: torch.device, dtype, shape: tuple, align: int) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"prox: {name} must be a tensor (it is {type(t).__name__})")
-    if t.dtype != dtype:
-        raise TypeError(f"prox: {name} must be {dtype} (it is {t.dtype})")
-    if t.device != device:
-        raise ValueError(f"prox: {name} is on {t.device}, the layer's tensors (w_gate) on {device}")
-    if tuple(t.shape) != tuple(shape):
-        raise ValueError(f"prox: {name} must have shape {tuple(shape)} (it has {tuple(t.shape)})")
-    if not t.is_contiguous():
-        raise ValueError(f"prox: {name} must be contiguous")
-    if t.device.type != "meta" and t.data_ptr() % align:
-        raise ValueError(f"prox: {name} must be {align}-byte aligned (data_ptr {t.data_ptr():#x})")
-
-
-def check_layer(w_gate, w_up, w_down_t, proxy_gate, scale_gate, proxy_up, scale_up, thresholds,
-                workspace=None, *, max_tokens: int = 1) -> tuple[int, int]:
-    """The checks the op makes on a layer's tensors, made when the layer is built (PlannedFfn, SparseMLP) so
-    that the error names the tensor where the user is: dtype, device and its index, shape, contiguity and
-    alignment of each, the workspace's size for ``max_tokens`` tokens. Returns (d_model, d_ff). The op checks
-    again on every call (the second line, for C++ and raw-op callers)."""
-    if not isinstance(w_gate, torch.Tensor) or w_gate.dim() != 2:
-        raise ValueError("prox: w_gate must be a 2-D [d_ff, d_model] tensor")
-    if w_gate.dtype not in (torch.float16, torch.bfloat16):
-        raise TypeError(f"prox: w_gate must be torch.float16 or torch.bfloat16 (it is {w_gate.dtype})")
-    d_ff, d_model = (int(v) for v in w_gate.shape)
-    if not (8 <= d_model <= 1 << 20 and d_model % 8 == 0):
-        raise ValueError(f"prox: d_model must be a multiple of 8 in [8, 2^20], got {d_model}")
-    if not (32 <= d_ff <= 1 << 20 and d_ff % 32 == 0):
-        raise ValueError(f"prox: d_ff must be a multiple of 32 in [32, 2^20], got {d_ff}")
+def check_layer(layer: LayerTensors, thresholds: torch.Tensor, workspace=None, *, max_tokens: int = 1,
+                dtype: Optional[torch.dtype] = None) -> tuple[int, int]:
+    """The checks the ops make on a layer's tensors, made when the layer is built (PlannedFfn, SparseMLP) so that
+    the error names the tensor where the user is: each slot of the layer's format (dtype, device and its index,
+    shape, contiguity, alignment; a slot the format has no use for must be None), the thresholds, the activation
+    ``dtype`` where given (the native format's is its weights'), and the workspace's size for ``max_tokens``
+    tokens. Returns (d_model, d_ff). The slot checks are the extension's own (torch.ops.prox.check_layer, which
+    runs on any device), the ones every op call makes again (the second line, for C++ and raw-op callers)."""
+    _require()
+    if not isinstance(layer, LayerTensors):
+        raise TypeError(f"prox: layer must be a prox.LayerTensors (it is {type(layer).__name__})")
+    for name in _SLOTS:
+        t = getattr(layer, name)
+        if t is not None and not isinstance(t, torch.Tensor):
+            raise TypeError(f"prox: {name} must be a tensor (it is {type(t).__name__})")
+    if not isinstance(thresholds, torch.Tensor):
+        raise TypeError(f"prox: thresholds must be a tensor (it is {type(thresholds).__name__})")
     if not 1 <= max_tokens <= MAX_TOKENS:
         raise ValueError(f"prox: max_tokens must be in [1, {MAX_TOKENS}], got {max_tokens}")
-    dev, dt = w_gate.device, w_gate.dtype
-    _check_tensor(w_gate, "w_gate", dev, dt, (d_ff, d_model), 16)
-    _check_tensor(w_up, "w_up", dev, dt, (d_ff, d_model), 16)
-    _check_tensor(w_down_t, "w_down_t (W_down transposed)", dev, dt, (d_ff, d_model), 16)
-    _check_tensor(proxy_gate, "proxy_gate", dev, torch.int32, (d_model, d_ff // 8), 16)
-    _check_tensor(proxy_up, "proxy_up", dev, torch.int32, (d_model, d_ff // 8), 16)
-    _check_tensor(scale_gate, "scale_gate", dev, torch.float32, (d_ff,), 4)
-    _check_tensor(scale_up, "scale_up", dev, torch.float32, (d_ff,), 4)
-    _check_tensor(thresholds, "thresholds", dev, torch.float32, (2,), 4)
+    d_model, d_ff = (int(v) for v in torch.ops.prox.check_layer(layer_list(layer), format_code(layer.format),
+                                                                 thresholds, dtype))
     if workspace is not None:
         need = workspace_bytes(d_model, d_ff, max_tokens)
-        check_workspace(workspace, dev, need=need,
+        check_workspace(workspace, layer.w_gate.device, need=need,
                         what=f"workspace (for calls of up to {max_tokens} token{'s' if max_tokens > 1 else ''}: "
                              f"prox.workspace_bytes({d_model}, {d_ff}, max_tokens={max_tokens}))")
     return d_model, d_ff

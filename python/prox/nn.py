@@ -27,7 +27,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from . import _ops, reference
-from ._ops import PlanOptions
+from ._ops import LayerTensors, PlanOptions
 from .planned import sparsity_report as counters_report
 
 #: Buffers that stay float32 whatever dtype the module is converted to (model.half(), .to(bf16)).
@@ -381,7 +381,8 @@ class SparseMLP(nn.Module):
         w = self.gate_proj.weight
         self._op_ok = self._op_weights(w) and (self.workspace is not None or self._pool is not None)
         if self._op_ok:
-            _ops.check_layer(*self._tensors(), workspace=self.workspace if self._pool is None else None)
+            _ops.check_layer(self.layer_tensors(), self.thresholds,
+                             self.workspace if self._pool is None else None)
             if self.workspace is None and not torch.cuda.is_current_stream_capturing():
                 self._bind_workspace()
         elif self.backend == "auto" and w.is_cuda:
@@ -446,12 +447,13 @@ class SparseMLP(nn.Module):
             return None
         self._bind_workspace()
         self._unpin()
-        res = list(torch.ops.prox.plan_ffn(*self._tensors(), self.act_code, self._options, 1, True))
+        layer, fmt = _ops.layer_args(self.layer_tensors())
+        res = list(torch.ops.prox.plan_ffn(layer, fmt, self.thresholds, self.act_code, self._options, 1, True))
         self._plan_pins.append(res[4])
         m = _ops.workspace_tokens(self.d_model, self.d_ff, self.workspace.numel())
         if self.batched and m >= 2:
-            self._plan_pins.append(torch.ops.prox.plan_ffn(*self._tensors(), self.act_code, self._options, m,
-                                                           True)[4])
+            self._plan_pins.append(torch.ops.prox.plan_ffn(layer, fmt, self.thresholds, self.act_code, self._options,
+                                                           m, True)[4])
         return res[:4]
 
     def _unpin(self) -> None:
@@ -484,9 +486,11 @@ class SparseMLP(nn.Module):
 
     # ------------------------------------------------------------ forward
 
-    def _tensors(self):
-        return (self.gate_proj.weight.detach(), self.up_proj.weight.detach(), self.down_t, self.proxy_gate,
-                self.scale_gate, self.proxy_up, self.scale_up, self.thresholds)
+    def layer_tensors(self) -> LayerTensors:
+        """The layer's tensors by name, as the op reads them (the ops' ``layer`` list is its ``tensors()``)."""
+        return LayerTensors(w_gate=self.gate_proj.weight.detach(), w_up=self.up_proj.weight.detach(),
+                            w_down_t=self.down_t, proxy_gate=self.proxy_gate, scale_gate=self.scale_gate,
+                            proxy_up=self.proxy_up, scale_up=self.scale_up)
 
     def backend_in_use(self) -> str:
         """"op" or "torch": what a decode step of this layer runs now (its weights' dtype and device)."""
@@ -562,12 +566,13 @@ class SparseMLP(nn.Module):
         """Prox on every row of x2 [tokens, d_model] through the CUDA op: one call for one token or a batch
         (_batches()), else one call per token."""
         self._bind_workspace()
-        tensors = self._tensors()
+        layer, fmt = _ops.layer_args(self.layer_tensors())
         if x2.shape[0] == 1 or self._batches(x2):
-            return torch.ops.prox.sparse_ffn(x2, *tensors, self.workspace, self.act_code, self._options,
-                                             False, False, False, self.counters)[0]
-        rows = [torch.ops.prox.sparse_ffn(x2[t], *tensors, self.workspace, self.act_code, self._options,
-                                          False, False, False, self.counters)[0] for t in range(x2.shape[0])]
+            return torch.ops.prox.sparse_ffn(x2, layer, fmt, self.thresholds, self.workspace, self.act_code,
+                                             self._options, False, False, False, self.counters)[0]
+        rows = [torch.ops.prox.sparse_ffn(x2[t], layer, fmt, self.thresholds, self.workspace, self.act_code,
+                                          self._options, False, False, False, self.counters)[0]
+                for t in range(x2.shape[0])]
         return torch.stack(rows)
 
     def proxy_values(self, x2: torch.Tensor, tau_x: float) -> torch.Tensor:
@@ -576,8 +581,9 @@ class SparseMLP(nn.Module):
             self._bind_workspace()
             saved = self.thresholds.clone()
             self.thresholds[0].fill_(float(tau_x))
-            s = torch.ops.prox.proxy_values(x2.contiguous(), *self._tensors(), self.workspace, self.act_code,
-                                            self._options)
+            layer, fmt = _ops.layer_args(self.layer_tensors())
+            s = torch.ops.prox.proxy_values(x2.contiguous(), layer, fmt, self.thresholds, self.workspace,
+                                            self.act_code, self._options)
             self.thresholds.copy_(saved)
             return s
         qg, qu = self._q()

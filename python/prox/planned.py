@@ -16,7 +16,7 @@ from typing import Optional
 import torch
 
 from . import _ops
-from ._ops import FfnOutputs, PlanOptions
+from ._ops import FfnOutputs, LayerTensors, PlanOptions
 from .allocation import ALPHA, effective_sparsity
 
 
@@ -106,7 +106,7 @@ class PlannedFfn:
             workspace = _ops.new_workspace(self.d_model, self.d_ff, self.device, max_tokens=max_tokens)
         self.workspace = workspace
         # Every tensor checked here, each named (the op checks again on every call, for raw-op callers).
-        _ops.check_layer(*self._tensors(), workspace=self.workspace, max_tokens=max_tokens)
+        _ops.check_layer(self.layer_tensors(), self.thresholds, self.workspace, max_tokens=max_tokens)
         # The plans stay pinned in the extension's plan cache while this object lives (a capture later can
         # always find them); the finalizer releases them.
         self._pins: list = []
@@ -115,9 +115,10 @@ class PlannedFfn:
 
     # ------------------------------------------------------------ planning and thresholds
 
-    def _tensors(self):
-        return (self.w_gate, self.w_up, self.w_down_t, self.proxy_gate, self.scale_gate, self.proxy_up,
-                self.scale_up, self.thresholds)
+    def layer_tensors(self) -> LayerTensors:
+        """The layer's tensors by name (the ops' ``layer`` list is its ``tensors()``), as they are now."""
+        return LayerTensors(w_gate=self.w_gate, w_up=self.w_up, w_down_t=self.w_down_t, proxy_gate=self.proxy_gate,
+                            scale_gate=self.scale_gate, proxy_up=self.proxy_up, scale_up=self.scale_up)
 
     @property
     def max_tokens(self) -> int:
@@ -129,10 +130,11 @@ class PlannedFfn:
         batched plan that batches run. Returns the policies chosen [proxy, glu, down, glu_down] (batch 1's).
         Outside graph capture only; the constructor calls it. The plans are pinned while this object lives."""
         _unpin_all(self._pins)
-        res = list(torch.ops.prox.plan_ffn(*self._tensors(), self.act_code, self._options, 1, True))
+        layer, fmt = _ops.layer_args(self.layer_tensors())
+        res = list(torch.ops.prox.plan_ffn(layer, fmt, self.thresholds, self.act_code, self._options, 1, True))
         self._pins.append(res[4])
         if self.max_tokens >= 2:
-            self._pins.append(torch.ops.prox.plan_ffn(*self._tensors(), self.act_code, self._options,
+            self._pins.append(torch.ops.prox.plan_ffn(layer, fmt, self.thresholds, self.act_code, self._options,
                                                       self.max_tokens, True)[4])
         return res[:4]
 
@@ -155,7 +157,8 @@ class PlannedFfn:
         (int64 [4]; a batch counts each token as a call), or for a batch of B an int64 [B + 1, 4] tensor
         that gets each token's counts, then their union's (the inputs any token kept, the channels any
         token selected)."""
-        y, mask, s_proxy, s = torch.ops.prox.sparse_ffn(x, *self._tensors(), self.workspace, self.act_code,
+        layer, fmt = _ops.layer_args(self.layer_tensors())
+        y, mask, s_proxy, s = torch.ops.prox.sparse_ffn(x, layer, fmt, self.thresholds, self.workspace, self.act_code,
                                                          self._options, return_mask, return_s_proxy, return_s,
                                                          counters)
         if self.tp is not None:  # a shard's partial sum (mask, s~ and s stay this rank's channels)
@@ -169,14 +172,17 @@ class PlannedFfn:
         """Stage 1 in values mode: s~ float32 [tokens, d_ff] for x [tokens, d_model] (one launch per token; for
         calibration), under the layer's current tau_x, or under ``tau_x`` when given (the thresholds are written
         for the call and restored after it: calibrate_layer's proxy_values(x, tau_x) callback, as SparseMLP's)."""
+        layer, fmt = _ops.layer_args(self.layer_tensors())
         if tau_x is None:
-            return torch.ops.prox.proxy_values(x, *self._tensors(), self.workspace, self.act_code, self._options)
+            return torch.ops.prox.proxy_values(x, layer, fmt, self.thresholds, self.workspace, self.act_code,
+                                               self._options)
         if not float(tau_x) >= 0.0:
             raise ValueError(f"prox: tau_x must be >= 0, got {tau_x}")
         saved = self.thresholds.clone()
         self.thresholds[0].fill_(float(tau_x))
         try:
-            return torch.ops.prox.proxy_values(x, *self._tensors(), self.workspace, self.act_code, self._options)
+            return torch.ops.prox.proxy_values(x, layer, fmt, self.thresholds, self.workspace, self.act_code,
+                                               self._options)
         finally:
             self.thresholds.copy_(saved)
 

@@ -150,9 +150,10 @@ def test_cpp_host_transpose(shape):
 def test_cuda_only_ops_refuse_cpu_tensors():
     w = torch.zeros(32, 8, dtype=torch.float16)
     p, s = prox.pack_int4(w)
+    lt = prox.LayerTensors(w_gate=w, w_up=w, w_down_t=w, proxy_gate=p, scale_gate=s, proxy_up=p, scale_up=s)
     th = torch.zeros(2)
     with pytest.raises(ValueError, match="CUDA tensors only"):
-        torch.ops.prox.sparse_ffn(w[0], w, w, w, p, s, p, s, th, torch.zeros(4096, dtype=torch.uint8), 0,
+        torch.ops.prox.sparse_ffn(w[0], lt.tensors(), lt.format_code(), th, torch.zeros(4096, dtype=torch.uint8), 0,
                                   prox.PlanOptions().encode())
 
 
@@ -192,23 +193,25 @@ def test_fake_kernels_shapes():
         p, s = torch.ops.prox.pack_int4(w)
         assert p.shape == (64, 16) and p.dtype == torch.int32 and s.shape == (128,)
         assert torch.ops.prox.transpose(w).shape == (64, 128)
+        lt = prox.LayerTensors(w_gate=w, w_up=w, w_down_t=w, proxy_gate=p, scale_gate=s, proxy_up=p, scale_up=s)
+        layer, fmt = lt.tensors(), lt.format_code()
         x = torch.empty(1, 64, dtype=torch.bfloat16, device="cuda")
         th = torch.empty(2, device="cuda")
         ws = torch.empty(4096, dtype=torch.uint8, device="cuda")
-        y, m, sp, st = torch.ops.prox.sparse_ffn(x, w, w, w, p, s, p, s, th, ws, 1, prox.PlanOptions().encode(),
+        y, m, sp, st = torch.ops.prox.sparse_ffn(x, layer, fmt, th, ws, 1, prox.PlanOptions().encode(),
                                                  True, False, True)
         assert y.shape == (1, 64) and y.dtype == torch.bfloat16
         assert m.shape == (4,) and sp.shape == (0,) and st.shape == (128,)
-        y, m, sp, st = torch.ops.prox.sparse_ffn(x[0], w, w, w, p, s, p, s, th, ws, 1, prox.PlanOptions().encode(),
+        y, m, sp, st = torch.ops.prox.sparse_ffn(x[0], layer, fmt, th, ws, 1, prox.PlanOptions().encode(),
                                                  True, True, False)
         assert y.shape == (64,) and m.shape == (4,) and sp.shape == (128,) and st.shape == (0,)
         xb = torch.empty(3, 64, dtype=torch.bfloat16, device="cuda")  # a batch: a leading 3 on every output
-        y, m, sp, st = torch.ops.prox.sparse_ffn(xb, w, w, w, p, s, p, s, th, ws, 1, prox.PlanOptions().encode(),
+        y, m, sp, st = torch.ops.prox.sparse_ffn(xb, layer, fmt, th, ws, 1, prox.PlanOptions().encode(),
                                                  True, False, True)
         assert y.shape == (3, 64) and m.shape == (3, 4) and m.dtype == torch.int32
         assert sp.shape == (0,) and st.shape == (3, 128) and st.dtype == torch.float32
-        v = torch.ops.prox.proxy_values(torch.empty(5, 64, dtype=torch.bfloat16, device="cuda"), w, w, w, p, s, p, s,
-                                        th, ws, 0, prox.PlanOptions().encode())
+        v = torch.ops.prox.proxy_values(torch.empty(5, 64, dtype=torch.bfloat16, device="cuda"), layer, fmt, th, ws,
+                                        0, prox.PlanOptions().encode())
         assert v.shape == (5, 128) and v.dtype == torch.float32
 
 

@@ -73,8 +73,10 @@ def test_batch_of_three_tokens(kind, dtype):
         y = sp(x)
         assert prox.plan_cache_size() == n
         assert sp.counters.tolist()[0] == 3  # the sparse path (dense counts nothing), one call per token
-        assert torch.equal(y.reshape(3, 256), torch.ops.prox.sparse_ffn(x.reshape(3, 256), *sp._tensors(),
-                                                                         sp.workspace, sp.act_code, sp._options)[0])
+        lt = sp.layer_tensors()
+        assert torch.equal(y.reshape(3, 256), torch.ops.prox.sparse_ffn(x.reshape(3, 256), lt.tensors(),
+                                                                         lt.format_code(), sp.thresholds, sp.workspace,
+                                                                         sp.act_code, sp._options)[0])
         for t in range(3):
             one = sp(x[:, t:t + 1])  # the token as its own decode step (batch 1)
             rel = (y[:, t:t + 1].float() - one.float()).norm() / one.float().norm()

@@ -189,6 +189,29 @@ def test_shared_workspace_and_plan_cache():
     assert not prox.workspace_dirty(ws)
 
 
+def test_plan_cache_key_covers_every_slot():
+    """A plan holds the pointers of every slot of the layer list (and the thresholds'): a layer with any one slot
+    moved to a copy gets a plan of its own, never another layer's, and runs as the original does."""
+    d_model, d_ff = 72, 160
+    ffn = prox.PlannedFfn(*make_layer(d_model, d_ff, torch.float16, seed=12), tau_x=0.3, tau_s=0.01)
+    lt = ffn.layer_tensors()
+    x = torch.randn(d_model, device="cuda").half()
+    y = ffn.run(x)
+    opts = prox.PlanOptions().encode()
+    for i, name in enumerate(prox.LAYER_SLOTS):
+        moved = lt._replace(**{name: getattr(lt, name).clone()})
+        n = prox.plan_cache_size()
+        assert moved.tensors()[i].data_ptr() != lt.tensors()[i].data_ptr()
+        torch.ops.prox.plan_ffn(moved.tensors(), moved.format_code(), ffn.thresholds, 0, opts)
+        assert prox.plan_cache_size() == n + 1, f"{name}: a copy of it found the original's plan"
+        got = torch.ops.prox.sparse_ffn(x, moved.tensors(), moved.format_code(), ffn.thresholds, ffn.workspace, 0,
+                                        opts)[0]
+        assert torch.equal(got, y), name
+    n = prox.plan_cache_size()
+    torch.ops.prox.plan_ffn(lt.tensors(), lt.format_code(), ffn.thresholds.clone(), 0, opts)
+    assert prox.plan_cache_size() == n + 1  # the thresholds' pointer too
+
+
 # ---------------------------------------------------------------- bad inputs: clear errors, nothing launched
 
 
@@ -196,10 +219,8 @@ def _bad_cases(d_model, d_ff):
     def mk(**over):
         wg, wu, wd = make_layer(d_model, d_ff, torch.float16, seed=7)
         ffn = prox.PlannedFfn(wg, wu, wd, tau_x=0.0, tau_s=0.0)
-        args = dict(x=torch.randn(d_model, device="cuda").half(), w_gate=ffn.w_gate, w_up=ffn.w_up,
-                    w_down_t=ffn.w_down_t, proxy_gate=ffn.proxy_gate, scale_gate=ffn.scale_gate,
-                    proxy_up=ffn.proxy_up, scale_up=ffn.scale_up, thresholds=ffn.thresholds, workspace=ffn.workspace,
-                    act=0, options=prox.PlanOptions().encode())
+        args = dict(x=torch.randn(d_model, device="cuda").half(), **ffn.layer_tensors()._asdict(),
+                    thresholds=ffn.thresholds, workspace=ffn.workspace, act=0, options=prox.PlanOptions().encode())
         args.update(over)
         return args
     big = torch.randn(2 * d_model + 8, device="cuda").half()
@@ -232,17 +253,17 @@ def test_bad_inputs_raise_before_launch():
         a = mk(**over)
         c = prox.new_counters()
         torch.cuda.synchronize()
+        lt = prox.LayerTensors(**{k: a[k] for k in prox.LayerTensors._fields})
         with pytest.raises(exc, match=text):
-            torch.ops.prox.sparse_ffn(a["x"], a["w_gate"], a["w_up"], a["w_down_t"], a["proxy_gate"],
-                                      a["scale_gate"], a["proxy_up"], a["scale_up"], a["thresholds"], a["workspace"],
+            torch.ops.prox.sparse_ffn(a["x"], lt.tensors(), lt.format_code(), a["thresholds"], a["workspace"],
                                       a["act"], a["options"], False, False, False, c)
         torch.cuda.synchronize()  # no asynchronous error either
         assert int(c[0]) == 0, f"{over}: a kernel ran"
     a = mk()
+    lt = prox.LayerTensors(**{k: a[k] for k in prox.LayerTensors._fields})
     with pytest.raises(TypeError, match="counters"):
-        torch.ops.prox.sparse_ffn(a["x"], a["w_gate"], a["w_up"], a["w_down_t"], a["proxy_gate"], a["scale_gate"],
-                                  a["proxy_up"], a["scale_up"], a["thresholds"], a["workspace"], 0, a["options"],
-                                  False, False, False, torch.zeros(4, dtype=torch.int32, device="cuda"))
+        torch.ops.prox.sparse_ffn(a["x"], lt.tensors(), lt.format_code(), a["thresholds"], a["workspace"], 0,
+                                  a["options"], False, False, False, torch.zeros(4, dtype=torch.int32, device="cuda"))
 
 
 def test_bad_shapes_planned_ffn():
@@ -352,7 +373,9 @@ def test_opcheck():
     wg, wu, wd = make_layer(d_model, d_ff, torch.float16, seed=10)
     ffn = prox.PlannedFfn(wg, wu, wd, tau_x=0.3, tau_s=0.01)
     x = torch.randn(1, d_model, device="cuda").half()
-    args = (x, *ffn._tensors(), ffn.workspace, 0, ffn._options, True, True, True, prox.new_counters())
+    lt = ffn.layer_tensors()
+    args = (x, lt.tensors(), lt.format_code(), ffn.thresholds, ffn.workspace, 0, ffn._options, True, True, True,
+            prox.new_counters())
     torch.library.opcheck(torch.ops.prox.sparse_ffn.default, args,
                           test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
     torch.library.opcheck(torch.ops.prox.pack_int4.default, (wg,), test_utils=("test_schema", "test_faketensor"))
@@ -482,6 +505,7 @@ def test_opcheck_batch():
     ffn = prox.PlannedFfn(*make_layer(d_model, d_ff, torch.float16, seed=18), tau_x=0.3, tau_s=0.01, max_tokens=8)
     x = torch.randn(3, d_model, device="cuda").half()
     for c in (prox.new_counters(), torch.zeros(4, 4, dtype=torch.int64, device="cuda")):
-        args = (x, *ffn._tensors(), ffn.workspace, 0, ffn._options, True, True, True, c)
+        lt = ffn.layer_tensors()
+        args = (x, lt.tensors(), lt.format_code(), ffn.thresholds, ffn.workspace, 0, ffn._options, True, True, True, c)
         torch.library.opcheck(torch.ops.prox.sparse_ffn.default, args,
                               test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))

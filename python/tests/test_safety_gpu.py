@@ -166,8 +166,10 @@ def test_plan_cache_never_evicts_a_captured_or_pinned_plan():
         x = torch.randn(64, device="cuda").half()
         ws = prox.new_workspace(64, 128)
         th = torch.zeros(2, device="cuda")
-        raw = (wg, wu, prox.transpose(wd), *prox.pack_int4(wg), *prox.pack_int4(wu), th)
-        call = lambda: torch.ops.prox.sparse_ffn(x, *raw, ws, 0, prox.PlanOptions().encode())[0]  # noqa: E731
+        (pg, sg), (pu, su) = prox.pack_int4(wg), prox.pack_int4(wu)
+        layer = prox.LayerTensors(w_gate=wg, w_up=wu, w_down_t=prox.transpose(wd), proxy_gate=pg, scale_gate=sg,
+                                  proxy_up=pu, scale_up=su).tensors()
+        call = lambda: torch.ops.prox.sparse_ffn(x, layer, 0, th, ws, 0, prox.PlanOptions().encode())[0]  # noqa: E731
         g, y = _capture(call)  # planned eagerly in the warm-up, then used during capture: kept
         assert prox.plan_cache_pinned() == 1
         others = [prox.PlannedFfn(*(t.weight.detach() for t in linears(64, 128, torch.float16, seed=10 + i)))
@@ -175,7 +177,7 @@ def test_plan_cache_never_evicts_a_captured_or_pinned_plan():
         assert prox.plan_cache_pinned() == 5
         for i in range(6):  # unpinned plans beyond the capacity are evicted
             th2 = torch.zeros(2, device="cuda")
-            torch.ops.prox.sparse_ffn(x, *raw[:-1], th2, ws, 0, prox.PlanOptions().encode())
+            torch.ops.prox.sparse_ffn(x, layer, 0, th2, ws, 0, prox.PlanOptions().encode())
         assert prox.plan_cache_size() == 5 + 2
         g2, y2 = _capture(call)  # captured again: its plan is still there (no "no plan yet" refusal)
         g2.replay()
@@ -191,11 +193,14 @@ def test_plan_cache_never_evicts_a_captured_or_pinned_plan():
 
 def test_non_cooperative_fused_stage2_refused_at_run_time():
     wg, wu, wd = (t.weight.detach() for t in linears(64, 128, torch.float16))
-    raw = (wg, wu, prox.transpose(wd), *prox.pack_int4(wg), *prox.pack_int4(wu), torch.zeros(2, device="cuda"))
+    (pg, sg), (pu, su) = prox.pack_int4(wg), prox.pack_int4(wu)
+    lt = prox.LayerTensors(w_gate=wg, w_up=wu, w_down_t=prox.transpose(wd), proxy_gate=pg, scale_gate=sg, proxy_up=pu,
+                           scale_up=su)
     c = prox.new_counters()
     torch.cuda.synchronize()
     with pytest.raises(ValueError, match="cooperative off"):
-        torch.ops.prox.sparse_ffn(torch.randn(64, device="cuda").half(), *raw, prox.new_workspace(64, 128), 0,
+        torch.ops.prox.sparse_ffn(torch.randn(64, device="cuda").half(), lt.tensors(), lt.format_code(),
+                                  torch.zeros(2, device="cuda"), prox.new_workspace(64, 128), 0,
                                   [1 | 4 | 8 | 32, -1, -1, -1, -1], False, False, False, c)
     torch.cuda.synchronize()
     assert int(c[0]) == 0

@@ -365,10 +365,11 @@ def test_op_refuses_non_cooperative_fused_stage2():
     """The C++ flags check, for raw-op callers: flags with fuse_stage2 (4) but not cooperative (16)."""
     w = torch.zeros(32, 8, dtype=torch.float16)
     p, s = prox.pack_int4(w)
+    layer = prox.LayerTensors(w_gate=w, w_up=w, w_down_t=w, proxy_gate=p, scale_gate=s, proxy_up=p, scale_up=s).tensors()
     flags = 1 | 4 | 8 | 32
-    for call in (lambda: torch.ops.prox.plan_ffn(w, w, w, p, s, p, s, torch.zeros(2), 0, [flags, -1, -1, -1, -1]),
-                 lambda: torch.ops.prox.sparse_ffn(w[0], w, w, w, p, s, p, s, torch.zeros(2),
-                                                   torch.zeros(8192, dtype=torch.uint8), 0, [flags, -1, -1, -1, -1])):
+    for call in (lambda: torch.ops.prox.plan_ffn(layer, 0, torch.zeros(2), 0, [flags, -1, -1, -1, -1]),
+                 lambda: torch.ops.prox.sparse_ffn(w[0], layer, 0, torch.zeros(2), torch.zeros(8192, dtype=torch.uint8),
+                                                   0, [flags, -1, -1, -1, -1])):
         with pytest.raises(ValueError, match="cooperative off"):
             call()
 
@@ -393,33 +394,126 @@ def _layer_tensors(d_model=64, d_ff=128, dtype=torch.float16):
     wdt = torch.randn(d_ff, d_model).to(dtype)
     pg, sg = reference.pack_int4(wg)
     pu, su = reference.pack_int4(wu)
-    return dict(w_gate=wg, w_up=wu, w_down_t=wdt, proxy_gate=pg, scale_gate=sg, proxy_up=pu, scale_up=su,
-                thresholds=torch.zeros(2))
+    return prox.LayerTensors(w_gate=wg, w_up=wu, w_down_t=wdt, proxy_gate=pg, scale_gate=sg, proxy_up=pu, scale_up=su)
 
 
 @requires_ext
 def test_check_layer_names_the_tensor():
     t = _layer_tensors()
-    assert prox.check_layer(**t, workspace=torch.zeros(prox.workspace_bytes(64, 128), dtype=torch.uint8)) == (64, 128)
+    th = torch.zeros(2)
+    assert prox.check_layer(t, th, torch.zeros(prox.workspace_bytes(64, 128), dtype=torch.uint8)) == (64, 128)
     buf = torch.zeros(64 * 128 + 1, dtype=torch.float16)
     cases = [
-        (dict(w_up=t["w_up"].bfloat16()), TypeError, "w_up must be torch.float16"),
-        (dict(w_up=t["w_up"][:, :56]), ValueError, r"w_up must have shape \(128, 64\)"),
-        (dict(w_up=t["w_up"].t().contiguous().t()), ValueError, "w_up must be contiguous"),
-        (dict(w_down_t=buf[1:].view(128, 64)), ValueError, "w_down_t .* must be 16-byte aligned"),
-        (dict(proxy_up=t["proxy_up"].long()), TypeError, "proxy_up must be torch.int32"),
-        (dict(scale_gate=t["scale_gate"][:64]), ValueError, "scale_gate must have shape"),
+        (dict(w_up=t.w_up.bfloat16()), TypeError, r"w_up must be torch.float16 \(it is torch.bfloat16\)"),
+        (dict(w_up=t.w_up[:, :56]), ValueError, r"w_up must have shape \(128, 64\) \(it has \(128, 56\)\)"),
+        (dict(w_up=t.w_up.t().contiguous().t()), ValueError, "w_up must be contiguous"),
+        (dict(w_down_t=buf[1:].view(128, 64)), ValueError, "w_down_t must be 16-byte aligned"),
+        (dict(proxy_up=t.proxy_up.long()), TypeError, "proxy_up must be torch.int32"),
+        (dict(scale_gate=t.scale_gate[:64]), ValueError, r"scale_gate must have shape \(128,\)"),
         (dict(thresholds=torch.zeros(2, device="meta")), ValueError, "thresholds is on meta"),
         (dict(workspace=torch.zeros(1024, dtype=torch.uint8)), ValueError, "workspace .* has 1024 bytes"),
         (dict(workspace=torch.zeros(8192, dtype=torch.int32)), TypeError, "workspace .* must be torch.uint8"),
         (dict(w_gate=torch.zeros(128, 60, dtype=torch.float16)), ValueError, "d_model must be a multiple of 8"),
     ]
     for over, exc, text in cases:
+        args = {"thresholds": th, "workspace": None, **over}
+        layer = t._replace(**{k: v for k, v in over.items() if k in prox.LAYER_SLOTS})
         with pytest.raises(exc, match=text):
-            prox.check_layer(**{"workspace": None, **t, **over})
+            prox.check_layer(layer, args["thresholds"], args["workspace"])
     big = prox.workspace_bytes(64, 128, 4)
     with pytest.raises(ValueError, match="calls of up to 5 tokens"):
-        prox.check_layer(**t, workspace=torch.zeros(big, dtype=torch.uint8), max_tokens=5)
+        prox.check_layer(t, th, torch.zeros(big, dtype=torch.uint8), max_tokens=5)
+    with pytest.raises(TypeError, match="prox.LayerTensors"):
+        prox.check_layer(tuple(t), th)  # positional tensors: refused
+    with pytest.raises(TypeError, match="scale_up must be a tensor"):
+        prox.check_layer(t._replace(scale_up=[1.0] * 128), th)
+
+
+# ---------------------------------------------------------------- the layer's tensors: one structure, one slot table
+
+
+@requires_ext
+def test_layer_slots_have_one_definition():
+    """The slots are written once (csrc/ffn_api.h, PROX_EXT_LAYER_SLOTS): the extension reports them in the ops'
+    list order, prox.LAYER_SLOTS is that list, LayerTensors has a field for each, and tensors() puts each field
+    at its slot's position. The formats likewise (setup.py's FORMATS, reported by the extension)."""
+    names = tuple(torch.ops.prox.layer_slot_names())
+    assert names == prox.LAYER_SLOTS
+    assert tuple(f for f in prox.LayerTensors._fields if f != "format") == names
+    t = _layer_tensors()
+    assert [id(v) for v in t.tensors()] == [id(getattr(t, n)) for n in names]
+    assert tuple(torch.ops.prox.layer_format_names()) == prox.FORMATS
+    assert t.format == "native" and t.format_code() == prox.FORMATS.index("native")
+    with pytest.raises(ValueError, match="unknown layer format 'fp4'"):
+        t._replace(format="fp4").format_code()
+    # The C++ side reads the list by the same names: each slot, given a wrong dtype, is named in the error, by
+    # the op's own check (torch.ops.prox.check_layer: what every op call runs first).
+    wrong = {"w_gate": torch.float32, "proxy_gate": torch.int64, "proxy_up": torch.int64}
+    for i, name in enumerate(names):
+        bad = getattr(t, name).to(wrong.get(name, torch.float64 if name.startswith("scale") else torch.bfloat16))
+        layer = t.tensors()
+        layer[i] = bad
+        with pytest.raises(TypeError, match=rf"prox: {name} must be torch\."):
+            torch.ops.prox.check_layer(layer, 0, torch.zeros(2))
+
+
+@requires_ext
+def test_layer_list_is_checked_by_slot_name():
+    t = _layer_tensors()
+    th = torch.zeros(2)
+    assert list(torch.ops.prox.check_layer(t.tensors(), t.format_code(), th)) == [64, 128]
+    # A missing slot, by name, in every op (the CPU kernels check the list before saying they need CUDA).
+    for i, name in enumerate(prox.LAYER_SLOTS):
+        layer = t.tensors()
+        layer[i] = None
+        with pytest.raises(ValueError, match=rf"prox: {name} is missing \(None\): the native format needs it"):
+            torch.ops.prox.check_layer(layer, 0, th)
+    # The list's length: one entry per slot, all named.
+    for layer in (t.tensors()[:-1], t.tensors() + [None]):
+        with pytest.raises(ValueError, match="layer must have 7 entries, one per slot \\(w_gate, w_up, w_down_t, "
+                                             "proxy_gate, scale_gate, proxy_up, scale_up\\)"):
+            torch.ops.prox.check_layer(layer, 0, th)
+        with pytest.raises(ValueError, match="layer must have 7 entries"):
+            torch.ops.prox.sparse_ffn(t.w_gate[0], layer, 0, th, torch.zeros(8192, dtype=torch.uint8), 0,
+                                      prox.PlanOptions().encode())
+    for code in (-1, len(prox.FORMATS)):
+        with pytest.raises(ValueError, match="format must be a code of torch.ops.prox.layer_format_names"):
+            torch.ops.prox.check_layer(t.tensors(), code, th)
+        with pytest.raises(ValueError, match="format must be a code"):
+            torch.ops.prox.plan_ffn(t.tensors(), code, th, 0, prox.PlanOptions().encode())
+    # The activation type: the native format's is its weights' dtype.
+    assert list(torch.ops.prox.check_layer(t.tensors(), 0, th, torch.float16)) == [64, 128]
+    with pytest.raises(TypeError, match="dtype must be torch.float16, the dtype of the native format's weights "
+                                        r"\(it is torch.bfloat16\)"):
+        prox.check_layer(t, th, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="w_gate must be a 2-D"):
+        torch.ops.prox.check_layer([t.w_gate[0]] + t.tensors()[1:], 0, th)
+    with pytest.raises(ValueError, match="w_up is on meta, the layer's tensors on cpu"):
+        prox.check_layer(t._replace(w_up=t.w_up.to("meta")), th)
+
+
+@requires_ext
+def test_op_call_from_layer_tensors_traces_with_torch_compile():
+    """torch.compile (fullgraph) traces a call that builds its layer list from a LayerTensors by name: the
+    Tensor?[] argument and the fake kernel, on CPU tensors (the graph is captured, not run: the op runs on CUDA)."""
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return lambda *args: (torch.zeros(64),)
+
+    def f(x, wg, wu, wdt, pg, sg, pu, su, th, ws):
+        lt = prox.LayerTensors(w_gate=wg, w_up=wu, w_down_t=wdt, proxy_gate=pg, scale_gate=sg, proxy_up=pu, scale_up=su)
+        layer, fmt = prox._ops.layer_args(lt)  # what SparseMLP.forward and PlannedFfn.run call
+        return torch.ops.prox.sparse_ffn(x, layer, fmt, th, ws, 0, [61, -1, -1, -1, -1])[0]
+
+    t = _layer_tensors()
+    torch._dynamo.reset()
+    out = torch.compile(f, backend=backend, fullgraph=True)(torch.zeros(64, dtype=torch.float16), *t.tensors(),
+                                                           torch.zeros(2), torch.zeros(8192, dtype=torch.uint8))
+    assert len(graphs) == 1 and out.shape == (64,)
+    calls = [n for n in graphs[0].graph.nodes if n.op == "call_function" and "sparse_ffn" in str(n.target)]
+    assert len(calls) == 1
 
 
 @requires_ext
@@ -496,8 +590,9 @@ def test_plan_flags_have_one_encoding():
         prox.PlanOptions(cooperative=False, fuse_stage2=False, fuse_batch_stage2=True)
     w = torch.zeros(32, 8, dtype=torch.float16)
     p, s = prox.pack_int4(w)
+    layer = prox.LayerTensors(w_gate=w, w_up=w, w_down_t=w, proxy_gate=p, scale_gate=s, proxy_up=p, scale_up=s).tensors()
     with pytest.raises(ValueError, match="out of range"):
-        torch.ops.prox.plan_ffn(w, w, w, p, s, p, s, torch.zeros(2), 0, [1 << len(names), -1, -1, -1, -1])
+        torch.ops.prox.plan_ffn(layer, 0, torch.zeros(2), 0, [1 << len(names), -1, -1, -1, -1])
 
 
 def test_layer_types_come_from_one_list():
@@ -511,3 +606,9 @@ def test_layer_types_come_from_one_list():
     names = sorted(ln[len("PROX_EXT_LAYER("):].split(",")[0] for ln in entries)
     assert names == sorted(f"{d}_{a}_native" for d in ("f16", "bf16") for a in ("silu", "gelu"))
     assert sorted(f for f in os.listdir(gen) if f.endswith(".cu")) == [f"ffn_{n}.cu" for n in names]
+    # The formats' list (setup.py's FORMATS), in code order, is what the extension reports; every layer type's
+    # format is one of it.
+    fmts = [ln[len("PROX_EXT_FORMAT("):].rstrip(")").split(", ")
+            for ln in open(os.path.join(gen, "formats.inc")).read().splitlines() if ln.startswith("PROX_EXT_FORMAT(")]
+    assert tuple(name for name, _ in fmts) == prox.FORMATS
+    assert {ln.rstrip(")").split(", ")[-1] for ln in entries} <= {code for _, code in fmts}

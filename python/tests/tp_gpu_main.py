@@ -52,7 +52,9 @@ def case_planned_masks(ctx: tp_cases.Ctx) -> dict:
         check(torch.equal(b.s_proxy, a.s_proxy[lo:hi]), f"token {t}: s~ differs")
         check(torch.equal(b.mask, a.mask[lo // 32:hi // 32]), f"token {t}: the channel mask differs")
         sel = reference.mask_words_to_bool(a.mask, ctx.d_ff)
-        p_abs = pd.all_reduce_float64(torch.ops.prox.sparse_ffn(xt, *shard._tensors(), shard.workspace, shard.act_code,
+        lt = shard.layer_tensors()
+        p_abs = pd.all_reduce_float64(torch.ops.prox.sparse_ffn(xt, lt.tensors(), lt.format_code(), shard.thresholds,
+                                                                shard.workspace, shard.act_code,
                                                                 shard._options)[0].double().abs(), ctx.group)
         bound = tp_cases.y_bound(ctx, xt, mlp, sel, p_abs, a.y)
         err = (b.y.double() - a.y.double()).abs().reshape(-1)
