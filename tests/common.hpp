@@ -10,6 +10,7 @@
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <prox/core/status.hpp>
@@ -41,13 +42,23 @@ struct CheckError : std::runtime_error {
                                     std::to_string(__LINE__));                                                      \
   } while (0)
 
-//! Normal(0, sigma) values rounded to T. Never all zero; seeded.
+//! v as T: fp16/bf16 rounded to nearest even, float as is (the FP8 quantizer's fp32 sources).
+template <class T>
+T element_from_float(float v) {
+  if constexpr (std::is_same_v<T, float>) {
+    return v;
+  } else {
+    return prox::from_float<T>(v);
+  }
+}
+
+//! Normal(0, sigma) values rounded to T (fp16, bf16 or float). Never all zero; seeded.
 template <class T>
 std::vector<T> random_vector(std::size_t n, std::uint64_t seed, double sigma = 1.0) {
   std::mt19937_64 rng(seed);
   std::normal_distribution<double> dist(0.0, sigma);
   std::vector<T> v(n);
-  for (auto& e : v) e = prox::from_float<T>(static_cast<float>(dist(rng)));
+  for (auto& e : v) e = element_from_float<T>(static_cast<float>(dist(rng)));
   return v;
 }
 

@@ -150,27 +150,19 @@ namespace int4 {
 namespace detail {
 
 //! One warp per output channel: scale = max|w| / 7; a non-finite weight makes the scale NaN.
-template <class T>
-PROX_KERNEL void int4_scale_kernel(const T* __restrict__ w, int d_model, int d_ff, float* __restrict__ scales) {
+//! `src(n, k)` gives W[n][k] as a float (RowMajorSource, or fp8.cuh's dequantizing source).
+template <class Src>
+PROX_KERNEL void int4_scale_kernel(const Src src, int d_model, int d_ff, float* __restrict__ scales) {
   const int n = static_cast<int>(blockIdx.x) * (blockDim.x / kWarpSize) + warp_id();
   if (n >= d_ff) return;
-  const T* row = w + static_cast<std::size_t>(n) * d_model;
-  float amax = 0.0f;
   bool finite = true;
-  for (int k = lane_id(); k < d_model; k += kWarpSize) {
-    const float v = to_float(row[k]);
-    finite = finite && isfinite(v);
-    amax = fmaxf(amax, fabsf(v));
-  }
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
-  finite = __all_sync(0xffffffffu, finite);
+  const float amax = warp_abs_max([&](int k) { return src(n, k); }, d_model, finite);
   if (lane_id() == 0) scales[n] = finite ? scale_from_amax(amax) : __int_as_float(0x7fc00000);
 }
 
 //! One thread per packed word.
-template <class T>
-PROX_KERNEL void int4_pack_kernel(const T* __restrict__ w, int d_model, int d_ff, const float* __restrict__ scales,
+template <class Src>
+PROX_KERNEL void int4_pack_kernel(const Src src, int d_model, int d_ff, const float* __restrict__ scales,
                                   uint32_t* __restrict__ packed) {
   const int words_per_row = d_ff / kChannelsPerWord;
   const std::size_t idx = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -181,10 +173,36 @@ PROX_KERNEL void int4_pack_kernel(const T* __restrict__ w, int d_model, int d_ff
 #pragma unroll
   for (int c = 0; c < kChannelsPerWord; ++c) {
     const int n = wi * kChannelsPerWord + c;
-    const float v = to_float(w[static_cast<std::size_t>(n) * d_model + k]);
-    word |= quantize_nibble(v, scales[n]) << (4 * nibble_of_channel(c));
+    word |= quantize_nibble(src(n, k), scales[n]) << (4 * nibble_of_channel(c));
   }
   packed[idx] = word;
+}
+
+/**
+ * @brief pack_device over any element source (see int4_scale_kernel): the two launches, the
+ * synchronization and the non-finite check. Callers check pointers, alignment and the shape first.
+ */
+template <class Src>
+Status pack_device_from(const Src& src, int d_model, int d_ff, uint32_t* packed, float* scales, cudaStream_t stream,
+                        float* host_scales) {
+  constexpr int kThreads = 256;
+  LaunchConfig lc = plain_launch(dim3(static_cast<unsigned>(ceil_div(d_ff, kThreads / kWarpSize))), dim3(kThreads));
+  PROX_RETURN_IF_ERROR(prox::detail::launch_kernel(int4_scale_kernel<Src>, lc, stream, src, d_model, d_ff, scales));
+  std::vector<float> tmp;
+  if (host_scales == nullptr) {
+    tmp.resize(static_cast<std::size_t>(d_ff));
+    host_scales = tmp.data();
+  }
+  if (cudaMemcpyAsync(host_scales, scales, sizeof(float) * d_ff, cudaMemcpyDeviceToHost, stream) != cudaSuccess ||
+      cudaStreamSynchronize(stream) != cudaSuccess) {
+    return Status::kErrorCudaRuntime;
+  }
+  for (int n = 0; n < d_ff; ++n)
+    if (!(host_scales[n] == host_scales[n])) return Status::kErrorNonFiniteWeight;
+  const std::size_t words = packed_words(d_model, d_ff);
+  lc.grid = dim3(static_cast<unsigned>((words + kThreads - 1) / kThreads));
+  return prox::detail::launch_kernel(int4_pack_kernel<Src>, lc, stream, src, d_model, d_ff,
+                                     static_cast<const float*>(scales), packed);
 }
 
 }  // namespace detail
@@ -207,24 +225,7 @@ Status pack_device(const T* w, int d_model, int d_ff, uint32_t* packed, float* s
   // Element-aligned, else the kernels' loads and stores fault (a sticky error on the context).
   if (!is_aligned(w, sizeof(T)) || !is_aligned(packed, 4) || !is_aligned(scales, 4))
     return Status::kErrorMisalignedPointer;
-  constexpr int kThreads = 256;
-  LaunchConfig lc = plain_launch(dim3(static_cast<unsigned>(ceil_div(d_ff, kThreads / kWarpSize))), dim3(kThreads));
-  PROX_RETURN_IF_ERROR(prox::detail::launch_kernel(detail::int4_scale_kernel<T>, lc, stream, w, d_model, d_ff, scales));
-  std::vector<float> tmp;
-  if (host_scales == nullptr) {
-    tmp.resize(static_cast<std::size_t>(d_ff));
-    host_scales = tmp.data();
-  }
-  if (cudaMemcpyAsync(host_scales, scales, sizeof(float) * d_ff, cudaMemcpyDeviceToHost, stream) != cudaSuccess ||
-      cudaStreamSynchronize(stream) != cudaSuccess) {
-    return Status::kErrorCudaRuntime;
-  }
-  for (int n = 0; n < d_ff; ++n)
-    if (!(host_scales[n] == host_scales[n])) return Status::kErrorNonFiniteWeight;
-  const std::size_t words = packed_words(d_model, d_ff);
-  lc.grid = dim3(static_cast<unsigned>((words + kThreads - 1) / kThreads));
-  return prox::detail::launch_kernel(detail::int4_pack_kernel<T>, lc, stream, w, d_model, d_ff,
-                                     static_cast<const float*>(scales), packed);
+  return detail::pack_device_from(RowMajorSource<T>{w, d_model}, d_model, d_ff, packed, scales, stream, host_scales);
 }
 
 }  // namespace int4

@@ -80,6 +80,53 @@ inline int unpack_host(const std::uint32_t* packed, int d_ff, int k, int n) noex
 constexpr Status check_pack_shape(int d_model, int d_ff) noexcept { return check_proxy_shape(d_model, d_ff); }
 
 /**
+ * @brief Element source of the packers: weight W[n][k] of an nn.Linear matrix [d_ff][d_model] of T
+ * (row-major), as a float. Both packers read their weights through a source, so that a packer of
+ * weights held in another format (fp8.cuh: dequantized FP8) runs the same loops and arithmetic.
+ */
+template <class T>
+struct RowMajorSource {
+  const T* w = nullptr;
+  int d_model = 0;
+  PROX_HOST_DEVICE PROX_FORCEINLINE float operator()(int n, int k) const {
+    return to_float(w[static_cast<std::size_t>(n) * static_cast<std::size_t>(d_model) + static_cast<std::size_t>(k)]);
+  }
+};
+
+namespace detail {
+
+/**
+ * @brief pack_host over any element source: `src(n, k)` returns W[n][k] as a float (n < d_ff,
+ * k < d_model). Callers check pointers and the shape first.
+ */
+template <class Src>
+Status pack_host_from(const Src& src, int d_model, int d_ff, std::uint32_t* packed, float* scales) {
+  for (int n = 0; n < d_ff; ++n) {
+    float amax = 0.0f;
+    for (int k = 0; k < d_model; ++k) {
+      const float v = src(n, k);
+      if (!std::isfinite(v)) return Status::kErrorNonFiniteWeight;
+      amax = std::fabs(v) > amax ? std::fabs(v) : amax;
+    }
+    scales[n] = scale_from_amax(amax);
+  }
+  const int words_per_row = d_ff / kChannelsPerWord;
+  for (int k = 0; k < d_model; ++k) {
+    for (int wi = 0; wi < words_per_row; ++wi) {
+      std::uint32_t word = 0;
+      for (int c = 0; c < kChannelsPerWord; ++c) {
+        const int n = wi * kChannelsPerWord + c;
+        word |= quantize_nibble(src(n, k), scales[n]) << (4 * nibble_of_channel(c));
+      }
+      packed[static_cast<std::size_t>(k) * static_cast<std::size_t>(words_per_row) + static_cast<std::size_t>(wi)] = word;
+    }
+  }
+  return Status::kSuccess;
+}
+
+}  // namespace detail
+
+/**
  * @brief Quantize and pack one fp16/bf16 weight matrix on the host.
  * @tparam T      `__half` or `__nv_bfloat16`
  * @param w       [d_ff][d_model] row-major (nn.Linear layout of W_gate / W_up)
@@ -97,29 +144,7 @@ template <class T>
 Status pack_host(const T* w, int d_model, int d_ff, std::uint32_t* packed, float* scales) {
   if (w == nullptr || packed == nullptr || scales == nullptr) return Status::kErrorNullPointer;
   PROX_RETURN_IF_ERROR(check_pack_shape(d_model, d_ff));
-  const std::size_t K = static_cast<std::size_t>(d_model);
-  for (int n = 0; n < d_ff; ++n) {
-    float amax = 0.0f;
-    for (std::size_t k = 0; k < K; ++k) {
-      const float v = to_float(w[static_cast<std::size_t>(n) * K + k]);
-      if (!std::isfinite(v)) return Status::kErrorNonFiniteWeight;
-      amax = std::fabs(v) > amax ? std::fabs(v) : amax;
-    }
-    scales[n] = scale_from_amax(amax);
-  }
-  const int words_per_row = d_ff / kChannelsPerWord;
-  for (std::size_t k = 0; k < K; ++k) {
-    for (int wi = 0; wi < words_per_row; ++wi) {
-      std::uint32_t word = 0;
-      for (int c = 0; c < kChannelsPerWord; ++c) {
-        const int n = wi * kChannelsPerWord + c;
-        const float v = to_float(w[static_cast<std::size_t>(n) * K + k]);
-        word |= quantize_nibble(v, scales[n]) << (4 * nibble_of_channel(c));
-      }
-      packed[k * static_cast<std::size_t>(words_per_row) + static_cast<std::size_t>(wi)] = word;
-    }
-  }
-  return Status::kSuccess;
+  return detail::pack_host_from(RowMajorSource<T>{w, d_model}, d_model, d_ff, packed, scales);
 }
 
 }  // namespace int4

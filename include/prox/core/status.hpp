@@ -32,6 +32,7 @@ enum class Status : int {
   kErrorCudaRuntime,          //!< a CUDA runtime call or kernel launch failed
   kErrorCapturing,            //!< the call is not allowed while the stream is being captured
   kErrorDirtyWorkspace,       //!< a kernel found the workspace not initialized (or last used at another shape)
+  kErrorInvalidScale,         //!< a quantization scale is NaN, infinite, zero or negative
 };
 
 //! Human-readable name of a Status (never null).
@@ -55,6 +56,7 @@ constexpr const char* to_string(Status s) noexcept {
     case Status::kErrorCudaRuntime: return "CUDA runtime error";
     case Status::kErrorCapturing: return "not allowed during stream capture";
     case Status::kErrorDirtyWorkspace: return "workspace not initialized (or last used at another shape)";
+    case Status::kErrorInvalidScale: return "invalid quantization scale (NaN, infinite, zero or negative)";
   }
   return "unknown status";
 }

@@ -25,6 +25,31 @@ PROX_DEVICE PROX_FORCEINLINE float warp_sum(float v) {
   return v;
 }
 
+//! Max over the lanes of a warp (xor butterfly): every lane gets it. fmaxf drops NaNs.
+PROX_DEVICE PROX_FORCEINLINE float warp_max(float v) {
+#pragma unroll
+  for (int off = kWarpSize / 2; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
+  return v;
+}
+
+/**
+ * @brief Largest |get(k)| over 0 <= k < n, the lanes of one warp striding by 32; every lane gets it,
+ * and `finite` says whether every get(k) was finite. The scale pass of the offline quantizers (one
+ * warp per output channel: int4::pack_device, fp8::quantize_device). All lanes must call it.
+ */
+template <class Get>
+PROX_DEVICE PROX_FORCEINLINE float warp_abs_max(const Get& get, int n, bool& finite) {
+  float amax = 0.0f;
+  bool all_finite = true;
+  for (int k = lane_id(); k < n; k += kWarpSize) {
+    const float v = get(k);
+    all_finite = all_finite && isfinite(v);
+    amax = fmaxf(amax, fabsf(v));
+  }
+  finite = __all_sync(0xffffffffu, all_finite) != 0;
+  return warp_max(amax);
+}
+
 /**
  * @brief Sum the values of lanes that differ only in lane bits >= `kStride` (kStride a power of two
  * below 32): lanes l and l ^ kStride, l ^ 2 kStride, ... are added with a fixed butterfly.
