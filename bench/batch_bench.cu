@@ -23,7 +23,8 @@
 //!
 //! Own flags: --prox_shapes=8B,14B --prox_dtypes=f16,bf16 --prox_targets=40,50,60,70
 //! --prox_batches=1,2,4,8 --prox_masks=indep,corr --prox_iterations=N --prox_warmup=N
-//! --prox_min_launches=N --prox_rotate_gb=G --prox_max_device_gb=G --prox_fuse_batch=0|1 --prox_commit=SHA.
+//! --prox_min_launches=N --prox_rotate_gb=G --prox_max_device_gb=G --prox_fuse_batch=0|1 --prox_commit=SHA
+//! --prox_fp8=channel,block128 (batch_fp8: see "FP8 Stage-2 weights" below).
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -63,6 +64,7 @@ struct Options {
   double max_device_gb = 40.0;
   bool fuse_batch = false;  //!< PlanOptions::fuse_batch_stage2
   std::string commit;
+  std::string fp8;  //!< batch_fp8 benches of these FP8 scale layouts: channel, block128 (empty: none)
 };
 Options g_opt;
 
@@ -132,6 +134,7 @@ struct Context : ContextBase {
   int launches = 0;
   std::map<int, std::unique_ptr<Sparse<T>>> sparse;
   std::unique_ptr<Sparse<T>> empty;  //!< batch_ffn_empty's plans: thresholds +inf (made on first use)
+  std::unique_ptr<ContextBase> fp8[2];  //!< the FP8 copies of each scale layout (--prox_fp8; fp8_for())
 };
 
 std::string g_ctx_key;
@@ -311,6 +314,170 @@ void bench_batch_empty(benchmark::State& st, const std::string& name, const FfnS
   }
 }
 
+
+// ---------------------------------------------------------------- FP8 Stage-2 weights (--prox_fp8)
+// batch_fp8/<model>/<dtype>/<layout>/e<t>/b<B>/<masks>: prox::SparseFfn<T, SiLU, Int4Weights, Fp8Weights<L>>
+// (the layer's weights quantized to FP8, prox_bench::Fp8Copies) run_batch at B tokens, replayed in alternation
+// with the dense FP8 FFN at B tokens on prox's own kernels (b): the batched FP8 GLU and down GEMVs with every
+// channel selected for every token (no Stage 1). Counters: t_us, fp8_dense_us, speedup_vs_fp8_dense (b);
+// fp8_floor_us, the dense FP8 bytes at this run's copy bandwidth, speedup_vs_fp8_floor (c); bf16 cuBLAS at B
+// tokens (d) is batch_ffn's dense_us of the bf16 layer; in_union, ch_union.
+
+template <class T, prox::fp8::ScaleLayout L>
+struct Fp8Batch : ContextBase {
+  using Fmt = prox::Fp8Weights<L>;
+  using Ffn = prox::SparseFfn<T, prox::SiLU, prox::Int4Weights, Fmt>;
+  struct Plans {
+    float tau_x = 0.0f, tau_s = 0.0f;
+    std::vector<Ffn> ffns;
+    DeviceBuffer ws;
+  };
+  //! The dense FP8 FFN of capacity C: the batched GLU and down GEMVs on all-ones masks.
+  template <int C>
+  struct Dense {
+    using Glu = prox::BatchedGluGemvOp<T, prox::SiLU, C, Fmt>;
+    using Down = prox::BatchedDownGemvOp<T, C, Fmt>;
+    prox::Operator<Glu> glu;
+    prox::Operator<Down> down;
+    DeviceBuffer ws;
+  };
+  explicit Fp8Batch(Context<T>& ctx) : N(ctx.shape.d_ff), fp8(ctx.layer, g.stream) {
+    ones = DeviceBuffer(sizeof(std::uint32_t) * (kMaxB + 1) * (N / 32), "all-ones masks");
+    PROX_BENCH_CUDA(cudaMemsetAsync(ones.get(), 0xff, ones.bytes(), g.stream));
+    s = DeviceBuffer(sizeof(float) * kMaxB * N, "FP8 s");
+    PROX_BENCH_CUDA(cudaStreamSynchronize(g.stream));
+  }
+  typename Ffn::Weights weights(int c) const { return fp8.template ffn_weights<prox::SiLU>(c); }
+
+  Plans& plans(Context<T>& ctx, int e_pct) {
+    auto it = by_target.find(e_pct);
+    if (it != by_target.end()) return *it->second;
+    auto p = std::make_unique<Plans>();
+    prox::StageSparsity target{};
+    PROX_BENCH_PROX(prox::allocate_sparsity(e_pct / 100.0, &target));
+    const int K = ctx.shape.d_model;
+    p->tau_x = prox_bench::magnitude_threshold(ctx.abs_ind, target.s1);
+    std::vector<const T*> toks;
+    for (int b = 0; b < kBatches; ++b)
+      for (int t = 0; t < kMaxB; ++t) toks.push_back(ctx.batch(Masks::kIndependent, b) + static_cast<std::size_t>(t) * K);
+    p->tau_s = prox_bench::calibrate_tau_s<T, prox::SiLU, prox::Int4Weights, Fmt>(weights(0), ctx.shape, p->tau_x,
+                                                                                  target.s2, toks, {}, g.stream);
+    p->ffns.resize(static_cast<std::size_t>(fp8.copies()));
+    for (int c = 0; c < fp8.copies(); ++c) {
+      typename Ffn::Config cfg{K, N, p->tau_x, p->tau_s};
+      cfg.max_tokens = kMaxB;
+      PROX_BENCH_PROX(p->ffns[c].plan(cfg, weights(c)));
+    }
+    p->ws = DeviceBuffer(p->ffns[0].workspace_bytes(), "FP8 workspace");
+    PROX_BENCH_PROX(prox::initialize_workspace(p->ws.get(), p->ws.bytes(), g.stream));
+    Plans& ref = *p;
+    by_target[e_pct] = std::move(p);
+    return ref;
+  }
+
+  //! The dense FP8 FFN of B tokens for launch i (copy i mod copies), on capacity C's ops (planned on first use).
+  template <int C>
+  void enqueue_dense(Context<T>& ctx, std::unique_ptr<Dense<C>>& d, int i, int B, Masks m, cudaStream_t st) {
+    const typename Ffn::Weights w = weights(i % fp8.copies());
+    typename Dense<C>::Glu::Args ga;
+    ga.x = ctx.batch(m, i);
+    ga.tokens = B;
+    ga.d_model = ctx.shape.d_model;
+    ga.d_ff = N;
+    ga.w_gate = w.gate;
+    ga.w_up = w.up;
+    ga.channel_mask = ones.template as<const std::uint32_t>();
+    ga.union_mask = ones.template as<const std::uint32_t>();
+    ga.s = s.template as<float>();
+    typename Dense<C>::Down::Args da;
+    da.s = s.template as<const float>();
+    da.union_mask = ones.template as<const std::uint32_t>();
+    da.w_down_t = w.down_t;
+    da.tokens = B;
+    da.d_model = ctx.shape.d_model;
+    da.d_ff = N;
+    da.y = ctx.y.template as<T>();
+    if (!d) {
+      d = std::make_unique<Dense<C>>();
+      PROX_BENCH_PROX(d->glu.initialize(ga));
+      PROX_BENCH_PROX(d->down.initialize(da));
+      d->ws = DeviceBuffer(std::max<std::size_t>(prox::Operator<typename Dense<C>::Down>::workspace_bytes(da), 16),
+                           "FP8 dense workspace");
+      PROX_BENCH_PROX(prox::initialize_workspace(d->ws.get(), d->ws.bytes(), st));
+    }
+    PROX_BENCH_PROX(d->glu.run(ga, nullptr, 0, st));
+    PROX_BENCH_PROX(d->down.run(da, d->ws.get(), d->ws.bytes(), st));
+  }
+  void enqueue_dense(Context<T>& ctx, int i, int B, Masks m, cudaStream_t st) {
+    if (B <= 2) {
+      enqueue_dense<2>(ctx, dense2, i, B, m, st);
+    } else if (B <= 4) {
+      enqueue_dense<4>(ctx, dense4, i, B, m, st);
+    } else {
+      enqueue_dense<8>(ctx, dense8, i, B, m, st);
+    }
+  }
+
+  int N;
+  prox_bench::Fp8Copies<T, L> fp8;
+  DeviceBuffer ones, s;
+  std::map<int, std::unique_ptr<Plans>> by_target;
+  std::unique_ptr<Dense<2>> dense2;
+  std::unique_ptr<Dense<4>> dense4;
+  std::unique_ptr<Dense<8>> dense8;
+};
+
+template <class T, prox::fp8::ScaleLayout L>
+void bench_fp8_batch(benchmark::State& st, const std::string& name, const FfnShape& shape, int e_pct, int B,
+                     Masks m) {
+  try {
+    Context<T>& ctx = context_for<T>(shape);
+    auto& slot = ctx.fp8[static_cast<int>(L)];
+    if (!slot) slot = std::make_unique<Fp8Batch<T, L>>(ctx);
+    auto& set = static_cast<Fp8Batch<T, L>&>(*slot);
+    auto& p = set.plans(ctx, e_pct);
+    const int K = shape.d_model;
+    const int N = shape.d_ff;
+    T* y = ctx.y.template as<T>();
+    auto* cnt = ctx.counters.template as<prox::SparsityCounters>();
+    PROX_BENCH_CUDA(cudaMemsetAsync(cnt, 0, ctx.counters.bytes(), g.stream));
+    for (int b = 0; b < kBatches; ++b) {
+      typename Fp8Batch<T, L>::Ffn::BatchOutputs out;
+      out.counters = cnt;
+      PROX_BENCH_PROX(p.ffns[0].run_batch(ctx.batch(m, b), y, B, p.ws.get(), p.ws.bytes(), g.stream, out));
+    }
+    std::vector<prox::SparsityCounters> h(kMaxB + 1);
+    PROX_BENCH_CUDA(cudaMemcpyAsync(h.data(), cnt, ctx.counters.bytes(), cudaMemcpyDeviceToHost, g.stream));
+    PROX_BENCH_CUDA(cudaStreamSynchronize(g.stream));
+    const prox::SparsityCounters& u = B > 1 ? h[B] : h[0];
+    const double in_union = static_cast<double>(u.kept_inputs) / (kBatches * static_cast<double>(K));
+    const double ch_union = static_cast<double>(u.selected_channels) / (kBatches * static_cast<double>(N));
+    const int copies = set.fp8.copies();
+    GraphReplay prox_g(g.stream, ctx.launches, [&](int i, cudaStream_t s) {
+      PROX_BENCH_PROX(p.ffns[i % copies].run_batch(ctx.batch(m, i), y, B, p.ws.get(), p.ws.bytes(), s));
+    });
+    GraphReplay dense_g(g.stream, ctx.launches, [&](int i, cudaStream_t s) { set.enqueue_dense(ctx, i, B, m, s); });
+    const prox_bench::PairedTiming pt = prox_bench::run_paired_loop(st, prox_g, dense_g, g_opt.warmup);
+    const double floor_s = set.fp8.dense_bytes() / (g.copy.GBps * 1e9);
+    st.counters["t_us"] = pt.prox.median_s * 1e6;
+    st.counters["fp8_dense_us"] = pt.dense.median_s * 1e6;
+    st.counters["speedup_vs_fp8_dense"] = pt.ratio.median_s;
+    st.counters["fp8_floor_us"] = floor_s * 1e6;
+    st.counters["speedup_vs_fp8_floor"] = floor_s / pt.prox.median_s;
+    st.counters["copy_GBps"] = g.copy.GBps;
+    st.counters["tokens"] = B;
+    st.counters["e_target"] = e_pct / 100.0;
+    st.counters["in_union"] = in_union;
+    st.counters["ch_union"] = ch_union;
+    st.counters["d_model"] = K;
+    st.counters["d_ff"] = N;
+    st.counters["copies"] = copies;
+    st.SetLabel(prox::fp8::to_string(L));
+  } catch (const std::exception& e) {
+    report_error(st, name, e);
+  }
+}
+
 template <class T>
 void register_shape(const FfnShape& shape, const std::vector<int>& targets, const std::vector<int>& batches,
                     const std::vector<Masks>& masks) {
@@ -336,6 +503,31 @@ void register_shape(const FfnShape& shape, const std::vector<int>& targets, cons
             ->UseManualTime()
             ->Iterations(g_opt.iterations)
             ->Unit(benchmark::kMicrosecond);
+      }
+    }
+  }
+  using L = prox::fp8::ScaleLayout;
+  for (const std::string& l : prox_bench::split_list(prox_bench::lower(g_opt.fp8))) {
+    if (l != "channel" && l != "block128")
+      throw std::invalid_argument("--prox_fp8: unknown scale layout '" + l + "' (channel, block128)");
+    const bool block = l == "block128";
+    for (int e : targets) {
+      for (Masks m : masks) {
+        for (int B : batches) {
+          const std::string name = "batch_fp8/" + base + "/" + l + "/e" + std::to_string(e) + "/b" + std::to_string(B) +
+                                   "/" + masks_name(m);
+          benchmark::RegisterBenchmark(name.c_str(),
+                                       [name, shape, e, B, m, block](benchmark::State& st) {
+                                         if (block) {
+                                           bench_fp8_batch<T, L::kBlock128>(st, name, shape, e, B, m);
+                                         } else {
+                                           bench_fp8_batch<T, L::kPerChannel>(st, name, shape, e, B, m);
+                                         }
+                                       })
+              ->UseManualTime()
+              ->Iterations(g_opt.iterations)
+              ->Unit(benchmark::kMicrosecond);
+        }
       }
     }
   }
@@ -392,6 +584,9 @@ void add_flags(CLI::App* app) {
                   "B = 2..4: Stage 2 as the fused batched kernel (PlanOptions::fuse_batch_stage2)")
       ->type_name("0|1")
       ->capture_default_str();
+  app->add_option("--prox_fp8", g_opt.fp8,
+                  "FP8 e4m3 Stage-2 benches (batch_fp8) of these scale layouts: channel,block128 (default: none)")
+      ->type_name("LIST");
   app->add_option("--prox_commit", g_opt.commit, "commit to record (else $PROX_COMMIT, else the one built from)")
       ->type_name("SHA");
   app->footer("plus Google Benchmark's flags, e.g. --benchmark_filter=REGEX --benchmark_out=FILE --benchmark_list_tests");

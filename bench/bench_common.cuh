@@ -706,6 +706,96 @@ class SyntheticLayer {
   DeviceBuffer x_;
 };
 
+// ---------------------------------------------------------------- FP8 e4m3 copies of a synthetic layer
+/**
+ * @brief The weights of a SyntheticLayer quantized to FP8 e4m3 in scale layout L on the device
+ * (fp8::quantize_device), W_down^T and its scales by fp8::transpose_down_device (W_down recovered from the
+ * layer's W_down^T), and INT4 proxies packed from the FP8 weights (fp8::pack_int4_device): copy 0 made, then
+ * duplicated into as many copies as the layer has (the rotation). Synchronizes.
+ */
+template <class T, prox::fp8::ScaleLayout L>
+class Fp8Copies {
+ public:
+  using Fmt = prox::Fp8Weights<L>;
+  Fp8Copies(const SyntheticLayer<T>& layer, cudaStream_t s)
+      : K_(layer.shape().d_model), N_(layer.shape().d_ff), copies_(layer.copies()) {
+    namespace fp8 = prox::fp8;
+    using O = fp8::Orientation;
+    const std::size_t kn = static_cast<std::size_t>(K_) * N_;
+    sc_ = sizeof(float) * fp8::scale_count(L, O::kOutIn, N_, K_);
+    sct_ = sizeof(float) * fp8::scale_count(L, O::kInOut, N_, K_);
+    const std::size_t q4 = sizeof(std::uint32_t) * prox::int4::packed_words(K_, N_);
+    o_.qg = 0;
+    o_.qu = o_.qg + align_up(kn);
+    o_.qdt = o_.qu + align_up(kn);
+    o_.sg = o_.qdt + align_up(kn);
+    o_.su = o_.sg + align_up(sc_);
+    o_.sdt = o_.su + align_up(sc_);
+    o_.pg = o_.sdt + align_up(sct_);
+    o_.pu = o_.pg + align_up(q4);
+    o_.psg = o_.pu + align_up(q4);
+    o_.psu = o_.psg + align_up(sizeof(float) * N_);
+    o_.stride = o_.psu + align_up(sizeof(float) * N_);
+    arena_ = DeviceBuffer(o_.stride * copies_, "FP8 weight copies");
+    char* c0 = arena_.as<char>();
+    const LayerCopy<T> l = layer.copy(0);
+    PROX_BENCH_PROX(fp8::quantize_device(l.w_gate, N_, K_, L, u8(c0 + o_.qg), f32(c0 + o_.sg), s));
+    PROX_BENCH_PROX(fp8::quantize_device(l.w_up, N_, K_, L, u8(c0 + o_.qu), f32(c0 + o_.su), s));
+    {  // W_down (nn.Linear [K][N]) from the layer's W_down^T, quantized, then transposed with its scales
+      DeviceBuffer wd(sizeof(T) * kn, "W_down");
+      DeviceBuffer qd(kn, "FP8 W_down");
+      DeviceBuffer sd(sizeof(float) * fp8::scale_count(L, O::kOutIn, K_, N_), "FP8 W_down scales");
+      PROX_BENCH_PROX(prox::transpose_device(l.w_down_t, N_, K_, wd.as<T>(), s));
+      PROX_BENCH_PROX(fp8::quantize_device(wd.as<const T>(), K_, N_, L, qd.as<std::uint8_t>(), sd.as<float>(), s));
+      PROX_BENCH_PROX(fp8::transpose_down_device(qd.as<const std::uint8_t>(), sd.as<const float>(), K_, N_, L,
+                                                 u8(c0 + o_.qdt), f32(c0 + o_.sdt), s));
+      PROX_BENCH_CUDA(cudaStreamSynchronize(s));
+    }
+    PROX_BENCH_PROX(fp8::pack_int4_device(u8(c0 + o_.qg), f32(c0 + o_.sg), L, K_, N_,
+                                          reinterpret_cast<std::uint32_t*>(c0 + o_.pg), f32(c0 + o_.psg), s));
+    PROX_BENCH_PROX(fp8::pack_int4_device(u8(c0 + o_.qu), f32(c0 + o_.su), L, K_, N_,
+                                          reinterpret_cast<std::uint32_t*>(c0 + o_.pu), f32(c0 + o_.psu), s));
+    for (int c = 1; c < copies_; ++c)
+      PROX_BENCH_CUDA(cudaMemcpyAsync(c0 + o_.stride * c, c0, o_.stride, cudaMemcpyDeviceToDevice, s));
+    PROX_BENCH_CUDA(cudaStreamSynchronize(s));
+  }
+
+  int copies() const { return copies_; }
+  //! Bytes a dense FP8 FFN reads: the codes of W_gate, W_up, W_down and their scales.
+  double dense_bytes() const { return 3.0 * static_cast<double>(K_) * N_ + static_cast<double>(2 * sc_ + sct_); }
+  //! The scale bytes of the three matrices (read whole by any FP8 FFN, sparse or not).
+  double scale_bytes() const { return static_cast<double>(2 * sc_ + sct_); }
+
+  //! Copy c as a SparseFfn's weights.
+  template <class Act>
+  typename prox::SparseFfn<T, Act, prox::Int4Weights, Fmt>::Weights ffn_weights(int c) const {
+    using WO = prox::WeightOrientation;
+    const char* b = arena_.as<char>(o_.stride * static_cast<std::size_t>(c));
+    typename prox::SparseFfn<T, Act, prox::Int4Weights, Fmt>::Weights w;
+    w.gate = matrix(b + o_.qg, b + o_.sg, WO::kOutIn);
+    w.up = matrix(b + o_.qu, b + o_.su, WO::kOutIn);
+    w.down_t = matrix(b + o_.qdt, b + o_.sdt, WO::kInOut);
+    w.proxy_gate = {reinterpret_cast<const std::uint32_t*>(b + o_.pg), reinterpret_cast<const float*>(b + o_.psg)};
+    w.proxy_up = {reinterpret_cast<const std::uint32_t*>(b + o_.pu), reinterpret_cast<const float*>(b + o_.psu)};
+    return w;
+  }
+
+ private:
+  struct Offsets {
+    std::size_t qg, qu, qdt, sg, su, sdt, pg, pu, psg, psu, stride;
+  };
+  static std::uint8_t* u8(char* p) { return reinterpret_cast<std::uint8_t*>(p); }
+  static float* f32(char* p) { return reinterpret_cast<float*>(p); }
+  typename Fmt::Matrix matrix(const char* q, const char* sc, prox::WeightOrientation o) const {
+    const auto shape = prox::fp8::scale_shape(L, Fmt::orientation(o), N_, K_);
+    return {reinterpret_cast<const std::uint8_t*>(q), reinterpret_cast<const float*>(sc), shape.rows, shape.cols};
+  }
+  int K_, N_, copies_;
+  std::size_t sc_ = 0, sct_ = 0;
+  Offsets o_{};
+  DeviceBuffer arena_;
+};
+
 // ---------------------------------------------------------------- calibration
 /**
  * @brief Threshold tau on magnitudes such that the fraction of values with v >= tau is as close as
@@ -739,12 +829,12 @@ inline float magnitude_threshold(std::vector<float> abs_values, double sparsity)
  * @param w weights of one copy; @param choice the policies the timed FFN will use (s~ is
  * bit-reproducible per policy, so the realized density matches on the very same kernel).
  */
-template <class T, class Act, class Fmt>
-float calibrate_tau_s(const typename prox::SparseFfn<T, Act, Fmt>::Weights& w, const FfnShape& shape, float tau_x,
-                      double s2, const std::vector<const T*>& tokens, const prox::PolicyChoice& choice,
+template <class T, class Act, class Fmt, class WFmt = prox::NativeWeights<T>>
+float calibrate_tau_s(const typename prox::SparseFfn<T, Act, Fmt, WFmt>::Weights& w, const FfnShape& shape,
+                      float tau_x, double s2, const std::vector<const T*>& tokens, const prox::PolicyChoice& choice,
                       cudaStream_t stream) {
-  prox::SparseFfn<T, Act, Fmt> ffn;
-  typename prox::SparseFfn<T, Act, Fmt>::PlanOptions po;
+  prox::SparseFfn<T, Act, Fmt, WFmt> ffn;
+  typename prox::SparseFfn<T, Act, Fmt, WFmt>::PlanOptions po;
   po.choice = choice;
   PROX_BENCH_PROX(ffn.plan({shape.d_model, shape.d_ff, tau_x, 0.0f}, w, po));
   DeviceBuffer ws(ffn.workspace_bytes(), "calibration workspace");

@@ -31,6 +31,7 @@
 //!                    that sequence; speedup_vs_dense against chain_dense, ffn_speedup against
 //!                    chain_dense's FFN part (chain_dense_us - gemv_us)
 //!   chain_ffn_empty  attn_gemv then ffn_empty: ffn_us is the fixed cost inside the sequence
+//!   fp8_ffn, fp8_dense  FP8 e4m3 Stage-2 weights (--prox_fp8): see "FP8 Stage-2 weights" below
 //! Every bench reports per-launch time from CUDA-graph replays (UseManualTime) and the counters
 //! t_us, bytes_needed, GBps, copy_GBps, frac_copy; sparse benches add s1, s2, e_hat (measured with
 //! SparsityCounters on the real masks); the FFN and Stage-2 benches add speedup_vs_dense and dense_us
@@ -41,7 +42,7 @@
 //! --prox_targets=40,50,60,70 --prox_iterations=N --prox_warmup=N --prox_tokens=N
 //! --prox_min_launches=N --prox_rotate_gb=G --prox_max_device_gb=G --prox_policy=P,G,D[,F]
 //! --prox_fuse=0|1 --prox_cluster=0|1 --prox_spread=0|1 --prox_check_workspace=0|1 --prox_tuning=FILE
-//! --prox_commit=SHA. Use --benchmark_filter=REGEX for subsets.
+//! --prox_commit=SHA --prox_fp8=channel,block128. Use --benchmark_filter=REGEX for subsets.
 
 #include <benchmark/benchmark.h>
 
@@ -53,6 +54,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "bench_common.cuh"
@@ -91,6 +93,8 @@ struct Options {
   //! at the target's densities 1 - s1 and 1 - s2); a miss keeps SparseFfn's default.
   std::string tuning;
   std::string commit;
+  //! FP8 Stage-2 benches (fp8_ffn, fp8_dense) of these scale layouts: channel, block128 (empty: none).
+  std::string fp8;
 };
 Options g_opt;
 
@@ -175,6 +179,7 @@ struct Context : ContextBase {
   DeviceBuffer y, gemv_out, down_in;
   int launches = 0;
   std::map<int, std::unique_ptr<SparseSetup<T>>> sparse;
+  std::unique_ptr<ContextBase> fp8[2];  //!< the FP8 copies of each scale layout (--prox_fp8; fp8_set())
 
   //! The attention output projection the chained benches run before each FFN: W_o [d_model][d_model]
   //! in copies that rotate past L2 (>= 256 MB), its input and output (made on first use).
@@ -854,6 +859,169 @@ void bench_prox(benchmark::State& st, const std::string& name, FfnShape shape, i
   }
 }
 
+// ---------------------------------------------------------------- FP8 Stage-2 weights (--prox_fp8)
+// The layer's weights quantized to FP8 e4m3 on the device (fp8::quantize_device; W_down^T and its scales by
+// fp8::transpose_down_device; the INT4 proxies packed from the FP8 weights, fp8::pack_int4_device), one FP8
+// copy per weight copy of the context. The benches:
+//   fp8_ffn    prox::SparseFfn<T, SiLU, Int4Weights, Fp8Weights<L>> at target e, replayed in alternation with
+//              fp8_dense (the timed iteration is the FFN's): t_us, and against the baselines of issue 40
+//              that C++ measures: (b) fp8_dense_us, speedup_vs_fp8_dense; (c) fp8_floor_us, the dense FP8
+//              bytes (W_gate, W_up, W_down and their scales) at the copy bandwidth of this run,
+//              speedup_vs_fp8_floor; (d) bf16_dense_us, speedup_vs_bf16_dense, the cuBLAS bf16 FFN of the
+//              shape measured in this process (when --prox_dtypes has bf16; registered before)
+//   fp8_dense  (b) alone: prox's fused FP8 Stage 2 with every channel selected (no Stage 1), a dense FP8
+//              FFN: GBps and frac_copy on the dense FP8 bytes
+
+//! The FP8 copies of a context's layer in scale layout L (prox_bench::Fp8Copies), the dense FP8 FFN (b) and the
+//! plans of each target.
+template <class T, prox::fp8::ScaleLayout L>
+struct Fp8Set : ContextBase {
+  using Fmt = prox::Fp8Weights<L>;
+  using Ffn = prox::SparseFfn<T, prox::SiLU, prox::Int4Weights, Fmt>;
+  using DenseOp = prox::GluDownGemvOp<T, prox::SiLU, Fmt>;
+  struct Plans {
+    prox::StageSparsity target{};
+    float tau_x = 0.0f, tau_s = 0.0f;
+    std::vector<Ffn> ffns;
+    DeviceBuffer ws;
+    std::size_t ws_bytes = 0;
+    prox::SparsityReport report{};
+    double kept_mean = 0.0, sel_mean = 0.0;
+  };
+
+  explicit Fp8Set(Context<T>& ctx)
+      : K(ctx.shape.d_model), N(ctx.shape.d_ff), copies(ctx.layer.copies()), fp8(ctx.layer, g.stream),
+        dense_bytes(fp8.dense_bytes()) {
+    const cudaStream_t s = g.stream;
+    all_mask = DeviceBuffer(sizeof(std::uint32_t) * (N / 32), "all-ones mask");
+    PROX_BENCH_CUDA(cudaMemsetAsync(all_mask.get(), 0xff, all_mask.bytes(), s));
+    s_scratch = DeviceBuffer(sizeof(float) * N, "FP8 s");
+    PROX_BENCH_CUDA(cudaStreamSynchronize(s));
+    // The dense FP8 FFN (b): the fused Stage 2 on the all-ones mask, with the plan's options.
+    const typename DenseOp::Args a0 = dense_args(ctx, 0);
+    PROX_BENCH_PROX(dense_op.initialize(a0, Ffn::template op_options<DenseOp>(typename Ffn::PlanOptions{})));
+    dense_ws = DeviceBuffer(std::max<std::size_t>(prox::Operator<DenseOp>::workspace_bytes(a0), 16), "FP8 dense ws");
+    PROX_BENCH_PROX(prox::initialize_workspace(dense_ws.get(), dense_ws.bytes(), s));
+    dense_view = prox::Operator<DenseOp>::stage2_view(dense_ws.get(), a0, /*stamp=*/true);
+  }
+  typename Ffn::Weights weights(int c) const { return fp8.template ffn_weights<prox::SiLU>(c); }
+  //! The dense FP8 FFN's arguments for launch i (copy i mod copies, token i mod tokens).
+  typename DenseOp::Args dense_args(Context<T>& ctx, int i) const {
+    const typename Ffn::Weights w = weights(i % copies);
+    typename DenseOp::Args a;
+    a.x = ctx.layer.token(i % ctx.layer.tokens());
+    a.d_model = K;
+    a.d_ff = N;
+    a.w_gate = w.gate;
+    a.w_up = w.up;
+    a.channel_mask = all_mask.template as<const std::uint32_t>();
+    a.s = s_scratch.template as<float>();
+    a.w_down_t = w.down_t;
+    a.y = ctx.y.template as<T>();
+    return a;
+  }
+
+  //! The plans of target e (made on first use): tau_x and tau_s calibrated as prox_ffn's (exact quantiles of
+  //! the bench tokens' |x| and of Stage 1's |s~| on the FP8 layer's own proxies), one plan per copy, and the
+  //! realized (s1, s2) measured once with SparsityCounters.
+  Plans& plans(Context<T>& ctx, int e_pct) {
+    auto it = by_target.find(e_pct);
+    if (it != by_target.end()) return *it->second;
+    auto p = std::make_unique<Plans>();
+    const cudaStream_t s = g.stream;
+    PROX_BENCH_PROX(prox::allocate_sparsity(e_pct / 100.0, &p->target));
+    p->tau_x = prox_bench::magnitude_threshold(ctx.layer.host_abs_tokens(s), p->target.s1);
+    std::vector<const T*> toks;
+    for (int t = 0; t < ctx.layer.tokens(); ++t) toks.push_back(ctx.layer.token(t));
+    p->tau_s = prox_bench::calibrate_tau_s<T, prox::SiLU, prox::Int4Weights, Fmt>(
+        weights(0), ctx.shape, p->tau_x, p->target.s2, toks, prox::PolicyChoice{}, s);
+    p->ffns.resize(static_cast<std::size_t>(copies));
+    for (int c = 0; c < copies; ++c) PROX_BENCH_PROX(p->ffns[c].plan({K, N, p->tau_x, p->tau_s}, weights(c)));
+    p->ws_bytes = p->ffns[0].workspace_bytes();
+    p->ws = DeviceBuffer(p->ws_bytes, "FP8 FFN workspace");
+    PROX_BENCH_PROX(prox::initialize_workspace(p->ws.get(), p->ws.bytes(), s));
+    DeviceBuffer counters(sizeof(prox::SparsityCounters), "FP8 counters");
+    auto* cnt = counters.template as<prox::SparsityCounters>();
+    PROX_BENCH_PROX(prox::reset_counters(cnt, s));
+    for (int t = 0; t < ctx.layer.tokens(); ++t)
+      PROX_BENCH_PROX(p->ffns[0].run(ctx.layer.token(t), ctx.y.template as<T>(), p->ws.get(), p->ws_bytes, s, cnt));
+    PROX_BENCH_PROX(prox::read_report(cnt, K, N, s, &p->report));
+    p->kept_mean = (1.0 - p->report.s1) * K;
+    p->sel_mean = (1.0 - p->report.s2) * N;
+    std::fprintf(stderr, "[prox_bench] fp8 %s %s e=%d%%: tau_x = %.6g, tau_s = %.6g, measured (s1, s2, e^) = "
+                 "(%.4f, %.4f, %.4f)\n", key_of<T>(ctx.shape).c_str(), prox::fp8::to_string(L), e_pct, p->tau_x,
+                 p->tau_s, p->report.s1, p->report.s2, p->report.effective);
+    Plans& ref = *p;
+    by_target[e_pct] = std::move(p);
+    return ref;
+  }
+
+  int K, N, copies;
+  prox_bench::Fp8Copies<T, L> fp8;
+  double dense_bytes = 0.0;  //!< the dense FP8 FFN's weight bytes: codes and scales
+  DeviceBuffer all_mask, s_scratch, dense_ws;
+  prox::Operator<DenseOp> dense_op;
+  prox::OpWorkspace dense_view{};
+  std::map<int, std::unique_ptr<Plans>> by_target;
+};
+
+//! The context's FP8 set of layout L (made on first use, freed with the context).
+template <class T, prox::fp8::ScaleLayout L>
+Fp8Set<T, L>& fp8_set(Context<T>& ctx) {
+  auto& slot = ctx.fp8[static_cast<int>(L)];
+  if (!slot) slot = std::make_unique<Fp8Set<T, L>>(ctx);
+  return static_cast<Fp8Set<T, L>&>(*slot);
+}
+
+//! fp8_ffn (e_pct >= 0) or fp8_dense (e_pct < 0) of layout L.
+template <class T, prox::fp8::ScaleLayout L>
+void bench_fp8(benchmark::State& st, const std::string& name, FfnShape shape, int e_pct) {
+  try {
+    Context<T>& ctx = context_for<T>(shape);
+    Fp8Set<T, L>& set = fp8_set<T, L>(ctx);
+    const int K = shape.d_model;
+    const double io = 2.0 * sizeof(T) * K;  // x and y
+    GraphReplay dense(g.stream, ctx.launches, [&](int i, cudaStream_t s) {
+      PROX_BENCH_PROX(set.dense_op.launch(set.dense_args(ctx, i), set.dense_view, s));
+    });
+    const double floor_s = set.dense_bytes / (g.copy.GBps * 1e9);
+    if (e_pct < 0) {
+      const Timing t = prox_bench::run_loop(st, dense, g_opt.warmup);
+      set_counters(st, name, ctx, t, set.dense_bytes + io);
+      st.counters["fp8_floor_us"] = floor_s * 1e6;
+      st.counters["frac_fp8_floor"] = floor_s / t.median_s;
+      return;
+    }
+    auto& p = set.plans(ctx, e_pct);
+    GraphReplay prox_g(g.stream, ctx.launches, [&](int i, cudaStream_t s) {
+      PROX_BENCH_PROX(p.ffns[i % set.copies].run(ctx.layer.token(i % ctx.layer.tokens()), ctx.y.template as<T>(),
+                                                 p.ws.get(), p.ws_bytes, s));
+    });
+    const PairedTiming pt = prox_bench::run_paired_loop(st, prox_g, dense, g_opt.warmup);
+    // Bytes: Stage 1 (INT4 proxies of the kept rows), the selected rows of the three FP8 matrices (1 byte a
+    // weight) and their scales (counted whole: at most 2 % of them), x and y.
+    const double bytes = prox_bench::stage1_int4_bytes(p.kept_mean, K, shape.d_ff, sizeof(T)) +
+                         3.0 * p.sel_mean * K + set.fp8.scale_bytes() + io;
+    set_counters(st, name, ctx, pt.prox, bytes);
+    st.counters["e_target"] = e_pct / 100.0;
+    st.counters["s1"] = p.report.s1;
+    st.counters["s2"] = p.report.s2;
+    st.counters["e_hat"] = p.report.effective;
+    st.counters["fp8_dense_us"] = pt.dense.median_s * 1e6;                  // (b)
+    st.counters["speedup_vs_fp8_dense"] = pt.ratio.median_s;
+    st.counters["fp8_floor_us"] = floor_s * 1e6;                              // (c)
+    st.counters["speedup_vs_fp8_floor"] = floor_s / pt.prox.median_s;
+    const auto bf16 = g_dense_s.find(std::string("dense_ffn/") + shape.name + "/bf16");  // (d)
+    if (bf16 != g_dense_s.end()) {
+      st.counters["bf16_dense_us"] = bf16->second * 1e6;
+      st.counters["speedup_vs_bf16_dense"] = bf16->second / pt.prox.median_s;
+    }
+    st.SetLabel(prox::fp8::to_string(L));
+  } catch (const std::exception& e) {
+    report_error(st, name, e);
+  }
+}
+
 // ---------------------------------------------------------------- registration
 benchmark::internal::Benchmark* configure(benchmark::internal::Benchmark* b) {
   return b->UseManualTime()->Iterations(g_opt.iterations)->Unit(benchmark::kMicrosecond);
@@ -879,6 +1047,25 @@ void register_shape(const FfnShape& shape, const std::vector<int>& targets) {
       const Op o = op;
       reg(std::string(opname) + "/" + base + "/e" + std::to_string(e),
           [shape, e, o](benchmark::State& st, const std::string& n) { bench_prox<T>(st, n, shape, e, o); });
+    }
+  }
+  // FP8 (--prox_fp8): fp8_dense/<model>/<dtype>/<layout>, fp8_ffn/<model>/<dtype>/<layout>/e<t>.
+  using L = prox::fp8::ScaleLayout;
+  for (const std::string& l : prox_bench::split_list(prox_bench::lower(g_opt.fp8))) {
+    const auto add = [&](auto layout) {
+      constexpr L kL = decltype(layout)::value;
+      const std::string lb = base + "/" + l;
+      reg("fp8_dense/" + lb, [shape](benchmark::State& st, const std::string& n) { bench_fp8<T, kL>(st, n, shape, -1); });
+      for (int e : targets)
+        reg("fp8_ffn/" + lb + "/e" + std::to_string(e),
+            [shape, e](benchmark::State& st, const std::string& n) { bench_fp8<T, kL>(st, n, shape, e); });
+    };
+    if (l == "channel") {
+      add(std::integral_constant<L, L::kPerChannel>{});
+    } else if (l == "block128") {
+      add(std::integral_constant<L, L::kBlock128>{});
+    } else {
+      throw std::invalid_argument("--prox_fp8: unknown scale layout '" + l + "' (channel, block128)");
     }
   }
 }
@@ -974,6 +1161,10 @@ void add_flags(CLI::App* app) {
       ->type_name("FILE");
   app->add_option("--prox_commit", g_opt.commit, "commit to record (else $PROX_COMMIT, else the one built from)")
       ->type_name("SHA");
+  app->add_option("--prox_fp8", g_opt.fp8,
+                  "FP8 e4m3 Stage-2 benches (fp8_ffn, fp8_dense) of these scale layouts: channel,block128 (default: "
+                  "none)")
+      ->type_name("LIST");
   app->footer(
       "plus Google Benchmark's flags, e.g. --benchmark_filter=REGEX --benchmark_out=FILE\n"
       "--benchmark_out_format=json --benchmark_list_tests");

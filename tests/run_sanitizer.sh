@@ -11,22 +11,25 @@
 #! they take minutes each and exercise the same code paths as the small shapes.
 set -uo pipefail
 
-readonly runs=(memcheck_stage1 memcheck_stage2 memcheck_ffn memcheck_batched racecheck racecheck_stage2 racecheck_batched
-              initcheck)
+readonly runs=(memcheck_stage1 memcheck_stage2 memcheck_ffn memcheck_batched memcheck_fp8 racecheck racecheck_stage2
+              racecheck_batched racecheck_fp8 initcheck)
 
 # RUN -> "tool|Catch2 test spec" (",": or; "~": not).
 spec_of() {
   case "$1" in
     memcheck_stage1) echo 'memcheck|[stage1]~[large],[threshold]' ;;
-    memcheck_stage2) echo 'memcheck|[stage2]~[large]' ;;   # GLU, down and the fused glu_down
-    memcheck_ffn) echo 'memcheck|[ffn]~[large]~[pending-error]' ;;  # that case makes an API error on purpose
-    memcheck_batched) echo 'memcheck|[batched]~[large]' ;;  # batched Stage 1, GLU and down (run_batch)
+    memcheck_stage2) echo 'memcheck|[stage2]~[large]~[fp8]' ;;   # GLU, down and the fused glu_down
+    memcheck_ffn) echo 'memcheck|[ffn]~[large]~[pending-error]~[fp8]' ;;  # that case makes an API error on purpose
+    memcheck_batched) echo 'memcheck|[batched]~[large]~[fp8]' ;;  # batched Stage 1, GLU and down (run_batch)
+    # The FP8 Stage-2 ops (both scale layouts, batch 1 and batched), the FP8 SparseFfn, fp8.cuh's helpers.
+    memcheck_fp8) echo 'memcheck|[fp8]~[large]' ;;
     # Shared-memory hazards: the block compaction (threshold, Stage 1), the split-K tile reduction and
     # the fused Stage 2's rows.
     racecheck) echo 'racecheck|[threshold],[stage1]~[large],[reduce]' ;;
     # The fused Stage 2 apart: ~250 launches of a 264-396 block grid, about 5 minutes under racecheck.
     racecheck_stage2) echo 'racecheck|[gludown]~[large]~[status]' ;;
-    racecheck_batched) echo 'racecheck|[batched]~[large]~[validation]' ;;
+    racecheck_batched) echo 'racecheck|[batched]~[large]~[validation]~[fp8]' ;;
+    racecheck_fp8) echo 'racecheck|[fp8]~[large]~[status]' ;;
     # Reads of global memory nothing wrote: the workspace contract and the ops' partial buffers.
     initcheck) echo 'initcheck|[workspace]~[large],[threshold],[stage1]~[large],[batched]~[large]' ;;
     *) return 1 ;;

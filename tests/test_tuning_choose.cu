@@ -109,13 +109,22 @@ TEST_CASE("tuning choose: the keys of prox's ops", "[tuning]") {
 
 TEST_CASE("tuning choose: the policy table holds every tuned candidate list", "[tuning]") {
   const pt::PolicyTable t = pt::policy_table();
-  CHECK(t.size() == 6);
+  CHECK(t.size() == 8);  // the six native lists and the FP8 128 x 128 block format's two (fp8_policies.cuh)
   CHECK(t.at("threshold") == pt::policy_names<prox::ThresholdPolicies>());
   CHECK(t.at("proxy_gemv") == pt::policy_names<prox::ProxyGemvPolicies>());
   CHECK(t.at("proxy_gemv_dense") == pt::policy_names<prox::DenseProxyGemvPolicies>());
   CHECK(t.at("glu_gemv") == pt::policy_names<prox::GluGemvPolicies>());
   CHECK(t.at("down_gemv") == pt::policy_names<prox::DownGemvPolicies>());
   CHECK(t.at("glu_down_gemv") == pt::policy_names<prox::GluDownGemvPolicies>());
+  CHECK(t.at("down_gemv_b128") == pt::policy_names<prox::Fp8BlockDownGemvPolicies>());
+  CHECK(t.at("glu_down_gemv_b128") == pt::policy_names<prox::Fp8BlockGluDownGemvPolicies>());
+  // The FP8 formats key their own entries; the per-channel format shares the native lists' rows.
+  CHECK(pt::op_key<prox::DownGemvOp<__half, prox::Fp8ChannelWeights>>(64, 128, 0.3).op == "down_gemv");
+  CHECK(pt::op_key<prox::DownGemvOp<__half, prox::Fp8ChannelWeights>>(64, 128, 0.3).weights == "e4m3chv1");
+  CHECK(pt::op_key<prox::GluDownGemvOp<__half, prox::SiLU, prox::Fp8BlockWeights>>(64, 128, 0.3).op ==
+        "glu_down_gemv_b128");
+  CHECK(pt::op_key<prox::GluGemvOp<__nv_bfloat16, prox::SiLU, prox::Fp8BlockWeights>>(64, 128, 0.3).weights ==
+        "e4m3b128v1");
   // Ffn's lists are the table's: a name maps back to the index plan() dispatches on.
   CHECK(Ffn::GluDownPolicies::kSize == static_cast<int>(t.at("glu_down_gemv").size()));
 }

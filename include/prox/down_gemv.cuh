@@ -190,7 +190,7 @@ Status check_down_args(const Args& a, const std::uint32_t* mask, int tokens, int
     return Status::kErrorNullPointer;
   if (tokens < 1 || tokens > max_tokens) return Status::kErrorInvalidArgument;
   PROX_RETURN_IF_ERROR(check_ffn_shape(a.d_model, a.d_ff));
-  PROX_RETURN_IF_ERROR(Fmt::check(a.w_down_t, a.d_ff, a.d_model));
+  PROX_RETURN_IF_ERROR(Fmt::check(a.w_down_t, a.d_ff, a.d_model, WeightOrientation::kInOut));
   if (!is_aligned(a.s, 4) || !is_aligned(mask, 4) || !is_aligned(a.y, sizeof(T))) return Status::kErrorMisalignedPointer;
   return Status::kSuccess;
 }

@@ -198,7 +198,7 @@ Status configure_barrier_grid(int grid_blocks, bool cooperative, const DeviceInf
 template <class T, class Fmt, class Args>
 Status check_fused_down(const Args& a) noexcept {
   if (Fmt::data(a.w_down_t) == nullptr || a.y == nullptr) return Status::kErrorNullPointer;
-  PROX_RETURN_IF_ERROR(Fmt::check(a.w_down_t, a.d_ff, a.d_model));
+  PROX_RETURN_IF_ERROR(Fmt::check(a.w_down_t, a.d_ff, a.d_model, WeightOrientation::kInOut));
   return is_aligned(a.y, sizeof(T)) ? Status::kSuccess : Status::kErrorMisalignedPointer;
 }
 

@@ -155,6 +155,11 @@ class SparseFfn {
     //! docs/benchmarks.md). Turn it off only where every workspace is initialized once and serves one
     //! shape: without the check a dirty workspace can give wrong results or hang the fused Stage 2.
     bool check_workspace = true;
+    //! A scaled Stage-2 format (FP8): plan() checks every scale of W_gate, W_up and W_down^T on the device
+    //! (finite and > 0, else kErrorInvalidScale): one small kernel per matrix on cudaStreamPerThread, which
+    //! plan() synchronizes (plan time only; never while capturing). Off: the caller has checked them
+    //! (fp8::check_scales_device at load). Nothing to check for fp16/bf16 weights.
+    bool check_scales = true;
   };
 
   /**
@@ -508,6 +513,12 @@ Status SparseFfn<T, Act, ProxyFmt, WFmt>::plan_impl(const Config& cfg, const Wei
   }
   DeviceInfo dev;
   PROX_RETURN_IF_ERROR(query_device(&dev));  // once, for every stage
+  if (opts.check_scales) {  // the weights' values the plan can see (a scaled format's scales)
+    const cudaStream_t s = cudaStreamPerThread;
+    PROX_RETURN_IF_ERROR(WFmt::check_values(w.gate, cfg.d_ff, cfg.d_model, WeightOrientation::kOutIn, s));
+    PROX_RETURN_IF_ERROR(WFmt::check_values(w.up, cfg.d_ff, cfg.d_model, WeightOrientation::kOutIn, s));
+    PROX_RETURN_IF_ERROR(WFmt::check_values(w.down_t, cfg.d_ff, cfg.d_model, WeightOrientation::kInOut, s));
+  }
 
   // With PDL every kernel waits (griddepcontrol.wait) before reading its inputs or writing anything.
   PROX_RETURN_IF_ERROR(stage1_.initialize(a1, op_options<Stage1Op>(opts), c.proxy, dev));

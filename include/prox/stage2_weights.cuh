@@ -19,8 +19,10 @@
 //!   kDownTileDivides         0, or a column count every down-GEMV tile must divide (a scale block: the down
 //!                            GEMV folds one block scale per row into s)
 //!   data(m)                  the element pointer
-//!   check(m, rows, cols)     plan-time validation -> Status: null, alignment, cols a multiple of kElemsPerVec,
-//!                            the scales it requires
+//!   check(m, rows, cols, o)  plan-time validation -> Status: null, alignment, cols a multiple of kElemsPerVec,
+//!                            the scales it requires and their shape (o: WeightOrientation of the matrix)
+//!   check_values(m, rows, cols, o, stream)  the values a plan can check on the device (a scaled format: every
+//!                            scale finite and > 0; synchronizes `stream`), kSuccess for an unscaled one
 //!   dequant(piece, out)      one 16-byte piece -> kElemsPerVec floats, in registers
 //! and its scale hooks, at fixed points of the kernels (each a no-op for an unscaled format):
 //!   glu_out(m, row, sum)     the GLU's full dot product of row `row` (g or u), before the activation
@@ -30,6 +32,8 @@
 //!
 //! docs/design.md, "Adding a Stage-2 weight format", lists what a new format touches.
 #pragma once
+
+#include <cuda_runtime.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -41,6 +45,13 @@
 #include "core/vec.cuh"
 
 PROX_NAMESPACE_BEGIN
+
+/**
+ * @brief How a stored Stage-2 matrix relates to its linear map: kOutIn, nn.Linear's [out][in] (W_gate, W_up: a
+ * channel per row); kInOut, the transpose [in][out] (W_down^T [d_ff][d_model]: an output per column). A
+ * per-channel scale follows the outputs.
+ */
+enum class WeightOrientation : int { kOutIn = 0, kInOut = 1 };
 
 /**
  * @brief The fp16/bf16 exact weights of Stage 2 (today's checkpoints): W_gate and W_up [d_ff][d_model] as
@@ -73,10 +84,15 @@ struct NativeWeights {
   PROX_HOST_DEVICE static PROX_FORCEINLINE const W* data(const Matrix& m) noexcept { return m.w; }
 
   //! Plan time: non-null, 16-byte aligned (rows of cols elements: cols is a multiple of 8 by the FFN shape rule).
-  static Status check(const Matrix& m, int /*rows*/, int cols) noexcept {
+  static Status check(const Matrix& m, int /*rows*/, int cols,
+                      WeightOrientation /*o*/ = WeightOrientation::kOutIn) noexcept {
     if (m.w == nullptr) return Status::kErrorNullPointer;
     if (cols % kElemsPerVec != 0) return Status::kErrorInvalidShape;
     return is_aligned(m.w, 16) ? Status::kSuccess : Status::kErrorMisalignedPointer;
+  }
+  //! No scales: nothing to check on the device.
+  static Status check_values(const Matrix&, int, int, WeightOrientation, cudaStream_t) noexcept {
+    return Status::kSuccess;
   }
 
 #if defined(__CUDACC__)

@@ -70,12 +70,13 @@ Key op_key(int d_model, int d_ff, double density) {
 
 // ---------------------------------------------------------------- the policy table
 /**
- * @brief One instance of every tuned candidate list: the registry (tuned_ops.cuh) for one element type
- * and activation, with every Stage-2 weight format of it (Stage2FormatsFor). A list depends on the op and
- * the weight format, not on the element type or the activation, so one instance stands for all of them
- * (NativeWeights<__half> and NativeWeights<__nv_bfloat16> share their lists and their names).
+ * @brief One instance of every keyed candidate list: the registry (tuned_ops.cuh) for one element type and
+ * activation, with every Stage-2 weight format (Stage2KeyedFormatsFor, tuned or not). A list depends on the op
+ * and the weight format, not on the element type or the activation, so one instance stands for all of them
+ * (NativeWeights<__half> and NativeWeights<__nv_bfloat16> share their lists and their names; a format may
+ * share another's list and its name: consistent_lists).
  */
-using TunedOps = TunedOpsFor<TypeList<__half>, TypeList<SiLU>>;
+using TunedOps = typename ConcatOps<KeyedTypeOps<__half>, KeyedLayerOps<__half, SiLU>>::type;
 
 namespace detail {
 //! Whether two strings are equal (constexpr).

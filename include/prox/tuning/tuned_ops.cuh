@@ -15,6 +15,8 @@
 #include "../activation.cuh"
 #include "../dense_weights.cuh"
 #include "../down_gemv.cuh"
+#include "../fp8_policies.cuh"
+#include "../fp8_weights.cuh"
 #include "../glu_down_gemv.cuh"
 #include "../glu_gemv.cuh"
 #include "../int4.cuh"
@@ -35,9 +37,15 @@ template <class... Ts>
 struct TypeList {};
 
 // ---------------------------------------------------------------- the registry
-//! The Stage-2 weight formats whose ops are tuned, for activations of T.
+//! The Stage-2 weight formats whose ops prox-tune measures (each op has a TuneIO adapter), for activations of T.
 template <class T>
 using Stage2FormatsFor = TypeList<NativeWeights<T>>;
+
+//! Every Stage-2 weight format, tuned or not: their ops' keys are valid in a cache file, and their candidate
+//! lists are part of the policy table (choose.cuh, and so of its hash). The FP8 formats' ops have no TuneIO
+//! adapter yet: prox-tune does not measure them, and choose() falls back to the default rules on their keys.
+template <class T>
+using Stage2KeyedFormatsFor = TypeList<NativeWeights<T>, Fp8ChannelWeights, Fp8BlockWeights>;
 
 namespace detail {
 template <class T, class Formats>
@@ -55,14 +63,20 @@ struct LayerOpsOf<T, Act, TypeList<Fmts...>> {
 };
 }  // namespace detail
 
-//! The tuned ops of element type T that take no activation: the threshold op, the down GEMV of every format.
+//! The tuned ops of element type T that take no activation: the threshold op, the down GEMV of every tuned format.
 template <class T>
 using TunedTypeOps = typename detail::TypeOpsOf<T, Stage2FormatsFor<T>>::type;
 
 //! The tuned ops of layer type (T, Act): Stage 1 with INT4 and with T proxies, the GLU GEMV and the fused Stage 2
-//! of every format.
+//! of every tuned format.
 template <class T, class Act>
 using TunedLayerOps = typename detail::LayerOpsOf<T, Act, Stage2FormatsFor<T>>::type;
+
+//! The keyed ops (the tuned ones and those of the other Stage-2 formats), as TunedTypeOps / TunedLayerOps.
+template <class T>
+using KeyedTypeOps = typename detail::TypeOpsOf<T, Stage2KeyedFormatsFor<T>>::type;
+template <class T, class Act>
+using KeyedLayerOps = typename detail::LayerOpsOf<T, Act, Stage2KeyedFormatsFor<T>>::type;
 
 // ---------------------------------------------------------------- derived lists
 //! The ops of several OpLists, in order (::type).

@@ -1,0 +1,75 @@
+// SPDX-License-Identifier: Apache-2.0
+//! @file fp8_policies.cuh  The candidate lists of the FP8 Stage-2 formats (fp8_weights.cuh), one
+//! specialization per op family. Where a list is the native weights' (the same policy types), it shares their
+//! name and their row of the tuning cache's policy table: the FP8 keys differ in their weights field only.
+//! Starting point, not yet measured on a GPU: the native lists with 16 weights per 16-byte piece (a GLU step
+//! then covers twice the inputs, a down-GEMV thread 16 outputs), and for the batched kernels one block of 256
+//! threads per SM (255 registers), since a thread holds twice the x pieces (GLU) or twice the accumulators
+//! (down) of the native kernels, which run at 128 registers and 2 blocks.
+#pragma once
+
+#include "batched_down.cuh"
+#include "batched_glu.cuh"
+#include "batched_glu_down.cuh"
+#include "core/config.hpp"
+#include "core/policy.hpp"
+#include "down_gemv.cuh"
+#include "fp8_weights.cuh"
+#include "glu_down_gemv.cuh"
+#include "glu_gemv.cuh"
+
+PROX_NAMESPACE_BEGIN
+
+// ---------------------------------------------------------------- batch 1
+//! GLU GEMV, both layouts: the native candidates (and their list's name). A block-scaled piece adds one
+//! scale load and one multiply-add per 16 weights.
+template <fp8::ScaleLayout L>
+struct GluGemvPoliciesFor<Fp8Weights<L>> : GluGemvPoliciesFor<NativeWeights<__half>> {};
+
+//! Down GEMV, per channel: the native candidates (256-column tiles of 16 threads x 16 columns).
+template <>
+struct DownGemvPoliciesFor<Fp8ChannelWeights> : DownGemvPoliciesFor<NativeWeights<__half>> {};
+//! Down GEMV, 128 x 128 blocks: tiles of 128 columns (one column block, whose scale is folded into s_j), as
+//! the native candidates 1 and 0 with the chunk of 2, and 64-column tiles (more blocks on small shapes).
+using Fp8BlockDownGemvPolicies = PolicyList<DownGemvPolicy<256, 128, 512, 4, 3>, DownGemvPolicy<256, 128, 1024, 4, 3>,
+                                            DownGemvPolicy<256, 64, 512, 4, 3>>;
+template <>
+struct DownGemvPoliciesFor<Fp8BlockWeights> {
+  using type = Fp8BlockDownGemvPolicies;
+  static constexpr const char* kName = "down_gemv_b128";
+};
+
+//! Fused Stage 2, per channel: the native candidates.
+template <>
+struct GluDownGemvPoliciesFor<Fp8ChannelWeights> : GluDownGemvPoliciesFor<NativeWeights<__half>> {};
+//! Fused Stage 2, 128 x 128 blocks: the native candidates with 128-column down tasks.
+using Fp8BlockGluDownGemvPolicies =
+    PolicyList<GluDownGemvPolicy<256, 64, 4, 128, 1024, 4, 2>, GluDownGemvPolicy<320, 64, 2, 128, 1024, 4, 2>,
+               GluDownGemvPolicy<256, 64, 2, 128, 1024, 4, 3>>;
+template <>
+struct GluDownGemvPoliciesFor<Fp8BlockWeights> {
+  using type = Fp8BlockGluDownGemvPolicies;
+  static constexpr const char* kName = "glu_down_gemv_b128";
+};
+
+// ---------------------------------------------------------------- batched (CUDA cores; not tuned)
+//! Batched GLU GEMV: the native CUDA-core shapes at one block per SM (capacity 8 too: no tensor cores).
+template <int Tokens, fp8::ScaleLayout L>
+struct BatchedGluPoliciesFor<Tokens, Fp8Weights<L>> {
+  using type = PolicyList<BatchedGluPolicy<Tokens, 256, 64, 1>>;
+};
+//! Batched down GEMV: 128-column tiles (one column block) at one block per SM: at 2 blocks (128 registers) the
+//! native candidates spilled with FP8's 16 outputs per thread and token (sm_90a: 128-336 bytes of stack at
+//! capacities 2 and 4); the native chunks, and 2 rows in flight at capacity 8.
+template <int Tokens, fp8::ScaleLayout L>
+struct BatchedDownPoliciesFor<Tokens, Fp8Weights<L>> {
+  using type = PolicyList<BatchedDownPolicy<Tokens, 256, Tokens == 2 ? 2048 : 1024, Tokens == 8 ? 2 : 4, 1>,
+                          BatchedDownPolicy<Tokens, 256, 512, Tokens == 8 ? 2 : 4, 1>>;
+};
+//! Fused batched Stage 2 (capacities 2 and 4): the native shape at one block per SM, 2 down rows in flight.
+template <int Tokens, fp8::ScaleLayout L>
+struct BatchedGluDownPoliciesFor<Tokens, Fp8Weights<L>> {
+  using type = PolicyList<BatchedGluDownPolicy<Tokens, 256, 64, 2048, 2, 1>>;
+};
+
+PROX_NAMESPACE_END
