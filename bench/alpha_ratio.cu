@@ -23,6 +23,12 @@
 //! several waves, whose block scheduling overlaps the streaming once rows are kept (at s1 = 0 it
 //! streams at 98-102 % of copy in total), so it is not an additive cost of that kernel.
 //! --pdl=1 launches as SparseFfn launches Stage 1 (programmatic dependent launch).
+//!
+//! --fp8=1: alpha for FP8 e4m3 layers, alpha = time(INT4 proxy GEMV) / time(FP8 input-sparse GEMV): the
+//! denominator (the "fp16" columns of the outputs, then the FP8 kernel's) is proxy_gemv<Fp8ProxyWeights>, the
+//! same kernel family over input-major e4m3 codes with per-channel scales (W_gate and W_up quantized per channel,
+//! fp8::quantize_device, their codes transposed), which reads 1 byte a weight instead of 2. The INT4 proxies are
+//! those of the fp16 weights (the FP8 layer's, packed from the dequantized FP8 weights, cost the same).
 
 #include <fmt/core.h>
 #include <fmt/format.h>
@@ -50,6 +56,7 @@ using prox_bench::Timing;
 using Half = __half;
 using Int4Fmt = prox::Int4Weights;
 using Fp16Fmt = prox::DenseWeights<Half>;
+using Fp8Fmt = prox::Fp8ProxyWeights;
 
 constexpr double kTargetAlpha = 0.28;  // the H100 target (docs/benchmarks.md, "Targets")
 
@@ -68,6 +75,8 @@ struct Options {
   //! Launch with programmatic dependent launch (sm_90+), as SparseFfn launches Stage 1: each launch's
   //! start overlaps the previous one's tail. Off by default (each launch waits for the previous).
   bool pdl = false;
+  //! The denominator is the FP8 input-sparse GEMV (proxy_gemv<Fp8ProxyWeights>) instead of the fp16 one.
+  bool fp8 = false;
   std::string commit;
 };
 
@@ -156,15 +165,29 @@ class AlphaTool {
       for (int c = 1; c < q4.copies; ++c)
         PROX_BENCH_CUDA(cudaMemcpyAsync(b4 + q4.stride * c, b4, q4.stride, cudaMemcpyDeviceToDevice, stream_));
 
-      q16.mat = prox_bench::align_up(sizeof(Half) * kn);
-      q16.sc = 0;
-      q16.stride = 2 * q16.mat;
+      q16.mat = prox_bench::align_up((opt_.fp8 ? 1 : sizeof(Half)) * kn);
+      q16.sc = opt_.fp8 ? prox_bench::align_up(sizeof(float) * N) : 0;
+      q16.stride = 2 * q16.mat + 2 * q16.sc;
       q16.copies = prox_bench::rotation_copies(q16.stride, rotate, per_format);
-      q16.arena = DeviceBuffer(q16.stride * q16.copies, "fp16 proxy copies");
+      q16.arena = DeviceBuffer(q16.stride * q16.copies, opt_.fp8 ? "FP8 input-major copies" : "fp16 proxy copies");
       char* b16 = q16.arena.as<char>();
-      // [d_ff][d_model] (rows = d_ff) -> input-major [d_model][d_ff].
-      PROX_BENCH_PROX(prox::transpose_device(wg, N, K, reinterpret_cast<Half*>(b16), stream_));
-      PROX_BENCH_PROX(prox::transpose_device(wu, N, K, reinterpret_cast<Half*>(b16 + q16.mat), stream_));
+      if (opt_.fp8) {
+        // Per-channel e4m3 of nn.Linear [d_ff][d_model] (a scale per row = channel), codes -> input-major.
+        namespace fp8 = prox::fp8;
+        DeviceBuffer q(kn, "FP8 codes");
+        for (int m = 0; m < 2; ++m) {
+          PROX_BENCH_PROX(fp8::quantize_device(m == 0 ? wg : wu, N, K, fp8::ScaleLayout::kPerChannel,
+                                               q.as<std::uint8_t>(), reinterpret_cast<float*>(b16 + 2 * q16.mat + m * q16.sc),
+                                               stream_));
+          PROX_BENCH_PROX(prox::transpose_device(q.as<const std::uint8_t>(), N, K,
+                                                 reinterpret_cast<std::uint8_t*>(b16 + m * q16.mat), stream_));
+          PROX_BENCH_CUDA(cudaStreamSynchronize(stream_));
+        }
+      } else {
+        // [d_ff][d_model] (rows = d_ff) -> input-major [d_model][d_ff].
+        PROX_BENCH_PROX(prox::transpose_device(wg, N, K, reinterpret_cast<Half*>(b16), stream_));
+        PROX_BENCH_PROX(prox::transpose_device(wu, N, K, reinterpret_cast<Half*>(b16 + q16.mat), stream_));
+      }
       for (int c = 1; c < q16.copies; ++c)
         PROX_BENCH_CUDA(cudaMemcpyAsync(b16 + q16.stride * c, b16, q16.stride, cudaMemcpyDeviceToDevice, stream_));
       PROX_BENCH_CUDA(cudaStreamSynchronize(stream_));
@@ -200,22 +223,30 @@ class AlphaTool {
 
       // Same kept inputs in both formats, checked on the device counters.
       const unsigned long long kept4 = count_kept<Int4Fmt>(q4, K, N, tau_x, token, mask, counters);
-      const unsigned long long kept16 = count_kept<Fp16Fmt>(q16, K, N, tau_x, token, mask, counters);
+      const unsigned long long kept16 = opt_.fp8 ? count_kept<Fp8Fmt>(q16, K, N, tau_x, token, mask, counters)
+                                                 : count_kept<Fp16Fmt>(q16, K, N, tau_x, token, mask, counters);
       if (kept4 != kept16)
         throw std::runtime_error(
             fmt::format("{} s1={}%: INT4 kept {} inputs, fp16 kept {}", shape.name, s1_pct, kept4, kept16));
       row.kept_rows = static_cast<double>(kept4) / opt_.tokens;
       row.s1_measured = 1.0 - row.kept_rows / K;
       row.int4_bytes = prox_bench::stage1_int4_bytes(row.kept_rows, K, N, sizeof(Half));
-      row.fp16_bytes = prox_bench::stage1_dense_bytes(row.kept_rows, K, N, sizeof(Half), sizeof(Half));
+      row.fp16_bytes = opt_.fp8 ? prox_bench::stage1_dense_bytes(row.kept_rows, K, N, 1, sizeof(Half)) + 8.0 * N
+                               : prox_bench::stage1_dense_bytes(row.kept_rows, K, N, sizeof(Half), sizeof(Half));
 
       time_all<Int4Fmt>("int4", q4, shape, s1_pct, tau_x, token, mask, l4, &row.int4_best, &row.int4_best_name,
                         &row.int4_best_index, &row.int4_default, &row.int4_default_name);
-      time_all<Fp16Fmt>("fp16", q16, shape, s1_pct, tau_x, token, mask, l16, &row.fp16_best, &row.fp16_best_name,
-                        &row.fp16_best_index, &row.fp16_default, &row.fp16_default_name);
+      if (opt_.fp8) {
+        time_all<Fp8Fmt>("fp8", q16, shape, s1_pct, tau_x, token, mask, l16, &row.fp16_best, &row.fp16_best_name,
+                         &row.fp16_best_index, &row.fp16_default, &row.fp16_default_name);
+      } else {
+        time_all<Fp16Fmt>("fp16", q16, shape, s1_pct, tau_x, token, mask, l16, &row.fp16_best, &row.fp16_best_name,
+                          &row.fp16_best_index, &row.fp16_default, &row.fp16_default_name);
+      }
       constexpr float kNothingKept = std::numeric_limits<float>::infinity();
       row.int4_empty = time_policy<Int4Fmt>(row.int4_best_index, q4, shape, kNothingKept, token, mask, l4);
-      row.fp16_empty = time_policy<Fp16Fmt>(row.fp16_best_index, q16, shape, kNothingKept, token, mask, l16);
+      row.fp16_empty = opt_.fp8 ? time_policy<Fp8Fmt>(row.fp16_best_index, q16, shape, kNothingKept, token, mask, l16)
+                                : time_policy<Fp16Fmt>(row.fp16_best_index, q16, shape, kNothingKept, token, mask, l16);
       fmt::print(
           stderr,
           "[prox_alpha] {} s1={:>2}% (measured {:.4f}): INT4 {:.2f} us ({}), fp16 {:.2f} us ({}), alpha {:.3f} "
@@ -242,6 +273,8 @@ class AlphaTool {
     typename Fmt::Matrix m;
     if constexpr (std::is_same_v<Fmt, Int4Fmt>) {
       m.packed = static_cast<const std::uint32_t*>(w);
+    } else if constexpr (std::is_same_v<Fmt, Fp8Fmt>) {
+      m.w = static_cast<const std::uint8_t*>(w);
     } else {
       m.w = static_cast<const Half*>(w);
     }
@@ -446,9 +479,10 @@ prox_support::json::Json alpha_document(const std::vector<Row>& rows, const std:
   c["prox_commit"] = commit;
   c["prox_command"] = command;
   c["prox_cuda_archs"] = PROX_BENCH_CUDA_ARCHS;
-  c["options"] = fmt::format("iterations={} warmup={} tokens={} min_launches={} rotate_gb={:.2f} pdl={}{}",
+  c["options"] = fmt::format("iterations={} warmup={} tokens={} min_launches={} rotate_gb={:.2f} pdl={} fp8={}{}",
                              o.iterations, o.warmup, o.tokens, o.min_launches, o.rotate_gb, o.pdl ? 1 : 0,
-                             o.quick ? " quick" : "");
+                             o.fp8 ? 1 : 0, o.quick ? " quick" : "");
+  if (o.fp8) c["denominator"] = "proxy_gemv<Fp8ProxyWeights>: the FP8 input-sparse GEMV (the fp16 fields hold it)";
   doc["target_alpha_max"] = kTargetAlpha;
   doc["alpha_definition"] =
       "median per-launch time of proxy_gemv<Int4Weights> / proxy_gemv<DenseWeights<half>>, best policy of each "
@@ -550,6 +584,10 @@ std::optional<int> parse_flags(int argc, char** argv, Options* o) {
       ->capture_default_str()
       ->check(positive);
   app.add_option("--pdl", o->pdl, "launch with PDL (sm_90+), as SparseFfn launches Stage 1")
+      ->type_name("0|1")
+      ->capture_default_str()
+      ->check(cli::value_check(cli::one_of({"0", "1"})));
+  app.add_option("--fp8", o->fp8, "alpha for FP8 layers: the denominator is the FP8 input-sparse GEMV")
       ->type_name("0|1")
       ->capture_default_str()
       ->check(cli::value_check(cli::one_of({"0", "1"})));

@@ -28,6 +28,7 @@
 #include <utility>
 #include <vector>
 
+#include <prox/fp8_policies.cuh>
 #include <prox/prox.cuh>
 #include <prox_support/cli.hpp>
 #include <prox_support/device_buffer.hpp>

@@ -17,6 +17,7 @@
 #include "fp8_weights.cuh"
 #include "glu_down_gemv.cuh"
 #include "glu_gemv.cuh"
+#include "proxy_gemv.cuh"
 
 PROX_NAMESPACE_BEGIN
 
@@ -50,6 +51,16 @@ template <>
 struct GluDownGemvPoliciesFor<Fp8BlockWeights> {
   using type = Fp8BlockGluDownGemvPolicies;
   static constexpr const char* kName = "glu_down_gemv_b128";
+};
+
+// ---------------------------------------------------------------- Stage 1 over FP8 codes (prox_alpha)
+//! The FP8 input-sparse GEMV (ProxyGemvOp<T, Act, Fp8ProxyWeights>): the fp16 proxies' candidates (16 threads of
+//! 16 channels cover a 256-channel tile) and 128-channel tiles.
+using Fp8ProxyGemvPolicies = PolicyList<ProxyGemvPolicy<256, 256, 256, 4, 2>, ProxyGemvPolicy<256, 128, 256, 4, 2>>;
+template <>
+struct ProxyGemvPoliciesFor<Fp8ProxyWeights> {
+  using type = Fp8ProxyGemvPolicies;
+  static constexpr const char* kName = "proxy_gemv_fp8";
 };
 
 // ---------------------------------------------------------------- batched (CUDA cores; not tuned)

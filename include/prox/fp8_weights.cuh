@@ -124,6 +124,44 @@ struct Fp8Weights {
 #endif
 };
 
+/**
+ * @brief FP8 e4m3 weights read as Stage 1 reads its proxies (a Stage-1 format, as DenseWeights<W>): input-major
+ * [d_model][d_ff] e4m3 codes with one fp32 scale per channel (the per-channel quantization of W_gate or W_up,
+ * its codes transposed). ProxyGemvOp over it is the FP8 input-sparse GEMV: prox_alpha's denominator for FP8
+ * layers (alpha = time(INT4 proxy GEMV) / time(FP8 input-sparse GEMV), the ratio allocate_sparsity takes).
+ */
+struct Fp8ProxyWeights {
+  static constexpr const char* kName = "fp8_e4m3";
+  static constexpr const char* kKeyName = "e4m3chv1";
+  struct Matrix {
+    const std::uint8_t* w = nullptr;  //!< [d_model][d_ff] e4m3 codes, row-major, 16-byte aligned
+    const float* scales = nullptr;    //!< [d_ff] per-channel scales, required
+  };
+  static constexpr int kVecBytes = 16;
+  static constexpr int kChannelsPerVec = fp8::kVecElems;  // 16
+  static constexpr bool kNeedsScales = true;
+  PROX_HOST_DEVICE static constexpr std::size_t row_bytes(int d_ff) noexcept { return static_cast<std::size_t>(d_ff); }
+  PROX_HOST_DEVICE static constexpr std::size_t col_bytes(int n) noexcept { return static_cast<std::size_t>(n); }
+  PROX_HOST_DEVICE static const void* data(const Matrix& m) noexcept { return m.w; }
+  static constexpr std::uint32_t kFill = 0u;  //!< code 0x00 is +0
+  using XReg = float;
+#if defined(__CUDACC__)
+  PROX_DEVICE static PROX_FORCEINLINE XReg make_x(float x) { return x; }
+  //! acc[c] += sum_u xs[u] * q_{u,c} over the kU rows of one step, in fp32 (the scales come in the epilogue).
+  template <int kU>
+  PROX_DEVICE static PROX_FORCEINLINE void fma_step(float (&acc)[kChannelsPerVec], const Piece<kVecBytes> (&v)[kU],
+                                                    const float (&xs)[kU]) {
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      float w[kChannelsPerVec];
+      fp8::dequant16(make_uint4(v[u].w[0], v[u].w[1], v[u].w[2], v[u].w[3]), w);
+#pragma unroll
+      for (int c = 0; c < kChannelsPerVec; ++c) acc[c] = fmaf(xs[u], w[c], acc[c]);
+    }
+  }
+#endif
+};
+
 //! FP8 e4m3 weights, one fp32 scale per output channel.
 using Fp8ChannelWeights = Fp8Weights<fp8::ScaleLayout::kPerChannel>;
 //! FP8 e4m3 weights, one fp32 scale per 128 x 128 block.

@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 //! @file prox.cuh  Umbrella header: everything an engine needs at run time. Offline tools (calibration:
-//! calibrate.cuh; the tuning cache: tuning/) are included separately.
+//! calibrate.cuh; the tuning cache: tuning/) are included separately, and so is FP8 (fp8_policies.cuh: the FP8
+//! Stage-2 formats and their lists; it brings fp8.cuh, whose offline launchers are compiled in every file that
+//! includes it, which an engine's extern-instantiated files should not pay: prox/instantiate.cuh).
 #pragma once
 
 #include "version.hpp"
@@ -21,9 +23,6 @@
 #include "int4.cuh"
 #include "dense_weights.cuh"
 #include "stage2_weights.cuh"
-#include "fp8_format.hpp"
-#include "fp8.cuh"
-#include "fp8_weights.cuh"
 #include "layout.cuh"
 #include "stats.cuh"
 #include "threshold.cuh"
@@ -35,7 +34,6 @@
 #include "batched_glu.cuh"
 #include "batched_down.cuh"
 #include "batched_glu_down.cuh"
-#include "fp8_policies.cuh"
 #include "dispatch.cuh"
 #include "operator.cuh"
 #include "sparse_ffn.cuh"
