@@ -120,6 +120,12 @@ class DensePlanImpl final : public DensePlan {
     ws_ = base + mask_bytes + s_bytes;
     PROX_RETURN_IF_ERROR(op_.initialize(a, Ffn::template op_options<Op>(po), d.flags.glu_down));
     const cudaStream_t s = cudaStreamPerThread;
+    // The weights' values the plan can see (an FP8 layer's scales), as SparseFfn::plan checks them
+    // (PlanOptions::check_scales): a dense FFN on an invalid scale would be a silent wrong answer.
+    using Fmt = typename FfnTypeOf<T, ActT, kFormat>::Fmt;
+    PROX_RETURN_IF_ERROR(Fmt::check_values(w.gate, d.d_ff, d.d_model, prox::WeightOrientation::kOutIn, s));
+    PROX_RETURN_IF_ERROR(Fmt::check_values(w.up, d.d_ff, d.d_model, prox::WeightOrientation::kOutIn, s));
+    PROX_RETURN_IF_ERROR(Fmt::check_values(w.down_t, d.d_ff, d.d_model, prox::WeightOrientation::kInOut, s));
     if (cudaMemsetAsync(base, 0xff, mask_bytes, s) != cudaSuccess) return prox::Status::kErrorCudaRuntime;
     if (ws_bytes_ > 0) PROX_RETURN_IF_ERROR(prox::initialize_workspace(ws_, ws_bytes_, s));
     return cudaStreamSynchronize(s) == cudaSuccess ? prox::Status::kSuccess : prox::Status::kErrorCudaRuntime;

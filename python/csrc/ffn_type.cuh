@@ -8,13 +8,16 @@
 #pragma once
 
 #include <prox/prox.cuh>
+// FP8 is not in the umbrella header (its offline launchers would be compiled in every engine file that includes
+// prox.cuh): the FP8 formats' types and candidate lists, and fp8.cuh's helpers offline.cu calls.
+#include <prox/fp8_policies.cuh>
 
 #include "ffn_api.h"
 
 namespace prox_ext {
 
-//! type: the layer type's SparseFfn; weights(d): its Weights from the slots of `d` (which bindings.cpp has
-//! checked with the format's FormatSlots).
+//! type: the layer type's SparseFfn; Fmt: its Stage-2 weight format; weights(d): its Weights from the slots of `d`
+//! (which bindings.cpp has checked with the format's FormatSlots).
 template <class T, class ActT, Format kFormat>
 struct FfnTypeOf;
 
@@ -22,7 +25,8 @@ struct FfnTypeOf;
 //! Stage 1 reads the INT4 proxies.
 template <class T, class ActT>
 struct FfnTypeOf<T, ActT, Format::kNative> {
-  using type = prox::SparseFfn<T, ActT, prox::Int4Weights, prox::NativeWeights<T>>;
+  using Fmt = prox::NativeWeights<T>;  //!< Stage 2's weight format
+  using type = prox::SparseFfn<T, ActT, prox::Int4Weights, Fmt>;
 
   static typename type::Weights weights(const FfnDesc& d) noexcept {
     typename type::Weights w;

@@ -57,6 +57,7 @@ import torch.nn.functional as F
 
 import prox
 from prox.nn import SparseMLP
+from prox.planned import summed_report
 
 MODELS = {
     # Qwen3-8B and Qwen3-14B (config.json of the released models)
@@ -533,6 +534,27 @@ def run_cell(args, kind, model, cfg, dense_mlps, sparse, zero, thresholds, table
             if name == "dense":
                 compile_s = time.time() - t
         set_mlps(model, dense_mlps)
+    cell = time_cell(args, runners, thresholds, tables, sparse, ffn, compile_s, realized)
+    del runners
+    return cell
+
+
+def realized(sparse, alpha=None) -> dict:
+    """The realized s1, s2 and e of the layers' counters since their reset (alpha: the allocation's; None: the
+    layers' own)."""
+    if alpha is None:
+        rep = prox.sparsity_report(nn.ModuleList(sparse))
+    else:
+        counts = torch.stack([sp.counters for sp in sparse]).tolist()
+        rep = summed_report(((c, sp.d_model, sp.d_ff) for c, sp in zip(counts, sparse)), alpha)
+    return {k: rep[k] for k in ("s1", "s2", "effective")}
+
+
+def time_cell(args, runners, thresholds, tables, sparse, ffn, compile_s, report=realized) -> dict:
+    """One cell from its runners ("dense", "none", "prox"): on the CPU (smoke) each runs a few tokens and only the
+    realized sparsity is recorded; on the GPU the dense and no-MLP steps are timed, and the Prox step at each e (the
+    same captured graph, the thresholds switched), with the speed-up, the FFN speed-up of ``ffn`` (the same run),
+    its Amdahl bound and the fraction of it reached. ``report(sparse, alpha)``: the realized sparsity."""
     if args.smoke:  # run every step kind, time nothing
         cell = {"smoke": True, "prox": {}}
         for r in ("dense", "none"):
@@ -542,10 +564,7 @@ def run_cell(args, kind, model, cfg, dense_mlps, sparse, zero, thresholds, table
             for sp in sparse:
                 sp.reset_counters()
             runners["prox"].time(args.new_tokens, 1)
-            rep = prox.sparsity_report(nn.ModuleList(sparse))
-            cell["prox"][str(e)] = {"realized": {k: rep[k] for k in ("s1", "s2", "effective")},
-                                    "target": target(e, args.alpha)}
-        del runners
+            cell["prox"][str(e)] = {"realized": report(sparse, args.alpha), "target": target(e, args.alpha)}
         return cell
     t_dense = runners["dense"].time(args.new_tokens, args.repeats)
     t_none = runners["none"].time(args.new_tokens, args.repeats)
@@ -558,7 +577,6 @@ def run_cell(args, kind, model, cfg, dense_mlps, sparse, zero, thresholds, table
         for sp in sparse:
             sp.reset_counters()
         t_prox = runners["prox"].time(args.new_tokens, args.repeats)
-        rep = prox.sparsity_report(nn.ModuleList(sparse))
         s = ffn["speedup"][str(e)]
         bound = amdahl(t_dense, t_none, s)
         sp_e2e = t_dense / t_prox
@@ -566,9 +584,7 @@ def run_cell(args, kind, model, cfg, dense_mlps, sparse, zero, thresholds, table
         cell["prox"][str(e)] = {"ms": t_prox * 1e3, "tok_s": 1.0 / t_prox, "speedup": sp_e2e, "ffn_speedup": s,
                                 "amdahl_bound": bound, "fraction_of_bound": sp_e2e / bound,
                                 "ffn_speedup_in_step": max(t_dense - t_none, 0.0) / t_mlp_prox,
-                                "realized": {k: rep[k] for k in ("s1", "s2", "effective")},
-                                "target": target(e, args.alpha)}
-    del runners
+                                "realized": report(sparse, args.alpha), "target": target(e, args.alpha)}
     return cell
 
 

@@ -38,10 +38,9 @@ import torch.nn.functional as F
 
 import prox
 from prox import fp8
-from prox.bench_decode import (DTYPES, LeanDecoder, Runner, amdahl, build_model, calibrate_random, log, target,
+from prox.bench_decode import (DTYPES, LeanDecoder, Runner, build_model, calibrate_random, log, realized, time_cell,
                                time_graph)
 from prox.nn import SparseMLP
-from prox.planned import summed_report
 
 #: M (the token rows) torch._scaled_mm is given: one token padded (cuBLAS's FP8 GEMM wants 16-row multiples).
 SCALED_MM_ROWS = 16
@@ -263,12 +262,6 @@ def _ffn_us(fns, xs1, args, use_graph) -> float:
     return time_graph(run, args.ffn_iters, use_graph) * 1e6 / len(fns)
 
 
-def _report(sparse, alpha) -> dict:
-    counts = torch.stack([sp.counters for sp in sparse]).tolist()
-    rep = summed_report(((c, sp.d_model, sp.d_ff) for c, sp in zip(counts, sparse)), alpha)
-    return {k: rep[k] for k in ("s1", "s2", "effective")}
-
-
 def _run_cell(args, model, cfg, sparse, dense_fns, dense_info, thresholds, tables, tok, pos, ctx, use_graph, ffn):
     lean = LeanDecoder(model, cfg, ctx + args.new_tokens, sparse, compile=not args.no_compile, dense_fns=dense_fns)
     t = time.time()
@@ -276,42 +269,14 @@ def _run_cell(args, model, cfg, sparse, dense_fns, dense_info, thresholds, table
     compile_s = time.time() - t
     runners["none"] = Runner(lambda a, b: lean.step(a, b, "none"), tok, pos, ctx, use_graph)
     runners["prox"] = Runner(lambda a, b: lean.step(a, b, "prox", sparse), tok, pos, ctx, use_graph)
-    if args.smoke:
-        cell = {"smoke": True, "prox": {}, "dense_kind": dense_info["kind"]}
-        for r in ("dense", "none"):
-            runners[r].time(args.new_tokens, 1)
-        for e in args.e:
-            thresholds.copy_(tables[e])
-            for sp in sparse:
-                sp.reset_counters()
-            runners["prox"].time(args.new_tokens, 1)
-            cell["prox"][str(e)] = {"realized": _report(sparse, args.alpha), "target": target(e, args.alpha)}
-        return cell
-    # the other dense kind's step, for the record
-    other = {}
-    for k, fns in dense_info.get("others", {}).items():
+    other = {}  # the other dense kind's step, for the record
+    for k, fns in ({} if args.smoke else dense_info.get("others", {})).items():
         lean_o = LeanDecoder(model, cfg, ctx + args.new_tokens, sparse, compile=not args.no_compile, dense_fns=fns)
         r = Runner(lambda a, b, lo=lean_o: lo.step(a, b, "dense"), tok, pos, ctx, use_graph)
         t_o = r.time(args.new_tokens, args.repeats)
         other[k] = {"ms": t_o * 1e3, "tok_s": 1.0 / t_o}
         del r
-    t_dense = runners["dense"].time(args.new_tokens, args.repeats)
-    t_none = runners["none"].time(args.new_tokens, args.repeats)
-    share = max(t_dense - t_none, 0.0) / t_dense
-    cell = {"dense": {"ms": t_dense * 1e3, "tok_s": 1.0 / t_dense}, "dense_kind": dense_info["kind"],
-            "dense_other": other, "no_mlp": {"ms": t_none * 1e3, "tok_s": 1.0 / t_none}, "mlp_share": share,
-            "prox": {}, "warmup_and_capture_s": compile_s}
-    for e in args.e:
-        thresholds.copy_(tables[e])
-        for sp in sparse:
-            sp.reset_counters()
-        t_prox = runners["prox"].time(args.new_tokens, args.repeats)
-        s = ffn["speedup"][str(e)]
-        bound = amdahl(t_dense, t_none, s)
-        sp_e2e = t_dense / t_prox
-        cell["prox"][str(e)] = {"ms": t_prox * 1e3, "tok_s": 1.0 / t_prox, "speedup": sp_e2e, "ffn_speedup": s,
-                                "amdahl_bound": bound, "fraction_of_bound": sp_e2e / bound,
-                                "ffn_speedup_in_step": max(t_dense - t_none, 0.0) / max(t_prox - t_none, 1e-12),
-                                "realized": _report(sparse, args.alpha), "target": target(e, args.alpha)}
+    cell = time_cell(args, runners, thresholds, tables, sparse, ffn, compile_s, realized)
+    cell.update(dense_kind=dense_info["kind"], dense_other=other)
     del runners
     return cell

@@ -97,16 +97,7 @@ class PlannedFfn:
         self.w_gate_scale = self.w_up_scale = self.w_down_t_scale = None
         if w_gate.dtype not in (torch.float16, torch.bfloat16):
             raise TypeError(f"prox: weights must be float16 or bfloat16, got {w_gate.dtype}")
-        if w_gate.device.type != "cuda":
-            raise ValueError(f"prox: PlannedFfn needs CUDA weights (w_gate is on {w_gate.device})")
-        self.d_ff, self.d_model = (int(v) for v in w_gate.shape)
-        self.dtype, self.device = w_gate.dtype, w_gate.device
-        self.act = act
-        self.act_code = _ops.act_code(act)
-        if not 1 <= max_tokens <= _ops.MAX_TOKENS:
-            raise ValueError(f"prox: max_tokens must be in [1, {_ops.MAX_TOKENS}], got {max_tokens}")
-        self.options = options
-        self._options = options.encode()
+        self._set_shape(w_gate, w_gate.dtype, act, max_tokens, options)
         _check_weight("w_up", w_up, (self.d_ff, self.d_model), self.dtype, self.device)
         with torch.no_grad():
             if w_down_t is None:
@@ -124,6 +115,19 @@ class PlannedFfn:
             else:
                 (self.proxy_gate, self.scale_gate), (self.proxy_up, self.scale_up) = proxies
         self._finish(thresholds, workspace, tau_x, tau_s, max_tokens)
+
+    def _set_shape(self, w_gate, dtype, act, max_tokens, options) -> None:
+        """The layer's device, shape, activation dtype, activation and options (both formats)."""
+        if w_gate.device.type != "cuda":
+            raise ValueError(f"prox: PlannedFfn needs CUDA weights (w_gate is on {w_gate.device})")
+        self.d_ff, self.d_model = (int(v) for v in w_gate.shape)
+        self.dtype, self.device = dtype, w_gate.device
+        self.act = act
+        self.act_code = _ops.act_code(act)
+        if not 1 <= max_tokens <= _ops.MAX_TOKENS:
+            raise ValueError(f"prox: max_tokens must be in [1, {_ops.MAX_TOKENS}], got {max_tokens}")
+        self.options = options
+        self._options = options.encode()
 
     def _finish(self, thresholds, workspace, tau_x, tau_s, max_tokens) -> None:
         """The thresholds, the workspace, the checks and the plans (both formats)."""
@@ -148,16 +152,7 @@ class PlannedFfn:
         if dtype not in (torch.float16, torch.bfloat16):
             raise TypeError(f"prox: FP8 weights need dtype=torch.float16 or torch.bfloat16 (the activation dtype), "
                             f"got {dtype}")
-        if w_gate.device.type != "cuda":
-            raise ValueError(f"prox: PlannedFfn needs CUDA weights (w_gate is on {w_gate.device})")
-        self.d_ff, self.d_model = (int(v) for v in w_gate.shape)
-        self.dtype, self.device = dtype, w_gate.device
-        self.act = act
-        self.act_code = _ops.act_code(act)
-        if not 1 <= max_tokens <= _ops.MAX_TOKENS:
-            raise ValueError(f"prox: max_tokens must be in [1, {_ops.MAX_TOKENS}], got {max_tokens}")
-        self.options = options
-        self._options = options.encode()
+        self._set_shape(w_gate, dtype, act, max_tokens, options)
         if w_gate_scale is None or w_up_scale is None:
             raise ValueError("prox: FP8 weights need w_gate_scale and w_up_scale (and w_down_scale or "
                              "w_down_t_scale): the dequantized weight is q * scale")
