@@ -185,6 +185,25 @@ def test_fp8_invalid_scale_at_plan_names_the_slot():
     assert int(c[0]) == 0
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_fp8_plan_cache_key_covers_every_slot(layout):
+    """An FP8 layer with any one of its ten slots (its weight scales included) moved to a copy gets a plan of its
+    own and runs as the original does."""
+    ffn = planned((208, 96), layout, torch.bfloat16, seed=12, tau_x=0.3, tau_s=0.01)
+    lt = ffn.layer_tensors()
+    x = torch.randn(208, device="cuda").bfloat16()
+    y = ffn.run(x)
+    for i, name in enumerate(prox.LAYER_SLOTS):
+        moved = lt._replace(**{name: getattr(lt, name).clone()})
+        n = prox.plan_cache_size()
+        torch.ops.prox.plan_ffn(moved.tensors(), moved.format_code(), ffn.thresholds, 0, ffn._options, 1, False,
+                                torch.bfloat16)
+        assert prox.plan_cache_size() == n + 1, f"{name}: a copy of it found the original's plan"
+        got = torch.ops.prox.sparse_ffn(x, moved.tensors(), moved.format_code(), ffn.thresholds, ffn.workspace, 0,
+                                        ffn._options)[0]
+        assert torch.equal(got, y), name
+
+
 @pytest.mark.parametrize("bad", [float("nan"), 0.0, -1.0, float("inf")])
 def test_fp8_bad_input_raises_before_launch(bad):
     shape = (208, 96)
