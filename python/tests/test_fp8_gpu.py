@@ -244,10 +244,8 @@ def test_fp8_bad_input_raises_before_launch(bad):
 # ---------------------------------------------------------------- SparseMLP on FP8 linears
 
 
-transformers = pytest.importorskip("transformers")
-
-
 def tiny_fp8(layout, module, dtype=torch.bfloat16, layers=2, seed=0):
+    transformers = pytest.importorskip("transformers")  # here: the op tests above run without it
     cfg = transformers.LlamaConfig(vocab_size=512, hidden_size=256, intermediate_size=768, num_hidden_layers=layers,
                                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
     torch.manual_seed(seed)
