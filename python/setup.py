@@ -45,9 +45,15 @@ ACTIVATIONS = {"silu": ("prox::SiLU", "kSiLU"), "gelu": ("prox::GeluTanh", "kGel
 #: ops take a format as its position (torch.ops.prox.layer_format_names()). A new format is an entry here and
 #: in LAYER_TYPES, plus its SparseFfn type (csrc/ffn_type.cuh), its tensors (PROX_EXT_LAYER_SLOTS, csrc/ffn_api.h;
 #: prox.LayerTensors) and their checks (FormatSlots, csrc/layer_slots.h): docs/python.md, "The layer's tensors".
-#: FP8 e4m3 (issue 40) adds its formats here: one per scale layout (per output channel, 128 x 128 blocks).
-FORMATS = {"native": "kNative"}  # fp16/bf16 Stage-2 weights of the activation type (prox::SparseFfn today)
-LAYER_TYPES = [(dt, act, "native") for dt in DTYPES for act in ACTIVATIONS]
+FORMATS = {
+    "native": "kNative",  # fp16/bf16 Stage-2 weights of the activation type (prox::NativeWeights<T>)
+    "fp8_channel": "kFp8Channel",  # FP8 e4m3, one fp32 scale per output channel (prox::Fp8ChannelWeights)
+    "fp8_block128": "kFp8Block128",  # FP8 e4m3, one fp32 scale per 128 x 128 block (prox::Fp8BlockWeights)
+}
+#: Every (dtype, activation, format): 12 translation units. The FP8 formats take both activation dtypes (the
+#: checkpoints' models run bf16, and fp16 is what the native tests and eval_ppl's SmolLM2 run) and both activations
+#: (the kernels differ only in the GLU's activation), as the native format does: the tests cover each cell.
+LAYER_TYPES = [(dt, act, fmt) for fmt in FORMATS for dt in DTYPES for act in ACTIVATIONS]
 
 
 def generate_layer_types(csrc: Path) -> list:
@@ -65,7 +71,7 @@ def generate_layer_types(csrc: Path) -> list:
         lines.append(f"PROX_EXT_LAYER({name}, {t}, {a}, {dcode}, {acode}, {FORMATS[fmt]})")
         files[f"ffn_{name}.cu"] = (f"{spdx}//! @file ffn_{name}.cu  The kernels of layer type {name}, compiled once "
                                    f"here.\n#include \"ffn_impl.cuh\"\n\nPROX_EXT_DEFINE_FACTORY({t}, {a}, "
-                                   f"{FORMATS[fmt]}, make_plan_{name})\n")
+                                   f"{FORMATS[fmt]}, {name})\n")
     files["layer_types.inc"] = spdx + "// PROX_EXT_LAYER(name, T, Act, DType, Act code, Format)\n" + "\n".join(lines) + "\n"
     files["formats.inc"] = (spdx + "// PROX_EXT_FORMAT(name, Format enumerator), code = position\n"
                             + "".join(f"PROX_EXT_FORMAT({name}, {code})\n" for name, code in FORMATS.items()))

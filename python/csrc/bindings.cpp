@@ -161,6 +161,29 @@ int plan_capacity(const at::Tensor& ws, const FfnDesc& d, const at::Device& dev,
 
 // ---------------------------------------------------------------- plan cache
 
+//! A plan's status. kErrorInvalidScale (an FP8 layer's scale is NaN, infinite, zero or negative: plan() checks
+//! them on the device) names the slot and the scale: each FP8 scale slot is checked again, on the host's side of
+//! the offline check (fp8::check_scales_device, which synchronizes: plan time only, never during capture).
+void check_plan_status(prox::Status st, const FfnDesc& d, cudaStream_t stream, const char* what) {
+  if (st == prox::Status::kErrorInvalidScale) {
+    for (Slot s : {Slot::w_gate_scale, Slot::w_up_scale, Slot::w_down_t_scale}) {
+      const std::size_t n = fp8_scale_count(d.format, s, d.d_model, d.d_ff);
+      const float* p = d.slot<float>(s);
+      if (n == 0 || p == nullptr) continue;
+      std::size_t bad = 0;
+      if (fp8_check_scales(p, n, stream, &bad) == prox::Status::kErrorInvalidScale) {
+        float v = 0.0f;
+        static_cast<void>(cudaMemcpy(&v, p + bad, sizeof(v), cudaMemcpyDeviceToHost));
+        TORCH_CHECK_VALUE(false, "prox: ", slot_name(s), " holds an invalid scale: element ", bad, " (flattened) is ", v,
+                          "; FP8 scales must be finite and > 0 (prox.fp8.check_scales)");
+      }
+    }
+    TORCH_CHECK_VALUE(false, "prox: an FP8 scale of this layer is NaN, infinite, zero or negative (", what, ": ",
+                      status_name(st), ")");
+  }
+  check_status(st, what);
+}
+
 //! Everything plan() reads: device, type, shape, every slot's pointer, the thresholds pointer, options and token
 //! capacity. A plan found under a key is valid for it whatever happened to the tensors since (it stores only
 //! these pointers and values).
@@ -219,7 +242,7 @@ class PlanCache {
                 ") and the stream is being captured; plan it before capture (prox.PlannedFfn plans at "
                 "construction, SparseMLP.plan() plans, or run the call once eagerly)");
     std::unique_ptr<FfnPlan> p;
-    check_status(make_plan(d, &p), "SparseFfn::plan");
+    check_plan_status(make_plan(d, &p), d, stream, "SparseFfn::plan");
     std::shared_ptr<const FfnPlan> sp(std::move(p));
     std::lock_guard<std::mutex> lock(mu_);
     auto it = map_.find(k);
@@ -314,6 +337,46 @@ class PlanCache {
 
 PlanCache& cache() {
   static PlanCache* c = new PlanCache();  // never destroyed: no CUDA calls at exit
+  return *c;
+}
+
+//! The dense Stage-2 plans (dense_ffn), under the same key as the plan cache's: never evicted (a benchmark's
+//! baseline; each holds a little device memory of its own: DensePlan, ffn_api.h), dropped by clear_plan_cache().
+class DenseCache {
+ public:
+  std::shared_ptr<const DensePlan> get(const FfnDesc& d, int device, cudaStream_t stream) {
+    const Key k = key_of(d, device);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = map_.find(k);
+      if (it != map_.end()) return it->second;
+    }
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    TORCH_CHECK(cudaStreamIsCapturing(stream, &cs) == cudaSuccess, "prox: cudaStreamIsCapturing failed");
+    TORCH_CHECK(cs == cudaStreamCaptureStatusNone, "prox: dense_ffn: this layer has no dense plan yet and the stream "
+                "is being captured; run it once eagerly before capture");
+    std::unique_ptr<DensePlan> p;
+    check_plan_status(make_dense_plan(d, &p), d, stream, "the dense Stage 2's plan");
+    std::shared_ptr<const DensePlan> sp(std::move(p));
+    std::lock_guard<std::mutex> lock(mu_);
+    return map_.emplace(k, sp).first->second;  // another thread's plan if it won the race
+  }
+  std::size_t size() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return map_.size();
+  }
+  void clear() {
+    std::lock_guard<std::mutex> lock(mu_);
+    map_.clear();
+  }
+
+ private:
+  std::mutex mu_;
+  std::unordered_map<Key, std::shared_ptr<const DensePlan>, KeyHash> map_;
+};
+
+DenseCache& dense_cache() {
+  static DenseCache* c = new DenseCache();  // never destroyed: no CUDA calls at exit
   return *c;
 }
 
@@ -455,6 +518,186 @@ at::Tensor proxy_values_cuda(const at::Tensor& x, const LayerList& layer, int64_
   return s;
 }
 
+//! dense_ffn: the layer's dense FFN through its own fused Stage-2 kernel, every channel selected, no Stage 1
+//! (DensePlan): a benchmark's dense baseline. One token; the thresholds are checked as every op checks them and
+//! not read. Allocates only y; graph-capturable once planned (its first eager call plans).
+at::Tensor dense_ffn_cuda(const at::Tensor& x, const LayerList& layer, int64_t format, const at::Tensor& thresholds,
+                          int64_t act, at::IntArrayRef options) {
+  const FfnDesc d = describe(layer, format, thresholds, ActType{x.scalar_type(), "x"}, act, options);
+  const at::Device dev = thresholds.device();
+  const int64_t tokens = check_x(x, d, dev, true);
+  TORCH_CHECK_VALUE(tokens == 1, "prox: dense_ffn runs one token ([d_model] or [1, d_model]); x has ", tokens,
+                    " rows");
+  const c10::cuda::CUDAGuard guard(dev);
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream(dev.index());
+  const std::shared_ptr<const DensePlan> plan = dense_cache().get(d, dev.index(), stream);
+  at::Tensor y = at::empty_like(x);
+  check_status(plan->run(x.data_ptr(), y.data_ptr(), stream), "the dense Stage 2");
+  return y;
+}
+
+// ---------------------------------------------------------------- FP8 e4m3 offline helpers
+
+//! An FP8 scale layout (prox::fp8::ScaleLayout's value): 0 one scale per output channel, 1 128 x 128 blocks.
+constexpr int64_t kFp8Channel = 0, kFp8Block128 = 1;
+int fp8_layout_of(int64_t layout) {
+  TORCH_CHECK_VALUE(layout == kFp8Channel || layout == kFp8Block128, "prox: an FP8 scale layout is 0 (one scale per "
+                    "output channel) or 1 (128 x 128 blocks), got ", layout);
+  return static_cast<int>(layout);
+}
+
+//! The scales' shape of a stored matrix [rows][cols] (fp8::scale_shape): per channel, one per output channel
+//! (`out`: rows for nn.Linear's layout, cols for W_down^T's); blocks, [ceil(rows/128), ceil(cols/128)].
+std::vector<int64_t> fp8_scale_shape(int layout, int64_t rows, int64_t cols, int64_t out) {
+  if (layout == kFp8Block128) return {(rows + 127) / 128, (cols + 127) / 128};
+  return {out};
+}
+
+//! An FP8 matrix an offline helper reads: torch.float8_e4m3fn, 2-D, contiguous, on `dev`, rows and cols in
+//! [1, 2^20]; its scales float32 of `shape`, contiguous, 4-byte aligned, on the same device.
+void check_fp8_matrix(const at::Tensor& q, const char* what, const at::Device& dev) {
+  check_placement(q, what, dev, at::kFloat8_e4m3fn);
+  TORCH_CHECK_VALUE(q.dim() == 2, "prox: ", what, " must be a 2-D matrix (it has shape ", shape_name(q.sizes()), ")");
+  TORCH_CHECK_VALUE(q.is_contiguous(), "prox: ", what, " must be contiguous");
+  TORCH_CHECK_VALUE(q.size(0) >= 1 && q.size(1) >= 1 && q.size(0) <= (1 << 20) && q.size(1) <= (1 << 20),
+                    "prox: ", what, " must have 1 to 2^20 rows and columns (it has shape ", shape_name(q.sizes()), ")");
+}
+void check_fp8_scales(const at::Tensor& s, const char* what, const at::Device& dev, at::IntArrayRef shape) {
+  check_tensor(s, what, dev, at::kFloat, 4);
+  check_shape(s, what, shape);
+}
+
+//! The first invalid scale (NaN, +-inf, +-0, negative) of float32 `s` on its device: its flat index, or -1.
+int64_t fp8_first_bad_scale(const at::Tensor& s) {
+  if (s.numel() == 0) return -1;
+  std::size_t bad = 0;
+  prox::Status st;
+  if (s.is_cuda()) {
+    const c10::cuda::CUDAGuard guard(s.device());
+    st = fp8_check_scales(s.data_ptr<float>(), static_cast<std::size_t>(s.numel()),
+                          at::cuda::getCurrentCUDAStream(s.device().index()), &bad);
+  } else {
+    st = fp8_check_scales_host(s.data_ptr<float>(), static_cast<std::size_t>(s.numel()), &bad);
+  }
+  if (st == prox::Status::kErrorInvalidScale) return static_cast<int64_t>(bad);
+  check_status(st, "fp8::check_scales");
+  return -1;
+}
+
+//! fp8_check_scales(scales) -> int: the flat index of the first scale that is NaN, infinite, zero or negative, -1
+//! when every one is finite and > 0 (fp8::check_scales_device, which synchronizes, or check_scales_host).
+int64_t fp8_check_scales_op(const at::Tensor& scales) {
+  check_tensor(scales, "scales", scales.device(), at::kFloat, 4);
+  TORCH_CHECK_VALUE(scales.numel() >= 1, "prox: fp8_check_scales: scales is empty");
+  return fp8_first_bad_scale(scales);
+}
+
+//! Raises ValueError naming `what` and its first invalid scale.
+void require_valid_scales(const at::Tensor& s, const char* what) {
+  const int64_t bad = fp8_first_bad_scale(s);
+  if (bad < 0) return;
+  const float v = s.reshape(-1)[bad].item<float>();
+  TORCH_CHECK_VALUE(false, "prox: ", what, " holds an invalid scale: element ", bad, " (flattened) is ", v,
+                    "; FP8 scales must be finite and > 0");
+}
+
+SrcType src_type_of(const at::Tensor& w) {
+  switch (w.scalar_type()) {
+    case at::kFloat: return SrcType::kFloat;
+    case at::kHalf: return SrcType::kHalf;
+    case at::kBFloat16: return SrcType::kBFloat16;
+    default: break;
+  }
+  TORCH_CHECK_TYPE(false, "prox: fp8_quantize takes a float32, float16 or bfloat16 weight (it is ",
+                   dtype_name(w.scalar_type()), ")");
+  return SrcType::kFloat;
+}
+
+//! fp8_quantize(w, layout) -> (q, scales): an nn.Linear weight [rows, cols] quantized to e4m3 with one scale per
+//! row or per 128 x 128 block (fp8::quantize_device / quantize_host, bit-identical). Offline: synchronizes.
+std::tuple<at::Tensor, at::Tensor> fp8_quantize_impl(const at::Tensor& w, int64_t layout) {
+  const int l = fp8_layout_of(layout);
+  const SrcType t = src_type_of(w);
+  check_tensor(w, "w", w.device(), w.scalar_type(), w.element_size());
+  TORCH_CHECK_VALUE(w.dim() == 2 && w.size(0) >= 1 && w.size(1) >= 1 && w.size(0) <= (1 << 20) &&
+                        w.size(1) <= (1 << 20),
+                    "prox: fp8_quantize takes a 2-D [rows, cols] weight with 1 to 2^20 rows and columns, got ",
+                    shape_name(w.sizes()));
+  at::Tensor q = at::empty(w.sizes(), w.options().dtype(at::kFloat8_e4m3fn));
+  at::Tensor s = at::empty(fp8_scale_shape(l, w.size(0), w.size(1), w.size(0)), w.options().dtype(at::kFloat));
+  auto* qp = static_cast<std::uint8_t*>(q.data_ptr());
+  const int rows = static_cast<int>(w.size(0)), cols = static_cast<int>(w.size(1));
+  prox::Status st;
+  if (w.is_cuda()) {
+    const c10::cuda::CUDAGuard guard(w.device());
+    st = fp8_quantize(t, w.data_ptr(), rows, cols, l, qp, s.data_ptr<float>(),
+                      at::cuda::getCurrentCUDAStream(w.device().index()));
+  } else {
+    st = fp8_quantize_host(t, w.data_ptr(), rows, cols, l, qp, s.data_ptr<float>());
+  }
+  TORCH_CHECK_VALUE(st != prox::Status::kErrorNonFiniteWeight, "prox: fp8_quantize: the weight holds NaN or Inf");
+  check_status(st, "fp8::quantize");
+  return {q, s};
+}
+
+//! fp8_transpose_down(q, scales, layout) -> (q_t, scales_t): W_down [d_model, d_ff] e4m3 and its scales
+//! ([d_model] per channel, [ceil(d_model/128), ceil(d_ff/128)] blocks) -> W_down^T [d_ff, d_model] and its
+//! scales ([d_model], the same values; [ceil(d_ff/128), ceil(d_model/128)], transposed).
+std::tuple<at::Tensor, at::Tensor> fp8_transpose_down_impl(const at::Tensor& q, const at::Tensor& scales,
+                                                           int64_t layout) {
+  const int l = fp8_layout_of(layout);
+  check_fp8_matrix(q, "w_down", q.device());
+  const int64_t d_model = q.size(0), d_ff = q.size(1);
+  check_fp8_scales(scales, "w_down_scale", q.device(), fp8_scale_shape(l, d_model, d_ff, d_model));
+  at::Tensor qt = at::empty({d_ff, d_model}, q.options());
+  at::Tensor st_ = at::empty(fp8_scale_shape(l, d_ff, d_model, d_model), scales.options());
+  const auto* qp = static_cast<const std::uint8_t*>(q.data_ptr());
+  auto* qtp = static_cast<std::uint8_t*>(qt.data_ptr());
+  prox::Status st;
+  if (q.is_cuda()) {
+    const c10::cuda::CUDAGuard guard(q.device());
+    st = fp8_transpose_down(qp, scales.data_ptr<float>(), static_cast<int>(d_model), static_cast<int>(d_ff), l, qtp,
+                            st_.data_ptr<float>(), at::cuda::getCurrentCUDAStream(q.device().index()));
+  } else {
+    st = fp8_transpose_down_host(qp, scales.data_ptr<float>(), static_cast<int>(d_model), static_cast<int>(d_ff), l,
+                                 qtp, st_.data_ptr<float>());
+  }
+  check_status(st, "fp8::transpose_down");
+  return {qt, st_};
+}
+
+//! fp8_pack_int4(q, scales, layout) -> (packed, int4_scales): the INT4 proxy (layout v1) of an FP8 W_gate or W_up
+//! [d_ff, d_model], packed from its dequantized weights (fp8::pack_int4_device / _host, bit-identical). Offline:
+//! synchronizes. Refuses invalid scales (naming the first) and a NaN code or an overflowing q * scale.
+std::tuple<at::Tensor, at::Tensor> fp8_pack_int4_impl(const at::Tensor& q, const at::Tensor& scales, int64_t layout) {
+  const int l = fp8_layout_of(layout);
+  check_fp8_matrix(q, "w", q.device());
+  const int64_t d_ff = q.size(0), d_model = q.size(1);
+  TORCH_CHECK_VALUE(d_ff >= 32 && d_ff % 32 == 0, "prox: fp8_pack_int4 needs d_ff (rows) a multiple of 32, got ",
+                    d_ff);
+  check_fp8_scales(scales, "scales", q.device(), fp8_scale_shape(l, d_ff, d_model, d_ff));
+  require_valid_scales(scales, "scales");
+  at::Tensor packed = at::empty({d_model, d_ff / 8}, q.options().dtype(at::kInt));
+  at::Tensor s4 = at::empty({d_ff}, q.options().dtype(at::kFloat));
+  const auto* qp = static_cast<const std::uint8_t*>(q.data_ptr());
+  auto* pp = static_cast<std::uint32_t*>(packed.data_ptr());
+  prox::Status st;
+  if (q.is_cuda()) {
+    const c10::cuda::CUDAGuard guard(q.device());
+    st = fp8_pack_int4(qp, scales.data_ptr<float>(), l, static_cast<int>(d_model), static_cast<int>(d_ff), pp,
+                       s4.data_ptr<float>(), at::cuda::getCurrentCUDAStream(q.device().index()));
+  } else {
+    st = fp8_pack_int4_host(qp, scales.data_ptr<float>(), l, static_cast<int>(d_model), static_cast<int>(d_ff), pp,
+                            s4.data_ptr<float>());
+  }
+  TORCH_CHECK_VALUE(st != prox::Status::kErrorNonFiniteWeight, "prox: fp8_pack_int4: the dequantized weight holds "
+                    "NaN or Inf (a NaN code, or q * scale overflowing float32)");
+  check_status(st, "fp8::pack_int4");
+  return {packed, s4};
+}
+
+std::string fp8_layout_op() { return fp8_layout_tag(); }
+
 int check_max_tokens(int64_t max_tokens) {
   TORCH_CHECK_VALUE(max_tokens >= 1 && max_tokens <= kMaxTokens, "prox: max_tokens must be in [1, ", kMaxTokens,
                     "] (prox::kMaxBatchTokens), got ", max_tokens);
@@ -537,6 +780,11 @@ std::vector<int64_t> plan_ffn_cpu(const LayerList& layer, int64_t format, const 
   check_max_tokens(max_tokens);
   needs_cuda("plan_ffn");
 }
+at::Tensor dense_ffn_cpu(const at::Tensor&, const LayerList& layer, int64_t format, const at::Tensor&, int64_t act,
+                         at::IntArrayRef options) {
+  check_no_device(layer, format, act, options);
+  needs_cuda("dense_ffn");
+}
 void initialize_workspace_cpu(const at::Tensor&) { needs_cuda("initialize_workspace"); }
 bool workspace_dirty_cpu(const at::Tensor& ws) {
   check_header(ws);
@@ -579,7 +827,10 @@ void set_plan_cache_capacity_op(int64_t n) {
   cache().set_capacity(static_cast<std::size_t>(n));
 }
 void unpin_plan_op(int64_t handle) { cache().unpin(handle); }
-void clear_plan_cache_op() { cache().clear(); }
+void clear_plan_cache_op() {
+  cache().clear();
+  dense_cache().clear();
+}
 
 }  // namespace
 }  // namespace prox_ext
@@ -601,6 +852,13 @@ TORCH_LIBRARY(prox, m) {
   m.def(
       "plan_ffn(Tensor?[] layer, int format, Tensor thresholds, int act, int[] options, int max_tokens=1, "
       "bool pin=False, ScalarType? dtype=None) -> int[]");
+  m.def("dense_ffn(Tensor x, Tensor?[] layer, int format, Tensor thresholds, int act, int[] options) -> Tensor");
+  // FP8 e4m3 offline helpers (layout: 0 per output channel, 1 128 x 128 blocks; docs/fp8-format.md).
+  m.def("fp8_quantize(Tensor w, int layout) -> (Tensor q, Tensor scales)");
+  m.def("fp8_transpose_down(Tensor q, Tensor scales, int layout) -> (Tensor q_t, Tensor scales_t)");
+  m.def("fp8_pack_int4(Tensor q, Tensor scales, int layout) -> (Tensor packed, Tensor scales)");
+  m.def("fp8_check_scales(Tensor scales) -> int");
+  m.def("fp8_layout() -> str", &prox_ext::fp8_layout_op);
   m.def("check_layer(Tensor?[] layer, int format, Tensor thresholds, ScalarType? dtype=None) -> int[]",
         &prox_ext::check_layer_op);
   m.def("layer_slot_names() -> str[]", &prox_ext::layer_slot_names_op);
@@ -624,17 +882,27 @@ TORCH_LIBRARY_IMPL(prox, CUDA, m) {
   m.impl("pack_int4", &prox_ext::pack_int4_impl);
   m.impl("transpose", &prox_ext::transpose_impl);
   m.impl("sparse_ffn", &prox_ext::sparse_ffn_cuda);
+  m.impl("dense_ffn", &prox_ext::dense_ffn_cuda);
+  m.impl("fp8_quantize", &prox_ext::fp8_quantize_impl);
+  m.impl("fp8_transpose_down", &prox_ext::fp8_transpose_down_impl);
+  m.impl("fp8_pack_int4", &prox_ext::fp8_pack_int4_impl);
+  m.impl("fp8_check_scales", &prox_ext::fp8_check_scales_op);
   m.impl("proxy_values", &prox_ext::proxy_values_cuda);
   m.impl("plan_ffn", &prox_ext::plan_ffn_cuda);
   m.impl("initialize_workspace", &prox_ext::initialize_workspace_cuda);
   m.impl("workspace_dirty", &prox_ext::workspace_dirty_cuda);
 }
 
-// CPU: the host packer and transpose (bit-identical to the device ones), and clear errors for the rest.
+// CPU: the host packer, transpose and FP8 helpers (bit-identical to the device ones), and clear errors for the rest.
 TORCH_LIBRARY_IMPL(prox, CPU, m) {
   m.impl("pack_int4", &prox_ext::pack_int4_impl);
   m.impl("transpose", &prox_ext::transpose_impl);
   m.impl("sparse_ffn", &prox_ext::sparse_ffn_cpu);
+  m.impl("dense_ffn", &prox_ext::dense_ffn_cpu);
+  m.impl("fp8_quantize", &prox_ext::fp8_quantize_impl);
+  m.impl("fp8_transpose_down", &prox_ext::fp8_transpose_down_impl);
+  m.impl("fp8_pack_int4", &prox_ext::fp8_pack_int4_impl);
+  m.impl("fp8_check_scales", &prox_ext::fp8_check_scales_op);
   m.impl("proxy_values", &prox_ext::proxy_values_cpu);
   m.impl("plan_ffn", &prox_ext::plan_ffn_cpu);
   m.impl("initialize_workspace", &prox_ext::initialize_workspace_cpu);

@@ -60,7 +60,10 @@ enum class Format : int {
 //! pointer, ffn_type.cuh maps the slots to SparseFfn::Weights, and Python's prox.LayerTensors builds the list by
 //! the names the extension reports (torch.ops.prox.layer_slot_names()). A format's own tensors (FP8's weight
 //! scales) are new entries at the end, checked by that format's FormatSlots (layer_slots.h) and None for the
-//! other formats. The enumerators are the names (Slot::w_gate).
+//! other formats. The enumerators are the names (Slot::w_gate). The FP8 formats' weight scales (the
+//! multipliers checkpoints call `weight_scale` or `weight_scale_inv`; docs/fp8-format.md) are the last three:
+//! w_gate_scale, w_up_scale ([d_ff] per channel) and w_down_t_scale ([d_model] per channel, one per output
+//! column of W_down^T), or all three [ceil(d_ff/128), ceil(d_model/128)] in 128 x 128 blocks.
 #define PROX_EXT_LAYER_SLOTS(X) \
   X(w_gate)                     \
   X(w_up)                       \
@@ -68,7 +71,10 @@ enum class Format : int {
   X(proxy_gate)                 \
   X(scale_gate)                 \
   X(proxy_up)                   \
-  X(scale_up)
+  X(scale_up)                   \
+  X(w_gate_scale)               \
+  X(w_up_scale)                 \
+  X(w_down_t_scale)
 
 enum class Slot : int {
 #define PROX_EXT_SLOT_ENUM(name) name,
@@ -131,14 +137,33 @@ class FfnPlan {
   virtual void policies(int out[4]) const noexcept = 0;
 };
 
+/**
+ * @brief A layer's dense FFN through its own fused Stage-2 kernel (SparseFfn::FusedStage2Op) with every channel
+ * selected and no Stage 1: the dense baseline of prox's own kernels (issue 40's baseline (b) for FP8 weights).
+ * SparseFfn has no such entry point, so the extension drives the op itself (prox::Operator, as prox_bench's
+ * fp8_dense does): the plan owns an all-ones channel mask, the s scratch and the op's own workspace (device
+ * memory allocated at plan time, never freed: the dense plans live as long as the process). One call in
+ * flight per plan: its workspace is not per stream.
+ */
+class DensePlan {
+ public:
+  virtual ~DensePlan() = default;
+  //! y = the dense FFN of x (one token, [d_model]); graph-capturable, no allocation, no synchronization.
+  virtual prox::Status run(const void* x, void* y, cudaStream_t stream) const noexcept = 0;
+  virtual int policy() const noexcept = 0;
+};
+
 //! Plan a layer (reads the current device's attributes; not capturable).
 prox::Status make_plan(const FfnDesc& d, std::unique_ptr<FfnPlan>* out);
+//! Plan a layer's dense Stage 2 (DensePlan; allocates device memory and synchronizes: not capturable).
+prox::Status make_dense_plan(const FfnDesc& d, std::unique_ptr<DensePlan>* out);
 
-// One factory per layer type, each in its generated translation unit (generated/ffn_<name>.cu). setup.py
+// Two factories per layer type, each pair in its generated translation unit (generated/ffn_<name>.cu). setup.py
 // writes the list (generated/layer_types.inc) from LAYER_TYPES: PROX_EXT_LAYER(name, T, Act, dtype, act,
 // format), with the DType / Act / Format codes above.
-#define PROX_EXT_LAYER(name, T, ActT, dtype, act, format) \
-  prox::Status make_plan_##name(const FfnDesc& d, std::unique_ptr<FfnPlan>* out);
+#define PROX_EXT_LAYER(name, T, ActT, dtype, act, format)                                   \
+  prox::Status make_plan_##name(const FfnDesc& d, std::unique_ptr<FfnPlan>* out); \
+  prox::Status make_dense_##name(const FfnDesc& d, std::unique_ptr<DensePlan>* out);
 #include "generated/layer_types.inc"
 #undef PROX_EXT_LAYER
 
@@ -162,5 +187,35 @@ prox::Status allocate_sparsity(double e, double* s1, double* s2) noexcept;
 //! The INT4 layout tag and version (int4_format.hpp).
 const char* int4_layout_tag() noexcept;
 int int4_layout_version() noexcept;
+
+// FP8 e4m3 offline helpers (fp8.cuh, fp8_format.hpp; docs/fp8-format.md). `layout`: prox::fp8::ScaleLayout's
+// value (0 per output channel, 1 128 x 128 blocks). Each has a device version (CUDA tensors, on `stream`) and a
+// host version (CPU tensors), bit-identical.
+//! The element type of a matrix fp8_quantize reads.
+enum class SrcType : int { kFloat = 0, kHalf = 1, kBFloat16 = 2 };
+//! fp8::quantize_device / quantize_host: w [rows][cols] -> q [rows][cols] e4m3, scales [rows] or blocks.
+prox::Status fp8_quantize(SrcType t, const void* w, int rows, int cols, int layout, std::uint8_t* q, float* scales,
+                          cudaStream_t stream);
+prox::Status fp8_quantize_host(SrcType t, const void* w, int rows, int cols, int layout, std::uint8_t* q,
+                               float* scales);
+//! fp8::transpose_down_device / _host: W_down [d_model][d_ff] and its scales -> W_down^T and its scales.
+prox::Status fp8_transpose_down(const std::uint8_t* q, const float* scales, int d_model, int d_ff, int layout,
+                                std::uint8_t* q_t, float* scales_t, cudaStream_t stream);
+prox::Status fp8_transpose_down_host(const std::uint8_t* q, const float* scales, int d_model, int d_ff, int layout,
+                                     std::uint8_t* q_t, float* scales_t);
+//! fp8::pack_int4_device / _host: the INT4 proxy of an FP8 W_gate or W_up [d_ff][d_model].
+prox::Status fp8_pack_int4(const std::uint8_t* q, const float* scales, int layout, int d_model, int d_ff,
+                           std::uint32_t* packed, float* int4_scales, cudaStream_t stream);
+prox::Status fp8_pack_int4_host(const std::uint8_t* q, const float* scales, int layout, int d_model, int d_ff,
+                                std::uint32_t* packed, float* int4_scales);
+//! fp8::check_scales_device (synchronizes `stream`) / _host: kErrorInvalidScale and *first_bad for a NaN, +-inf,
+//! +-0 or negative scale.
+prox::Status fp8_check_scales(const float* scales, std::size_t count, cudaStream_t stream, std::size_t* first_bad);
+prox::Status fp8_check_scales_host(const float* scales, std::size_t count, std::size_t* first_bad);
+//! The FP8 layout tag (fp8::kLayoutTag).
+const char* fp8_layout_tag() noexcept;
+//! The number of scales of a layer's FP8 slot (w_gate_scale, w_up_scale, w_down_t_scale) in its format (0 for
+//! another slot or format).
+std::size_t fp8_scale_count(Format f, Slot s, int d_model, int d_ff) noexcept;
 
 }  // namespace prox_ext

@@ -8,21 +8,25 @@
 #pragma once
 
 #include <prox/prox.cuh>
+// FP8 is not in the umbrella header (its offline launchers would be compiled in every engine file that includes
+// prox.cuh): the FP8 formats' types and candidate lists, and fp8.cuh's helpers offline.cu calls.
+#include <prox/fp8_policies.cuh>
 
 #include "ffn_api.h"
 
 namespace prox_ext {
 
-//! type: the layer type's SparseFfn; weights(d): its Weights from the slots of `d` (which bindings.cpp has
-//! checked with the format's FormatSlots).
+//! type: the layer type's SparseFfn; Fmt: its Stage-2 weight format; weights(d): its Weights from the slots of `d`
+//! (which bindings.cpp has checked with the format's FormatSlots).
 template <class T, class ActT, Format kFormat>
 struct FfnTypeOf;
 
-//! Today's Stage 2: fp16/bf16 weights of the activation type T (prox::NativeWeights<T>, stage2_weights.cuh);
+//! The native Stage 2: fp16/bf16 weights of the activation type T (prox::NativeWeights<T>, stage2_weights.cuh);
 //! Stage 1 reads the INT4 proxies.
 template <class T, class ActT>
 struct FfnTypeOf<T, ActT, Format::kNative> {
-  using type = prox::SparseFfn<T, ActT, prox::Int4Weights, prox::NativeWeights<T>>;
+  using Fmt = prox::NativeWeights<T>;  //!< Stage 2's weight format
+  using type = prox::SparseFfn<T, ActT, prox::Int4Weights, Fmt>;
 
   static typename type::Weights weights(const FfnDesc& d) noexcept {
     typename type::Weights w;
@@ -35,6 +39,41 @@ struct FfnTypeOf<T, ActT, Format::kNative> {
   }
 };
 
+//! FP8 e4m3 Stage-2 weights with fp32 scales in layout L (prox::Fp8Weights<L>, fp8_weights.cuh): W_gate, W_up and
+//! W_down^T are the e4m3 slots, their scales the w_*_scale slots (shapes checked by FormatSlots, layer_slots.h:
+//! the Matrix's scale shape is the layout's own, fp8::scale_shape); Stage 1 reads the INT4 proxies packed from
+//! the dequantized weights (fp8::pack_int4_device).
+template <class T, class ActT, prox::fp8::ScaleLayout L>
+struct Fp8FfnTypeOf {
+  using Fmt = prox::Fp8Weights<L>;
+  using type = prox::SparseFfn<T, ActT, prox::Int4Weights, Fmt>;
+
+  static typename Fmt::Matrix matrix(const FfnDesc& d, Slot q, Slot s, prox::WeightOrientation o) noexcept {
+    const prox::fp8::ScaleShape sh = prox::fp8::scale_shape(L, Fmt::orientation(o), d.d_ff, d.d_model);
+    typename Fmt::Matrix m;
+    m.w = d.slot<std::uint8_t>(q);
+    m.scales = d.slot<float>(s);
+    m.scale_rows = sh.rows;
+    m.scale_cols = sh.cols;
+    return m;
+  }
+
+  static typename type::Weights weights(const FfnDesc& d) noexcept {
+    typename type::Weights w;
+    w.gate = matrix(d, Slot::w_gate, Slot::w_gate_scale, prox::WeightOrientation::kOutIn);
+    w.up = matrix(d, Slot::w_up, Slot::w_up_scale, prox::WeightOrientation::kOutIn);
+    w.down_t = matrix(d, Slot::w_down_t, Slot::w_down_t_scale, prox::WeightOrientation::kInOut);
+    w.proxy_gate = {d.slot<std::uint32_t>(Slot::proxy_gate), d.slot<float>(Slot::scale_gate)};
+    w.proxy_up = {d.slot<std::uint32_t>(Slot::proxy_up), d.slot<float>(Slot::scale_up)};
+    return w;
+  }
+};
+
+template <class T, class ActT>
+struct FfnTypeOf<T, ActT, Format::kFp8Channel> : Fp8FfnTypeOf<T, ActT, prox::fp8::ScaleLayout::kPerChannel> {};
+template <class T, class ActT>
+struct FfnTypeOf<T, ActT, Format::kFp8Block128> : Fp8FfnTypeOf<T, ActT, prox::fp8::ScaleLayout::kBlock128> {};
+
 template <class T, class ActT, Format kFormat>
 using FfnType = typename FfnTypeOf<T, ActT, kFormat>::type;
 
@@ -46,3 +85,11 @@ using FfnType = typename FfnTypeOf<T, ActT, kFormat>::type;
 #define PROX_EXT_INSTANTIATE_kNative(T, ActT) \
   PROX_SPARSE_FFN_INSTANTIATE(T, ActT, ::prox::Int4Weights, ::prox::NativeWeights<T>)
 #define PROX_EXT_EXTERN_kNative(T, ActT) PROX_SPARSE_FFN_EXTERN(T, ActT, ::prox::Int4Weights, ::prox::NativeWeights<T>)
+#define PROX_EXT_INSTANTIATE_kFp8Channel(T, ActT) \
+  PROX_SPARSE_FFN_INSTANTIATE(T, ActT, ::prox::Int4Weights, ::prox::Fp8ChannelWeights)
+#define PROX_EXT_EXTERN_kFp8Channel(T, ActT) \
+  PROX_SPARSE_FFN_EXTERN(T, ActT, ::prox::Int4Weights, ::prox::Fp8ChannelWeights)
+#define PROX_EXT_INSTANTIATE_kFp8Block128(T, ActT) \
+  PROX_SPARSE_FFN_INSTANTIATE(T, ActT, ::prox::Int4Weights, ::prox::Fp8BlockWeights)
+#define PROX_EXT_EXTERN_kFp8Block128(T, ActT) \
+  PROX_SPARSE_FFN_EXTERN(T, ActT, ::prox::Int4Weights, ::prox::Fp8BlockWeights)

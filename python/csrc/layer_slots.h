@@ -223,7 +223,8 @@ struct FormatSlots<Format::kNative> {
     constexpr Format f = Format::kNative;
     const at::ScalarType t = l.get(Slot::w_gate, f).scalar_type();
     TORCH_CHECK_TYPE(t == at::kHalf || t == at::kBFloat16, "prox: w_gate must be torch.float16 or torch.bfloat16 "
-                     "(it is ", dtype_name(t), ")");
+                     "(it is ", dtype_name(t), ")", t == at::kFloat8_e4m3fn ? ": FP8 weights are the fp8_channel or "
+                     "fp8_block128 format" : "");
     TORCH_CHECK_TYPE(!want.type || *want.type == t, "prox: ", want.what, " must be ", dtype_name(t),
                      ", the dtype of the native format's weights (it is ", dtype_name(want.type.value_or(t)), ")");
     l.need(Slot::w_gate, f, t, {s.d_ff, s.d_model}, 16);
@@ -233,6 +234,57 @@ struct FormatSlots<Format::kNative> {
     return t;
   }
 };
+
+//! The activation type of a format whose weights do not give it (FP8): the call's (x) or the dtype asked for,
+//! required, float16 or bfloat16.
+inline at::ScalarType want_activation_type(const ActType& want, Format f) {
+  TORCH_CHECK_TYPE(want.type.has_value(), "prox: the ", format_name(f), " format's weights are torch.float8_e4m3fn: "
+                   "give the activation dtype (dtype=torch.float16 or torch.bfloat16)");
+  const at::ScalarType t = *want.type;
+  TORCH_CHECK_TYPE(t == at::kHalf || t == at::kBFloat16, "prox: ", want.what, " must be torch.float16 or "
+                   "torch.bfloat16 for the ", format_name(f), " format (it is ", dtype_name(t), ")");
+  return t;
+}
+
+/**
+ * @brief FP8 e4m3 Stage-2 weights with fp32 scales (prox::Fp8Weights<L>, docs/fp8-format.md): W_gate, W_up and
+ * W_down^T torch.float8_e4m3fn [d_ff, d_model], 16-byte aligned, with d_model a multiple of 16 (a 16-byte piece
+ * holds 16 codes); their scales float32, 4-byte aligned: w_gate_scale and w_up_scale [d_ff] and w_down_t_scale
+ * [d_model] (one per output column of W_down^T) per channel, all three [ceil(d_ff/128), ceil(d_model/128)] in
+ * 128 x 128 blocks; the INT4 proxies. The activation type is the call's (required). The scales' values (finite,
+ * > 0) are data: prox.fp8.check_scales checks them where a layer is built, and the plan checks them once on the
+ * device (SparseFfn::PlanOptions::check_scales); a call reads no values.
+ */
+template <Format kFormat, bool kBlock>
+struct Fp8FormatSlots {
+  static at::ScalarType check(LayerSlots& l, const LayerShape& s, const ActType& want) {
+    constexpr Format f = kFormat;
+    const at::ScalarType t = want_activation_type(want, f);
+    TORCH_CHECK_VALUE(s.d_model % 16 == 0, "prox: d_model must be a multiple of 16 for the ", format_name(f),
+                      " format (a 16-byte piece holds 16 e4m3 weights), got ", s.d_model);
+    const at::ScalarType e4m3 = at::kFloat8_e4m3fn;
+    l.need(Slot::w_gate, f, e4m3, {s.d_ff, s.d_model}, 16);
+    l.need(Slot::w_up, f, e4m3, {s.d_ff, s.d_model}, 16);
+    l.need(Slot::w_down_t, f, e4m3, {s.d_ff, s.d_model}, 16);  // W_down transposed (prox.fp8.transpose_down)
+    if (kBlock) {
+      const int64_t blocks_ff = (s.d_ff + 127) / 128, blocks_model = (s.d_model + 127) / 128;
+      l.need(Slot::w_gate_scale, f, at::kFloat, {blocks_ff, blocks_model}, 4);
+      l.need(Slot::w_up_scale, f, at::kFloat, {blocks_ff, blocks_model}, 4);
+      l.need(Slot::w_down_t_scale, f, at::kFloat, {blocks_ff, blocks_model}, 4);  // W_down's blocks, transposed
+    } else {
+      l.need(Slot::w_gate_scale, f, at::kFloat, {s.d_ff}, 4);
+      l.need(Slot::w_up_scale, f, at::kFloat, {s.d_ff}, 4);
+      l.need(Slot::w_down_t_scale, f, at::kFloat, {s.d_model}, 4);  // one per output d: per column of W_down^T
+    }
+    need_int4_proxies(l, s, f);
+    return t;
+  }
+};
+
+template <>
+struct FormatSlots<Format::kFp8Channel> : Fp8FormatSlots<Format::kFp8Channel, false> {};
+template <>
+struct FormatSlots<Format::kFp8Block128> : Fp8FormatSlots<Format::kFp8Block128, true> {};
 
 //! The format's checks (FormatSlots<format>::check), for every format of generated/formats.inc.
 inline at::ScalarType check_format(Format f, LayerSlots& l, const LayerShape& s, const ActType& want) {

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-//! @file offline.cu  The offline helpers (INT4 packing, transpose), the workspace calls and the
-//! dispatch of make_plan() to the layer types (generated/layer_types.inc). No SparseFfn kernel is compiled
-//! here.
+//! @file offline.cu  The offline helpers (INT4 packing, transpose, the FP8 e4m3 helpers), the workspace calls
+//! and the dispatch of make_plan() / make_dense_plan() to the layer types (generated/layer_types.inc). No
+//! SparseFfn kernel is compiled here.
 #include <prox/prox.cuh>
 
 #include "ffn_api.h"
@@ -17,6 +17,15 @@ prox::Status make_plan(const FfnDesc& d, std::unique_ptr<FfnPlan>* out) {
   if (out == nullptr) return prox::Status::kErrorNullPointer;
 #define PROX_EXT_LAYER(name, T, ActT, dt_, act_, fmt_)                                          \
   if (d.dtype == DType::dt_ && d.act == Act::act_ && d.format == Format::fmt_) return make_plan_##name(d, out);
+#include "generated/layer_types.inc"
+#undef PROX_EXT_LAYER
+  return prox::Status::kErrorInvalidArgument;
+}
+
+prox::Status make_dense_plan(const FfnDesc& d, std::unique_ptr<DensePlan>* out) {
+  if (out == nullptr) return prox::Status::kErrorNullPointer;
+#define PROX_EXT_LAYER(name, T, ActT, dt_, act_, fmt_)                                          \
+  if (d.dtype == DType::dt_ && d.act == Act::act_ && d.format == Format::fmt_) return make_dense_##name(d, out);
 #include "generated/layer_types.inc"
 #undef PROX_EXT_LAYER
   return prox::Status::kErrorInvalidArgument;
@@ -79,5 +88,85 @@ prox::Status allocate_sparsity(double e, double* s1, double* s2) noexcept {
 
 const char* int4_layout_tag() noexcept { return prox::int4::kLayoutTag; }
 int int4_layout_version() noexcept { return prox::int4::kLayoutVersion; }
+
+// ---------------------------------------------------------------- FP8 e4m3
+
+namespace {
+prox::fp8::ScaleLayout layout_of(int layout) noexcept { return static_cast<prox::fp8::ScaleLayout>(layout); }
+}  // namespace
+
+prox::Status fp8_quantize(SrcType t, const void* w, int rows, int cols, int layout, std::uint8_t* q, float* scales,
+                          cudaStream_t stream) {
+  const prox::fp8::ScaleLayout l = layout_of(layout);
+  switch (t) {
+    case SrcType::kFloat:
+      return prox::fp8::quantize_device(static_cast<const float*>(w), rows, cols, l, q, scales, stream);
+    case SrcType::kHalf:
+      return prox::fp8::quantize_device(static_cast<const __half*>(w), rows, cols, l, q, scales, stream);
+    case SrcType::kBFloat16:
+      return prox::fp8::quantize_device(static_cast<const __nv_bfloat16*>(w), rows, cols, l, q, scales, stream);
+  }
+  return prox::Status::kErrorInvalidArgument;
+}
+
+prox::Status fp8_quantize_host(SrcType t, const void* w, int rows, int cols, int layout, std::uint8_t* q,
+                               float* scales) {
+  const prox::fp8::ScaleLayout l = layout_of(layout);
+  switch (t) {
+    case SrcType::kFloat:
+      return prox::fp8::quantize_host(static_cast<const float*>(w), rows, cols, l, q, scales);
+    case SrcType::kHalf:
+      return prox::fp8::quantize_host(static_cast<const __half*>(w), rows, cols, l, q, scales);
+    case SrcType::kBFloat16:
+      return prox::fp8::quantize_host(static_cast<const __nv_bfloat16*>(w), rows, cols, l, q, scales);
+  }
+  return prox::Status::kErrorInvalidArgument;
+}
+
+prox::Status fp8_transpose_down(const std::uint8_t* q, const float* scales, int d_model, int d_ff, int layout,
+                                std::uint8_t* q_t, float* scales_t, cudaStream_t stream) {
+  return prox::fp8::transpose_down_device(q, scales, d_model, d_ff, layout_of(layout), q_t, scales_t, stream);
+}
+
+prox::Status fp8_transpose_down_host(const std::uint8_t* q, const float* scales, int d_model, int d_ff, int layout,
+                                     std::uint8_t* q_t, float* scales_t) {
+  return prox::fp8::transpose_down_host(q, scales, d_model, d_ff, layout_of(layout), q_t, scales_t);
+}
+
+prox::Status fp8_pack_int4(const std::uint8_t* q, const float* scales, int layout, int d_model, int d_ff,
+                           std::uint32_t* packed, float* int4_scales, cudaStream_t stream) {
+  return prox::fp8::pack_int4_device(q, scales, layout_of(layout), d_model, d_ff, packed, int4_scales, stream);
+}
+
+prox::Status fp8_pack_int4_host(const std::uint8_t* q, const float* scales, int layout, int d_model, int d_ff,
+                                std::uint32_t* packed, float* int4_scales) {
+  return prox::fp8::pack_int4_host(q, scales, layout_of(layout), d_model, d_ff, packed, int4_scales);
+}
+
+prox::Status fp8_check_scales(const float* scales, std::size_t count, cudaStream_t stream, std::size_t* first_bad) {
+  return prox::fp8::check_scales_device(scales, count, stream, first_bad);
+}
+
+prox::Status fp8_check_scales_host(const float* scales, std::size_t count, std::size_t* first_bad) {
+  return prox::fp8::check_scales_host(scales, count, first_bad);
+}
+
+const char* fp8_layout_tag() noexcept { return prox::fp8::kLayoutTag; }
+
+std::size_t fp8_scale_count(Format f, Slot s, int d_model, int d_ff) noexcept {
+  using prox::fp8::Orientation;
+  using prox::fp8::ScaleLayout;
+  if (f != Format::kFp8Channel && f != Format::kFp8Block128) return 0;
+  const ScaleLayout l = f == Format::kFp8Block128 ? ScaleLayout::kBlock128 : ScaleLayout::kPerChannel;
+  switch (s) {
+    case Slot::w_gate_scale:
+    case Slot::w_up_scale:
+      return prox::fp8::scale_count(l, Orientation::kOutIn, d_ff, d_model);
+    case Slot::w_down_t_scale:
+      return prox::fp8::scale_count(l, Orientation::kInOut, d_ff, d_model);
+    default:
+      return 0;
+  }
+}
 
 }  // namespace prox_ext

@@ -191,11 +191,12 @@ class PlanOptions:
 #: The layer's tensor slots in the order of the ops' ``layer`` list (csrc/ffn_api.h, PROX_EXT_LAYER_SLOTS, is the
 #: one definition; with the extension loaded the order is read from it, and a host test checks this copy and
 #: LayerTensors' fields against it).
-LAYER_SLOTS = ("w_gate", "w_up", "w_down_t", "proxy_gate", "scale_gate", "proxy_up", "scale_up")
+LAYER_SLOTS = ("w_gate", "w_up", "w_down_t", "proxy_gate", "scale_gate", "proxy_up", "scale_up", "w_gate_scale",
+               "w_up_scale", "w_down_t_scale")
 
 #: The Stage-2 weight formats, code = position (setup.py's FORMATS is the one definition; read from the
 #: extension when loaded, and checked against this copy by a host test).
-FORMATS = ("native",)
+FORMATS = ("native", "fp8_channel", "fp8_block128")
 
 
 def _from_extension(op: str, copy: tuple) -> tuple:
@@ -225,10 +226,15 @@ class LayerTensors(NamedTuple):
         y = torch.ops.prox.sparse_ffn(x, lt.tensors(), lt.format_code(), thresholds, workspace, act, options)[0]
 
     ``format="native"``: fp16/bf16 W_gate, W_up and W_down^T ([d_ff, d_model], the activation dtype) and the INT4
-    proxies of W_gate and W_up (``pack_int4``: int32 [d_model, d_ff/8] and float32 [d_ff] scales). A format's
-    own tensors (FP8's weight scales) are fields with a default of None, for the formats that have none. The
-    thresholds and the workspace are not slots: they change at run time (the thresholds between graph replays,
-    often a row of one shared table) or per stream, and the workspace is written (``Tensor(a!)``).
+    proxies of W_gate and W_up (``pack_int4``: int32 [d_model, d_ff/8] and float32 [d_ff] scales).
+    ``format="fp8_channel"`` / ``"fp8_block128"`` (docs/fp8-format.md, prox.fp8): W_gate, W_up and W_down^T
+    torch.float8_e4m3fn [d_ff, d_model] with their float32 scales in ``w_gate_scale``, ``w_up_scale`` ([d_ff]) and
+    ``w_down_t_scale`` ([d_model]: one per output, a column of W_down^T) per channel, or all three
+    [ceil(d_ff/128), ceil(d_model/128)] in 128 x 128 blocks (W_down^T's: prox.fp8.transpose_down), and the INT4
+    proxies packed from the dequantized weights (prox.fp8.pack_int4); the activation dtype is the call's (x), or
+    ``dtype=`` for plan_ffn / check_layer. A format's own tensors are fields with a default of None, for the formats
+    that have none. The thresholds and the workspace are not slots: they change at run time (the thresholds between
+    graph replays, often a row of one shared table) or per stream, and the workspace is written (``Tensor(a!)``).
     ``prox.check_layer`` checks every slot, naming it; each op checks again on every call."""
 
     w_gate: torch.Tensor  #: W_gate [d_ff, d_model] (nn.Linear layout)
@@ -238,6 +244,9 @@ class LayerTensors(NamedTuple):
     scale_gate: torch.Tensor  #: its float32 scales [d_ff]
     proxy_up: torch.Tensor  #: INT4 proxy of W_up
     scale_up: torch.Tensor  #: its float32 scales [d_ff]
+    w_gate_scale: Optional[torch.Tensor] = None  #: FP8: W_gate's float32 scales ([d_ff] or blocks)
+    w_up_scale: Optional[torch.Tensor] = None  #: FP8: W_up's float32 scales
+    w_down_t_scale: Optional[torch.Tensor] = None  #: FP8: W_down^T's float32 scales ([d_model] or blocks)
     format: str = "native"  #: the Stage-2 weight format (FORMATS)
 
     def tensors(self) -> list:
@@ -312,6 +321,27 @@ if available():
         d_ff = layer[_W_GATE].shape[0]
         shape = (d_ff,) if x.dim() == 1 else (x.shape[0], d_ff)
         return x.new_empty(shape, dtype=torch.float32)
+
+    @torch.library.register_fake("prox::dense_ffn")
+    def _dense_ffn_fake(x, layer, format, thresholds, act, options):
+        return torch.empty_like(x)
+
+    @torch.library.register_fake("prox::fp8_quantize")
+    def _fp8_quantize_fake(w, layout):
+        rows, cols = w.shape
+        shape = (rows,) if layout == 0 else ((rows + 127) // 128, (cols + 127) // 128)
+        return w.new_empty(w.shape, dtype=torch.float8_e4m3fn), w.new_empty(shape, dtype=torch.float32)
+
+    @torch.library.register_fake("prox::fp8_transpose_down")
+    def _fp8_transpose_down_fake(q, scales, layout):
+        d_model, d_ff = q.shape
+        shape = (d_model,) if layout == 0 else ((d_ff + 127) // 128, (d_model + 127) // 128)
+        return q.new_empty((d_ff, d_model)), scales.new_empty(shape)
+
+    @torch.library.register_fake("prox::fp8_pack_int4")
+    def _fp8_pack_int4_fake(q, scales, layout):
+        d_ff, d_model = q.shape
+        return (q.new_empty((d_model, d_ff // 8), dtype=torch.int32), q.new_empty((d_ff,), dtype=torch.float32))
 
     @torch.library.register_fake("prox::initialize_workspace")
     def _initialize_workspace_fake(workspace):
@@ -406,6 +436,12 @@ def transpose(w: torch.Tensor) -> torch.Tensor:
     return torch.ops.prox.transpose(w)
 
 
+def fp8_layout() -> str:
+    """The FP8 layout tag of this build (prox::fp8::kLayoutTag)."""
+    _require()
+    return str(torch.ops.prox.fp8_layout())
+
+
 def write_thresholds(thresholds: torch.Tensor, tau_x: float, tau_s: float) -> None:
     """Write (tau_x, tau_s) into a layer's device float32 [2] thresholds tensor: two fills on the current
     stream (no host sync, no re-plan, seen by graphs already captured)."""
@@ -483,7 +519,8 @@ def check_layer(layer: LayerTensors, thresholds: torch.Tensor, workspace=None, *
     the error names the tensor where the user is: each slot of the layer's format (dtype, device and its index,
     shape, contiguity, alignment; a slot the format has no use for must be None), the thresholds, the activation
     ``dtype`` where given (the native format's is its weights'), and the workspace's size for ``max_tokens``
-    tokens. Returns (d_model, d_ff). The slot checks are the extension's own (torch.ops.prox.check_layer, which
+    tokens. FP8 formats need ``dtype`` (the activation dtype: their weights do not give it). Returns (d_model,
+    d_ff). The slot checks are the extension's own (torch.ops.prox.check_layer, which
     runs on any device), the ones every op call makes again (the second line, for C++ and raw-op callers)."""
     _require()
     if not isinstance(layer, LayerTensors):

@@ -10,6 +10,17 @@ import math
 from dataclasses import dataclass
 
 ALPHA = 1.0 / 3.0  #: cost of an INT4 proxy projection relative to a dense one (the paper's alpha)
+#: alpha for FP8 e4m3 Stage-2 weights: the cost of an INT4 proxy projection relative to an FP8 one. An INT4 proxy
+#: reads half an FP8 projection's bytes, so 0.5 is the byte ratio; the value to use is the one prox_alpha measures
+#: for FP8 (the INT4 proxy GEMV against the FP8 input-sparse GEMV on the GPU), which replaces this constant.
+FP8_ALPHA = 0.5
+
+
+def alpha_for(fmt: str) -> float:
+    """The allocation's alpha for a Stage-2 weight format (prox.FORMATS): FP8_ALPHA for the FP8 formats, ALPHA
+    (the paper's, fp16/bf16 weights) otherwise. e stays the fraction of the dense FFN's cost (in that format)
+    that Prox saves."""
+    return FP8_ALPHA if fmt.startswith("fp8") else ALPHA
 S_REF = 0.7  #: Stage-2 anchor sparsity
 S1_MIN = 0.0
 S1_MAX = 0.7

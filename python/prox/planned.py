@@ -15,7 +15,7 @@ from typing import Optional
 
 import torch
 
-from . import _ops
+from . import _ops, fp8
 from ._ops import FfnOutputs, LayerTensors, PlanOptions
 from .allocation import ALPHA, effective_sparsity
 
@@ -50,16 +50,29 @@ class PlannedFfn:
         tp, d_ff_full: tensor parallelism over d_ff (prox.distributed): the weights are this rank's shard
             (w_gate, w_up [d_ff_full / TP, d_model], w_down [d_model, d_ff_full / TP] or w_down_t), tp the process
             group or a communicator; run() all-reduces y once. Every rank constructs it.
+
+    FP8 e4m3 weights (docs/fp8-format.md): w_gate, w_up and w_down torch.float8_e4m3fn with their float32 scales
+    ``w_gate_scale``, ``w_up_scale`` and ``w_down_scale`` (the checkpoint's ``weight_scale`` / ``weight_scale_inv``:
+    [d_ff] and [d_model] per channel, [ceil(rows/128), ceil(cols/128)] in 128 x 128 blocks; the layout is read
+    from their shapes), or ``w_down_t`` with ``w_down_t_scale`` (prox.fp8.transpose_down), and ``dtype``, the
+    activation dtype (torch.float16 or torch.bfloat16, required). The scales are checked (finite, > 0: a ValueError
+    naming the tensor), W_down^T and its scales come from prox.fp8.transpose_down, the INT4 proxies from
+    prox.fp8.pack_int4 (the dequantized weights); ``layer_tensors().format`` is "fp8_channel" or "fp8_block128".
     """
 
     def __init__(self, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: Optional[torch.Tensor] = None, *,
                  w_down_t: Optional[torch.Tensor] = None, act: str = "silu", tau_x: float = 0.0, tau_s: float = 0.0,
                  thresholds: Optional[torch.Tensor] = None, workspace: Optional[torch.Tensor] = None,
                  proxies=None, options: PlanOptions = PlanOptions(), max_tokens: int = 1, tp=None,
-                 d_ff_full: Optional[int] = None):
+                 d_ff_full: Optional[int] = None, w_gate_scale: Optional[torch.Tensor] = None,
+                 w_up_scale: Optional[torch.Tensor] = None, w_down_scale: Optional[torch.Tensor] = None,
+                 w_down_t_scale: Optional[torch.Tensor] = None, dtype: Optional[torch.dtype] = None):
         self.tp = None  # prox.distributed.TPState of a sharded layer
+        self._fp8 = (w_gate_scale, w_up_scale, w_down_scale, w_down_t_scale, dtype)
         local = (w_gate, w_up, w_down, w_down_t, act, tau_x, tau_s, thresholds, workspace, proxies, options,
                  max_tokens)
+        if tp is not None and getattr(w_gate, "dtype", None) == fp8.E4M3:
+            raise ValueError("prox: tensor parallelism over FP8 weights is not supported (tp= with FP8 w_gate)")
         if tp is None:
             self._init_local(*local)
         else:  # every rank agrees on errors before the communicator is made (prox.distributed)
@@ -71,18 +84,20 @@ class PlannedFfn:
         _ops._require()
         if w_gate.dim() != 2:
             raise ValueError(f"prox: w_gate must be [d_ff, d_model], got {tuple(w_gate.shape)}")
+        if w_gate.dtype == fp8.E4M3:
+            return self._init_fp8(w_gate, w_up, w_down, w_down_t, act, tau_x, tau_s, thresholds, workspace, proxies,
+                                  options, max_tokens)
+        if any(t is not None for t in self._fp8[:4]):
+            raise ValueError("prox: FP8 scales were given for float16/bfloat16 weights (w_gate is "
+                             f"{w_gate.dtype}; FP8 weights are torch.float8_e4m3fn)")
+        if self._fp8[4] is not None and self._fp8[4] != w_gate.dtype:
+            raise TypeError(f"prox: dtype {self._fp8[4]} given for {w_gate.dtype} weights: the native format's "
+                            "activation dtype is its weights'")
+        self.format, self.layout = "native", None
+        self.w_gate_scale = self.w_up_scale = self.w_down_t_scale = None
         if w_gate.dtype not in (torch.float16, torch.bfloat16):
             raise TypeError(f"prox: weights must be float16 or bfloat16, got {w_gate.dtype}")
-        if w_gate.device.type != "cuda":
-            raise ValueError(f"prox: PlannedFfn needs CUDA weights (w_gate is on {w_gate.device})")
-        self.d_ff, self.d_model = (int(v) for v in w_gate.shape)
-        self.dtype, self.device = w_gate.dtype, w_gate.device
-        self.act = act
-        self.act_code = _ops.act_code(act)
-        if not 1 <= max_tokens <= _ops.MAX_TOKENS:
-            raise ValueError(f"prox: max_tokens must be in [1, {_ops.MAX_TOKENS}], got {max_tokens}")
-        self.options = options
-        self._options = options.encode()
+        self._set_shape(w_gate, w_gate.dtype, act, max_tokens, options)
         _check_weight("w_up", w_up, (self.d_ff, self.d_model), self.dtype, self.device)
         with torch.no_grad():
             if w_down_t is None:
@@ -99,6 +114,23 @@ class PlannedFfn:
                 (self.proxy_up, self.scale_up) = _ops.pack_int4(self.w_up.contiguous())
             else:
                 (self.proxy_gate, self.scale_gate), (self.proxy_up, self.scale_up) = proxies
+        self._finish(thresholds, workspace, tau_x, tau_s, max_tokens)
+
+    def _set_shape(self, w_gate, dtype, act, max_tokens, options) -> None:
+        """The layer's device, shape, activation dtype, activation and options (both formats)."""
+        if w_gate.device.type != "cuda":
+            raise ValueError(f"prox: PlannedFfn needs CUDA weights (w_gate is on {w_gate.device})")
+        self.d_ff, self.d_model = (int(v) for v in w_gate.shape)
+        self.dtype, self.device = dtype, w_gate.device
+        self.act = act
+        self.act_code = _ops.act_code(act)
+        if not 1 <= max_tokens <= _ops.MAX_TOKENS:
+            raise ValueError(f"prox: max_tokens must be in [1, {_ops.MAX_TOKENS}], got {max_tokens}")
+        self.options = options
+        self._options = options.encode()
+
+    def _finish(self, thresholds, workspace, tau_x, tau_s, max_tokens) -> None:
+        """The thresholds, the workspace, the checks and the plans (both formats)."""
         if thresholds is None:
             thresholds = torch.tensor([float(tau_x), float(tau_s)], dtype=torch.float32, device=self.device)
         self.thresholds = thresholds
@@ -106,19 +138,70 @@ class PlannedFfn:
             workspace = _ops.new_workspace(self.d_model, self.d_ff, self.device, max_tokens=max_tokens)
         self.workspace = workspace
         # Every tensor checked here, each named (the op checks again on every call, for raw-op callers).
-        _ops.check_layer(self.layer_tensors(), self.thresholds, self.workspace, max_tokens=max_tokens)
+        _ops.check_layer(self.layer_tensors(), self.thresholds, self.workspace, max_tokens=max_tokens,
+                         dtype=self._plan_dtype())
         # The plans stay pinned in the extension's plan cache while this object lives (a capture later can
         # always find them); the finalizer releases them.
         self._pins: list = []
         weakref.finalize(self, _unpin_all, self._pins)
         self.policies = self.plan()
 
+    def _init_fp8(self, w_gate, w_up, w_down, w_down_t, act, tau_x, tau_s, thresholds, workspace, proxies, options,
+                  max_tokens):
+        w_gate_scale, w_up_scale, w_down_scale, w_down_t_scale, dtype = self._fp8
+        if dtype not in (torch.float16, torch.bfloat16):
+            raise TypeError(f"prox: FP8 weights need dtype=torch.float16 or torch.bfloat16 (the activation dtype), "
+                            f"got {dtype}")
+        self._set_shape(w_gate, dtype, act, max_tokens, options)
+        if w_gate_scale is None or w_up_scale is None:
+            raise ValueError("prox: FP8 weights need w_gate_scale and w_up_scale (and w_down_scale or "
+                             "w_down_t_scale): the dequantized weight is q * scale")
+        _check_weight("w_up", w_up, (self.d_ff, self.d_model), fp8.E4M3, self.device)
+        self.layout = fp8.infer_layout(w_gate_scale, self.d_ff, self.d_model, name="w_gate_scale")
+        self.format = fp8.FORMAT_OF[self.layout]
+        with torch.no_grad():
+            self.w_gate_scale = fp8.normalize_scales(w_gate_scale, self.layout, self.d_ff, self.d_model,
+                                                     name="w_gate_scale")
+            self.w_up_scale = fp8.normalize_scales(w_up_scale, self.layout, self.d_ff, self.d_model, name="w_up_scale")
+            fp8.check_scales(self.w_gate_scale, "w_gate_scale")
+            fp8.check_scales(self.w_up_scale, "w_up_scale")
+            if w_down_t is None:
+                if w_down is None or w_down_scale is None:
+                    raise ValueError("prox: give w_down ([d_model, d_ff]) and w_down_scale, or w_down_t ([d_ff, "
+                                     "d_model]) and w_down_t_scale")
+                _check_weight("w_down", w_down, (self.d_model, self.d_ff), fp8.E4M3, self.device)
+                s = fp8.normalize_scales(w_down_scale, self.layout, self.d_model, self.d_ff, name="w_down_scale")
+                fp8.check_scales(s, "w_down_scale")
+                w_down_t, w_down_t_scale = fp8.transpose_down(w_down.detach(), s, self.layout)
+            elif w_down_t_scale is None:
+                raise ValueError("prox: w_down_t needs w_down_t_scale (prox.fp8.transpose_down gives both)")
+            _check_weight("w_down_t", w_down_t, (self.d_ff, self.d_model), fp8.E4M3, self.device)
+            self.w_down_t_scale = fp8.normalize_scales(w_down_t_scale, self.layout, self.d_ff, self.d_model,
+                                                       transposed=True, name="w_down_t_scale")
+            fp8.check_scales(self.w_down_t_scale, "w_down_t_scale")
+            self.w_gate = w_gate.detach()
+            self.w_up = w_up.detach()
+            self.w_down_t = w_down_t.detach()
+            if proxies is None:
+                (self.proxy_gate, self.scale_gate) = fp8.pack_int4(self.w_gate, self.w_gate_scale, self.layout,
+                                                                   name="w_gate")
+                (self.proxy_up, self.scale_up) = fp8.pack_int4(self.w_up, self.w_up_scale, self.layout, name="w_up")
+            else:
+                (self.proxy_gate, self.scale_gate), (self.proxy_up, self.scale_up) = proxies
+        self._finish(thresholds, workspace, tau_x, tau_s, max_tokens)
+
+    def _plan_dtype(self):
+        """plan_ffn's / check_layer's dtype: the activation dtype of FP8 weights (None: the native weights')."""
+        return self.dtype if self.format != "native" else None
+
     # ------------------------------------------------------------ planning and thresholds
 
     def layer_tensors(self) -> LayerTensors:
         """The layer's tensors by name (the ops' ``layer`` list is its ``tensors()``), as they are now."""
         return LayerTensors(w_gate=self.w_gate, w_up=self.w_up, w_down_t=self.w_down_t, proxy_gate=self.proxy_gate,
-                            scale_gate=self.scale_gate, proxy_up=self.proxy_up, scale_up=self.scale_up)
+                            scale_gate=self.scale_gate, proxy_up=self.proxy_up, scale_up=self.scale_up,
+                            w_gate_scale=self.w_gate_scale, w_up_scale=self.w_up_scale,
+                            w_down_t_scale=self.w_down_t_scale, format=self.format)
 
     @property
     def max_tokens(self) -> int:
@@ -131,12 +214,29 @@ class PlannedFfn:
         Outside graph capture only; the constructor calls it. The plans are pinned while this object lives."""
         _unpin_all(self._pins)
         layer, fmt = _ops.layer_args(self.layer_tensors())
-        res = list(torch.ops.prox.plan_ffn(layer, fmt, self.thresholds, self.act_code, self._options, 1, True))
+        dt = self._plan_dtype()
+        res = list(torch.ops.prox.plan_ffn(layer, fmt, self.thresholds, self.act_code, self._options, 1, True, dt))
         self._pins.append(res[4])
         if self.max_tokens >= 2:
             self._pins.append(torch.ops.prox.plan_ffn(layer, fmt, self.thresholds, self.act_code, self._options,
-                                                      self.max_tokens, True)[4])
+                                                      self.max_tokens, True, dt)[4])
         return res[:4]
+
+    def exact_weights(self, dtype=torch.float32) -> tuple:
+        """(W_gate, W_up, W_down^T) as Stage 2 computes with them, in ``dtype``: the weights, or FP8 weights
+        dequantized (prox.fp8.dequantize; float64 is exact)."""
+        if self.format == "native":
+            return tuple(w.to(dtype) for w in (self.w_gate, self.w_up, self.w_down_t))
+        return (fp8.dequantize(self.w_gate, self.w_gate_scale, self.layout, dtype),
+                fp8.dequantize(self.w_up, self.w_up_scale, self.layout, dtype),
+                fp8.dequantize(self.w_down_t, self.w_down_t_scale, self.layout, dtype, transposed=True))
+
+    def dense(self, x: torch.Tensor) -> torch.Tensor:
+        """The dense FFN of one token through this layer's own fused Stage-2 kernel, every channel selected and no
+        Stage 1 (torch.ops.prox.dense_ffn): prox's dense baseline of the format (a benchmark's; its first call plans
+        and allocates, later calls can be captured). x [d_model] or [1, d_model]."""
+        layer, fmt = _ops.layer_args(self.layer_tensors())
+        return torch.ops.prox.dense_ffn(x, layer, fmt, self.thresholds, self.act_code, self._options)
 
     def set_thresholds(self, tau_x: float, tau_s: float) -> None:
         """Write new thresholds into the device tensor every run reads (two fills on the current stream:

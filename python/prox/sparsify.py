@@ -24,12 +24,13 @@ import torch.nn as nn
 
 from . import reference
 from ._ops import PlanOptions
-from .allocation import ALPHA, StageSparsity, allocate_sparsity, split_candidates
+from .allocation import StageSparsity, alpha_for, allocate_sparsity, split_candidates
 from .calibration import (DEFAULT_CAPACITY, DEFAULT_SEED, Calibrator, calibrate_layer, proxy_threshold,
                           quantile_threshold)
 from . import _ops
 from .distributed import agreed, all_reduce_float64, check_same_thresholds, fingerprints as tp_fingerprints
-from .nn import SparseMLP, _model_pool, _set_submodule, find_mlps, set_mode, sparse_mlps
+from .nn import (SparseMLP, _model_pool, _set_submodule, activation_dtype, find_mlps, is_fp8_mlp, mlp_kwargs, set_mode,
+                 sparse_mlps)
 from .planned import summed_report
 from .thresholds import INT4_LAYOUT, LayerRecord, ThresholdConfig, find_config, fingerprint_mismatch, load_thresholds
 
@@ -81,8 +82,8 @@ def _whole(sp: SparseMLP, y: torch.Tensor) -> torch.Tensor:
 
 def _layer_error(sp: SparseMLP, x: torch.Tensor, tau_x: float, tau_s: float, y_dense: torch.Tensor) -> float:
     qg, qu = sp._q()
-    y = reference.prox_ffn(x, sp.gate_proj.weight, sp.up_proj.weight, sp.down_t, qg, sp.scale_gate, qu, sp.scale_up,
-                           tau_x, tau_s, sp.act)
+    wg, wu, wdt = sp.exact_weights()  # an FP8 layer's dequantized weights
+    y = reference.prox_ffn(x, wg, wu, wdt, qg, sp.scale_gate, qu, sp.scale_up, tau_x, tau_s, sp.act)
     return _relative_error(_whole(sp, y), y_dense)
 
 
@@ -96,7 +97,7 @@ def _search_split(sp: SparseMLP, xs: torch.Tensor, y_dense: torch.Tensor, cands:
     ax = cal.magnitudes()
     qg, qu = sp._q()
 
-    def proxy_values(x2, tau_x):
+    def proxy_values(x2, tau_x):  # the proxies: no dequantized weights needed
         return reference.proxy_values(x2, qg, sp.scale_gate, qu, sp.scale_up, tau_x, sp.act)
     rows = []
     for c in cands:
@@ -113,7 +114,8 @@ def sparsify(model: nn.Module, e: float, calibration_inputs=None, *, thresholds=
              s1_grid=None, backend: str = "auto", prefill: str = "dense", keep_down: bool = False,
              capacity: int = DEFAULT_CAPACITY, seed: int = DEFAULT_SEED, search_tokens: int = 4096,
              options: PlanOptions = PlanOptions(), track_sparsity: bool = False, strict: bool = True,
-             model_name: str = "", progress: Optional[Callable[[str], None]] = None) -> ThresholdConfig:
+             model_name: str = "", alpha: Optional[float] = None, dtype: Optional[torch.dtype] = None,
+             progress: Optional[Callable[[str], None]] = None) -> ThresholdConfig:
     """Calibrate (or load) thresholds for target effective sparsity e and swap the model's MLPs for SparseMLPs.
 
     Args:
@@ -127,6 +129,10 @@ def sparsify(model: nn.Module, e: float, calibration_inputs=None, *, thresholds=
             during calibration finalized layers run Prox on every token).
         strict, model_name: apply_thresholds()'s checks of given thresholds; model_name is also recorded in a
             new config.
+        alpha: the allocation's alpha (the split of e between the stages and the search's line of equal e);
+            default the weight format's (prox.allocation.alpha_for: ALPHA for fp16/bf16 MLPs, FP8_ALPHA for FP8
+            ones, where e is the fraction of the dense FP8 FFN's cost saved). Recorded in the config.
+        dtype: FP8 MLPs' activation dtype (SparseMLP's dtype=; default: the model's, activation_dtype()).
     Returns the ThresholdConfig (save it with prox.save_thresholds).
     """
     if split not in (None, "paper", "search"):
@@ -137,7 +143,8 @@ def sparsify(model: nn.Module, e: float, calibration_inputs=None, *, thresholds=
         raise ValueError("prox: no gated MLP (gate_proj/up_proj/down_proj) found in the model")
     # The model's layers share one workspace pool of their own (never another model's).
     kw = dict(backend=backend, keep_down=keep_down, options=options, track_sparsity=track_sparsity,
-              workspace_pool=_model_pool(model))
+              workspace_pool=_model_pool(model), dtype=dtype)
+    act_dtype = activation_dtype(model)
 
     if thresholds is not None:
         cfg = thresholds
@@ -149,7 +156,7 @@ def sparsify(model: nn.Module, e: float, calibration_inputs=None, *, thresholds=
             cfg = find_config(load_thresholds(cfg) if not isinstance(cfg, list) else cfg, e, split or "paper")
         for name, m in mlps:
             if not isinstance(m, SparseMLP):
-                _set_submodule(model, name, SparseMLP.from_mlp(m, prefill=prefill, **kw))
+                _set_submodule(model, name, SparseMLP.from_mlp(m, prefill=prefill, **mlp_kwargs(m, kw, act_dtype)))
         apply_thresholds(model, cfg, strict=strict, model_name=model_name)
         set_mode(model, prefill=prefill)
         return cfg
@@ -194,11 +201,16 @@ def sparsify(model: nn.Module, e: float, calibration_inputs=None, *, thresholds=
     say(f"prox.sparsify: e={e:.2f} split={split}: {len(layers)} layers, {len(seqs)} sequences, {tokens} tokens "
         f"(captured in {time.time() - t0:.1f} s)")
 
-    cfg = ThresholdConfig(e=float(e), split=split, alpha=ALPHA,
+    if alpha is None:
+        alphas = {alpha_for("fp8" if is_fp8_mlp(m) else "native") for _, m in mlps}
+        if len(alphas) > 1:
+            raise ValueError("prox: the model mixes FP8 and fp16/bf16 MLPs, whose default alphas differ: give alpha=")
+        alpha = alphas.pop()
+    cfg = ThresholdConfig(e=float(e), split=split, alpha=float(alpha),
                           calibration={"tokens": tokens, "sequences": len(seqs), "capacity": capacity, "seed": seed},
                           model=model_name, int4_layout=_int4_layout())
-    paper = allocate_sparsity(e)
-    cands = split_candidates(e, s1_grid=s1_grid) if split == "search" else None
+    paper = allocate_sparsity(e, alpha)
+    cands = split_candidates(e, alpha, s1_grid=s1_grid) if split == "search" else None
     search_rows = {}
     for li, ((name, mlp), layer) in enumerate(zip(mlps, layers)):
         t1 = time.time()
@@ -211,10 +223,11 @@ def sparsify(model: nn.Module, e: float, calibration_inputs=None, *, thresholds=
         finally:
             hk.remove()
         x = torch.cat(xs)
-        sp = mlp if isinstance(mlp, SparseMLP) else SparseMLP.from_mlp(mlp, prefill="sparse", **kw)
+        sp = mlp if isinstance(mlp, SparseMLP) else SparseMLP.from_mlp(mlp, prefill="sparse",
+                                                                       **mlp_kwargs(mlp, kw, act_dtype))
         sp.prefill = "sparse"
         xs_err = x[:search_tokens]  # the tokens the split search and the reported output error are scored on
-        y_dense = _whole(sp, reference.dense_ffn(xs_err, sp.gate_proj.weight, sp.up_proj.weight, sp.down_t, sp.act))
+        y_dense = _whole(sp, reference.dense_ffn(xs_err, *sp.exact_weights(), sp.act))
         if split == "search":
             choice, rows = _search_split(sp, xs_err, y_dense, cands, capacity, seed)
             search_rows[name] = rows
@@ -224,7 +237,7 @@ def sparsify(model: nn.Module, e: float, calibration_inputs=None, *, thresholds=
         sp.set_thresholds(lt.tau_x, lt.tau_s)
         err = _layer_error(sp, xs_err, lt.tau_x, lt.tau_s, y_dense)
         cfg.layers.append(LayerRecord(name, sp.d_model, sp.d_ff_full, sp.act, choice.s1, choice.s2, lt.tau_x,
-                                      lt.tau_s, lt.realized_s1, lt.realized_s2, err, sp.fingerprint()))
+                                      lt.tau_s, lt.realized_s1, lt.realized_s2, err, sp.fingerprint(), sp.format))
         if sp is not mlp:
             _set_submodule(model, name, sp)
         for i in range(len(seqs)):  # this layer's outputs, with its sparse rule: the next layer's inputs
@@ -297,6 +310,8 @@ def _apply_checked(config: ThresholdConfig, recs: dict, layers: dict, tp_fps: li
                              f"({m.d_model}, {m.d_ff_full})")
         if r.act != m.act:
             problems.append(f"{name}: calibrated with activation {r.act!r}, the layer runs {m.act!r}")
+        if r.format != m.format:
+            problems.append(f"{name}: calibrated on {r.format!r} weights, the layer runs the {m.format!r} format")
         if r.fingerprint is None:
             unverified.append(name)
         else:
@@ -331,4 +346,8 @@ def sparsity_report(model: nn.Module) -> dict:
                            if all_layers else "prox: sparsity_report: the model has no SparseMLP")
     dev = layers[0].counters.device
     counts = torch.stack([m.counters.to(dev) for m in layers]).tolist()
-    return summed_report((c, m.d_model, m.d_ff) for c, m in zip(counts, layers))
+    alphas = {m.alpha for m in layers}
+    if len(alphas) > 1:
+        raise ValueError("prox: sparsity_report: the layers mix weight formats of different alphas (FP8 and "
+                         "fp16/bf16): report them apart")
+    return summed_report(((c, m.d_model, m.d_ff) for c, m in zip(counts, layers)), alphas.pop())

@@ -3,13 +3,13 @@
 calibrated once. JSON, human-readable, exact (floats are written with Python's round-trip repr; an infinite
 threshold, which keeps nothing, is the string "inf").
 
-    {"format": "prox-thresholds", "version": 2, "int4_layout": "...", "model": "...",
+    {"format": "prox-thresholds", "version": 3, "int4_layout": "...", "model": "...",
      "configs": [{"e": 0.5, "split": "paper", "alpha": 0.333..., "calibration": {...},
                   "layers": [{"name": "model.layers.0.mlp", "d_model": 576, "d_ff": 1536, "act": "silu",
                               "s1": 0.1, "s2": 0.7, "tau_x": ..., "tau_s": ...,
                               "realized_s1": ..., "realized_s2": ..., "output_error": ...,
                               "fingerprint": {"dtype": "float16", "gate": {...}, "up": {...},
-                                              "down": {...}}}, ...]}]}
+                                              "down": {...}}, "format": "native"}, ...]}]}
 
 Several configs (targets, split rules) can live in one file: a server loads them all and switches a
 model's sparsity per request with apply_thresholds() (a few device fills; no re-plan, no re-capture).
@@ -18,7 +18,9 @@ Thresholds are only valid for the weights they were calibrated on, so each layer
 its weights (layer_fingerprint: for W_gate, W_up and W_down in nn.Linear layout, the sum and the absolute
 sum in float64 and FINGERPRINT_SAMPLES values at fixed strided positions), and apply_thresholds() refuses a
 file whose fingerprints, layer names, shapes, activations, INT4 layout or model name do not match the
-model, unless told strict=False. Matching (fingerprint_mismatch): on the same dtype the samples must be
+model, unless told strict=False. Each layer also records its Stage-2 weight format ("native", "fp8_channel",
+"fp8_block128"; version 3): thresholds calibrated on bf16 weights are not an FP8 model's, whose fingerprint is that
+of its dequantized weights (dtype "float8_e4m3fn"). Version-1 and 2 files have no format: "native". Matching (fingerprint_mismatch): on the same dtype the samples must be
 equal and the sums agree to 1e-9 of the absolute sum (the summation order differs between devices); across
 dtypes (calibrated in float32, run in bfloat16) within the coarser dtype's rounding. Version-1 files (no
 fingerprints) still load and apply, with a warning that their weights cannot be checked; re-save them
@@ -35,12 +37,13 @@ from typing import Optional
 from .allocation import ALPHA
 
 FORMAT = "prox-thresholds"
-VERSION = 2
-VERSIONS_READ = (1, 2)  #: version 1: no fingerprints
+VERSION = 3
+VERSIONS_READ = (1, 2, 3)  #: version 1: no fingerprints; versions 1 and 2: no format (native)
 INT4_LAYOUT = "prox-int4-kmajor-i8-v1"
 FINGERPRINT_SAMPLES = 8
 #: Unit roundoff of each weight dtype (fingerprints compared across dtypes agree within the coarser one's).
-_UNIT_ROUNDOFF = {"float32": 2.0 ** -24, "float16": 2.0 ** -11, "bfloat16": 2.0 ** -8, "float64": 2.0 ** -53}
+_UNIT_ROUNDOFF = {"float32": 2.0 ** -24, "float16": 2.0 ** -11, "bfloat16": 2.0 ** -8, "float64": 2.0 ** -53,
+                  "float8_e4m3fn": 2.0 ** -4}
 
 
 def matrix_fingerprint(w, full: Optional[tuple] = None, at: tuple = (0, 0), as_tensor: bool = False):
@@ -109,6 +112,7 @@ class LayerRecord:
     realized_s2: Optional[float] = None
     output_error: Optional[float] = None  #: relative FFN output error ||y - y_dense||^2 / ||y_dense||^2 (calibration)
     fingerprint: Optional[dict] = None  #: layer_fingerprint of the weights calibrated on (None: a version-1 file)
+    format: str = "native"  #: the layer's Stage-2 weight format (prox.FORMATS; versions 1 and 2: native)
 
 
 @dataclass

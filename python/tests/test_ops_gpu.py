@@ -199,6 +199,8 @@ def test_plan_cache_key_covers_every_slot():
     y = ffn.run(x)
     opts = prox.PlanOptions().encode()
     for i, name in enumerate(prox.LAYER_SLOTS):
+        if getattr(lt, name) is None:  # a slot the native format has no use for (FP8's: test_fp8_gpu.py)
+            continue
         moved = lt._replace(**{name: getattr(lt, name).clone()})
         n = prox.plan_cache_size()
         assert moved.tensors()[i].data_ptr() != lt.tensors()[i].data_ptr()

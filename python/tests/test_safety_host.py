@@ -223,7 +223,7 @@ def _calibrated(tmp_path, seed=0, name="tiny"):
 def test_thresholds_file_records_fingerprints(tmp_path):
     m, cfg, path = _calibrated(tmp_path)
     d = json.loads(path.read_text())
-    assert d["version"] == 2 and d["model"] == "tiny"
+    assert d["version"] == prox.thresholds.VERSION == 3 and d["model"] == "tiny"
     fp = d["configs"][0]["layers"][0]["fingerprint"]
     assert fp["dtype"] == "float32" and len(fp["gate"]["samples"]) == prox.thresholds.FINGERPRINT_SAMPLES
     m2 = _tiny_llama(seed=0)
@@ -282,7 +282,7 @@ def test_thresholds_version1_file_loads_and_warns(tmp_path):
     with pytest.warns(RuntimeWarning, match="no weight fingerprint"):
         prox.sparsify(m, 0.5, thresholds=path)
     prox.save_thresholds(path, prox.load_thresholds(path), fingerprints=m)  # upgraded in place
-    assert json.loads(path.read_text())["version"] == 2
+    assert json.loads(path.read_text())["version"] == prox.thresholds.VERSION
     with pytest.raises(ValueError, match="other weights"):
         prox.sparsify(_tiny_llama(seed=7), 0.5, thresholds=path)
 
@@ -448,8 +448,11 @@ def test_layer_slots_have_one_definition():
         t._replace(format="fp4").format_code()
     # The C++ side reads the list by the same names: each slot, given a wrong dtype, is named in the error, by
     # the op's own check (torch.ops.prox.check_layer: what every op call runs first).
+    # (The FP8 formats' own slots, None here, are checked the same way in test_fp8_host.py.)
     wrong = {"w_gate": torch.float32, "proxy_gate": torch.int64, "proxy_up": torch.int64}
     for i, name in enumerate(names):
+        if getattr(t, name) is None:
+            continue
         bad = getattr(t, name).to(wrong.get(name, torch.float64 if name.startswith("scale") else torch.bfloat16))
         layer = t.tensors()
         layer[i] = bad
@@ -464,16 +467,19 @@ def test_layer_list_is_checked_by_slot_name():
     assert list(torch.ops.prox.check_layer(t.tensors(), t.format_code(), th)) == [64, 128]
     # A missing slot, by name, in every op (the CPU kernels check the list before saying they need CUDA).
     for i, name in enumerate(prox.LAYER_SLOTS):
+        if getattr(t, name) is None:  # a slot the native format has no use for (FP8's scales)
+            continue
         layer = t.tensors()
         layer[i] = None
         with pytest.raises(ValueError, match=rf"prox: {name} is missing \(None\): the native format needs it"):
             torch.ops.prox.check_layer(layer, 0, th)
     # The list's length: one entry per slot, all named.
     for layer in (t.tensors()[:-1], t.tensors() + [None]):
-        with pytest.raises(ValueError, match="layer must have 7 entries, one per slot \\(w_gate, w_up, w_down_t, "
-                                             "proxy_gate, scale_gate, proxy_up, scale_up\\)"):
+        with pytest.raises(ValueError, match="layer must have 10 entries, one per slot \\(w_gate, w_up, w_down_t, "
+                                             "proxy_gate, scale_gate, proxy_up, scale_up, w_gate_scale, w_up_scale, "
+                                             "w_down_t_scale\\)"):
             torch.ops.prox.check_layer(layer, 0, th)
-        with pytest.raises(ValueError, match="layer must have 7 entries"):
+        with pytest.raises(ValueError, match="layer must have 10 entries"):
             torch.ops.prox.sparse_ffn(t.w_gate[0], layer, 0, th, torch.zeros(8192, dtype=torch.uint8), 0,
                                       prox.PlanOptions().encode())
     for code in (-1, len(prox.FORMATS)):
@@ -509,7 +515,8 @@ def test_op_call_from_layer_tensors_traces_with_torch_compile():
 
     t = _layer_tensors()
     torch._dynamo.reset()
-    out = torch.compile(f, backend=backend, fullgraph=True)(torch.zeros(64, dtype=torch.float16), *t.tensors(),
+    native = [v for v in t.tensors() if v is not None]  # the native format's seven slots, in f's order
+    out = torch.compile(f, backend=backend, fullgraph=True)(torch.zeros(64, dtype=torch.float16), *native,
                                                            torch.zeros(2), torch.zeros(8192, dtype=torch.uint8))
     assert len(graphs) == 1 and out.shape == (64,)
     calls = [n for n in graphs[0].graph.nodes if n.op == "call_function" and "sparse_ffn" in str(n.target)]
@@ -604,7 +611,8 @@ def test_layer_types_come_from_one_list():
     inc = open(os.path.join(gen, "layer_types.inc")).read()
     entries = [ln for ln in inc.splitlines() if ln.startswith("PROX_EXT_LAYER(")]
     names = sorted(ln[len("PROX_EXT_LAYER("):].split(",")[0] for ln in entries)
-    assert names == sorted(f"{d}_{a}_native" for d in ("f16", "bf16") for a in ("silu", "gelu"))
+    assert names == sorted(f"{d}_{a}_{f}" for d in ("f16", "bf16") for a in ("silu", "gelu")
+                           for f in ("native", "fp8_channel", "fp8_block128"))
     assert sorted(f for f in os.listdir(gen) if f.endswith(".cu")) == [f"ffn_{n}.cu" for n in names]
     # The formats' list (setup.py's FORMATS), in code order, is what the extension reports; every layer type's
     # format is one of it.
