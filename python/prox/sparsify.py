@@ -170,6 +170,16 @@ def sparsify(model: nn.Module, e: float, calibration_inputs=None, *, thresholds=
     if len({id(layer) for layer in layers}) != len(layers) or any(layer is model for layer in layers):
         raise ValueError("prox: sparsify needs one gated MLP per decoder layer")
 
+    # FP8 MLPs take their dense passes through a SparseMLP's dense path (thresholds 0: the dequantized weights,
+    # weight-only, what Prox then runs against): the checkpoint module's own forward may need kernels that are
+    # not installed (transformers' FP8Linear loads its Triton kernel through the `kernels` package) and
+    # quantizes the activations, which Prox does not.
+    for k, (name, m) in enumerate(mlps):
+        if is_fp8_mlp(m) and not isinstance(m, SparseMLP):
+            sp = SparseMLP.from_mlp(m, prefill="dense", **mlp_kwargs(m, kw, act_dtype))
+            _set_submodule(model, name, sp)
+            mlps[k] = (name, sp)
+
     # 1. One dense forward per sequence captures every layer's call arguments (masks, position embeddings
     #    may differ per layer type) and layer 0's input hidden states.
     calls = [[None] * len(seqs) for _ in layers]  # per layer and sequence: (args, kwargs), hidden states out

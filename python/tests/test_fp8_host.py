@@ -436,6 +436,20 @@ def test_sparsify_fp8_model_records_format_and_alpha(tmp_path, layout):
         prox.sparsify(m3, 0.6, thresholds=other)
 
 
+def test_sparsify_runs_without_the_checkpoints_fp8_kernels():
+    """transformers' FP8Linear forward needs its Triton kernel (the `kernels` package, missing on the GPU machine):
+    sparsify's dense passes go through SparseMLP's dense path (the dequantized weights), never that forward."""
+    pytest.importorskip("transformers")
+    m = _tiny_llama(2)
+    fp8.quantize_mlps(m, "block128", "transformers")
+    ids = torch.randint(0, 128, (2, 24), generator=torch.Generator().manual_seed(4))
+    cfg = prox.sparsify(m, 0.5, ids)
+    want = prox.allocate_sparsity(0.5, prox.FP8_ALPHA)
+    assert [r.format for r in cfg.layers] == ["fp8_block128"] * 2
+    for r in cfg.layers:
+        assert r.realized_s2 == pytest.approx(want.s2, abs=0.03)
+
+
 def test_thresholds_version2_file_is_native(tmp_path):
     m = _tiny_llama(1)
     cfg = prox.sparsify(m, 0.5, torch.randint(0, 128, (1, 16)))
