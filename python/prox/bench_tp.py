@@ -60,7 +60,7 @@ MODELS = {
     "32b": dict(d_model=5120, d_ff=25600, layers=64, heads=64, kv_heads=8, head_dim=128, vocab=151936),
     "14b": dict(d_model=5120, d_ff=17408, layers=40, heads=40, kv_heads=8, head_dim=128, vocab=151936),
     # smoke tests (CPU included)
-    "tiny": dict(d_model=256, d_ff=1024, layers=2, heads=4, kv_heads=2, head_dim=64, vocab=1024),
+    "tiny": dict(d_model=256, d_ff=1024, layers=2, heads=4, kv_heads=4, head_dim=64, vocab=1024),  # splits over 1, 2, 4
 }
 EPS = 1e-6
 ROPE_THETA = 1_000_000.0

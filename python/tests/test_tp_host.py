@@ -208,3 +208,17 @@ def test_bench_tp_cpu_smoke(tmp_path):
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def test_cases_run_on_four_ranks(tmp_path):
+    """The cases whose models split heads and channels four ways (the tiny decoder's KV heads, each rank's 64 of
+    256 channels, the sparsify search's choice at another reduction order), on 4 gloo ranks: at 4 GPUs
+    decode_step and the check of bench_decode --tp 4 first failed with "2 KV heads do not split over 4 ranks"."""
+    names = ["shard_equality", "calibration_exact", "sparsify_model", "decode_step"]
+    out = str(tmp_path / "results4")
+    spawn(tp_cases.gloo_main, (4, free_port(), str(tmp_path), names, out), world=4)
+    for r in range(4):
+        with open(f"{out}.{r}") as f:
+            res = json.load(f)
+        for name in names:
+            assert res[name]["ok"], f"rank {r}, {name}:\n{res[name]['error']}"
