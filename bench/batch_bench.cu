@@ -65,6 +65,7 @@ struct Options {
   bool fuse_batch = false;  //!< PlanOptions::fuse_batch_stage2
   std::string commit;
   std::string fp8;  //!< batch_fp8 benches of these FP8 scale layouts: channel, block128 (empty: none)
+  double fp8_alpha = prox::fp8::kAllocationAlpha;  //!< the allocation's alpha of the FP8 plans
 };
 Options g_opt;
 
@@ -354,7 +355,9 @@ struct Fp8Batch : ContextBase {
     if (it != by_target.end()) return *it->second;
     auto p = std::make_unique<Plans>();
     prox::StageSparsity target{};
-    PROX_BENCH_PROX(prox::allocate_sparsity(e_pct / 100.0, &target));
+    prox::AllocationRule rule;
+    rule.alpha = g_opt.fp8_alpha;
+    PROX_BENCH_PROX(prox::allocate_sparsity(e_pct / 100.0, &target, rule));
     const int K = ctx.shape.d_model;
     p->tau_x = prox_bench::magnitude_threshold(ctx.abs_ind, target.s1);
     std::vector<const T*> toks;
@@ -587,6 +590,10 @@ void add_flags(CLI::App* app) {
   app->add_option("--prox_fp8", g_opt.fp8,
                   "FP8 e4m3 Stage-2 benches (batch_fp8) of these scale layouts: channel,block128 (default: none)")
       ->type_name("LIST");
+  app->add_option("--prox_fp8_alpha", g_opt.fp8_alpha,
+                  "the allocation's alpha of the FP8 plans (default prox::fp8::kAllocationAlpha)")
+      ->capture_default_str()
+      ->check(CLI::Range(1e-3, 10.0));
   app->add_option("--prox_commit", g_opt.commit, "commit to record (else $PROX_COMMIT, else the one built from)")
       ->type_name("SHA");
   app->footer("plus Google Benchmark's flags, e.g. --benchmark_filter=REGEX --benchmark_out=FILE --benchmark_list_tests");

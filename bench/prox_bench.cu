@@ -42,7 +42,8 @@
 //! --prox_targets=40,50,60,70 --prox_iterations=N --prox_warmup=N --prox_tokens=N
 //! --prox_min_launches=N --prox_rotate_gb=G --prox_max_device_gb=G --prox_policy=P,G,D[,F]
 //! --prox_fuse=0|1 --prox_cluster=0|1 --prox_spread=0|1 --prox_check_workspace=0|1 --prox_tuning=FILE
-//! --prox_commit=SHA --prox_fp8=channel,block128. Use --benchmark_filter=REGEX for subsets.
+//! --prox_commit=SHA --prox_fp8=channel,block128 --prox_fp8_alpha=A --prox_fp8_policies=0,1,2. Use
+//! --benchmark_filter=REGEX for subsets.
 
 #include <benchmark/benchmark.h>
 
@@ -95,6 +96,11 @@ struct Options {
   std::string commit;
   //! FP8 Stage-2 benches (fp8_ffn, fp8_dense) of these scale layouts: channel, block128 (empty: none).
   std::string fp8;
+  //! The allocation's alpha of the FP8 plans (e is the fraction of the dense FP8 FFN's cost saved).
+  double fp8_alpha = prox::fp8::kAllocationAlpha;
+  //! FP8 benches once per fused Stage-2 candidate of these indices (names end in /p<i>); empty: the plan's
+  //! default policy only.
+  std::string fp8_policies;
 };
 Options g_opt;
 
@@ -879,6 +885,12 @@ struct Fp8Set : ContextBase {
   using Fmt = prox::Fp8Weights<L>;
   using Ffn = prox::SparseFfn<T, prox::SiLU, prox::Int4Weights, Fmt>;
   using DenseOp = prox::GluDownGemvOp<T, prox::SiLU, Fmt>;
+  //! The dense FP8 FFN (b) with fused Stage-2 candidate `policy` (-1: the plan's default).
+  struct Dense {
+    prox::Operator<DenseOp> op;
+    DeviceBuffer ws;
+    prox::OpWorkspace view{};
+  };
   struct Plans {
     prox::StageSparsity target{};
     float tau_x = 0.0f, tau_s = 0.0f;
@@ -897,12 +909,21 @@ struct Fp8Set : ContextBase {
     PROX_BENCH_CUDA(cudaMemsetAsync(all_mask.get(), 0xff, all_mask.bytes(), s));
     s_scratch = DeviceBuffer(sizeof(float) * N, "FP8 s");
     PROX_BENCH_CUDA(cudaStreamSynchronize(s));
-    // The dense FP8 FFN (b): the fused Stage 2 on the all-ones mask, with the plan's options.
+  }
+  //! The dense FP8 FFN (b) of fused Stage-2 candidate `policy` (made on first use): the fused Stage 2 on the
+  //! all-ones mask, with the plan's options.
+  Dense& dense(Context<T>& ctx, int policy) {
+    auto it = dense_by_policy.find(policy);
+    if (it != dense_by_policy.end()) return *it->second;
+    auto d = std::make_unique<Dense>();
     const typename DenseOp::Args a0 = dense_args(ctx, 0);
-    PROX_BENCH_PROX(dense_op.initialize(a0, Ffn::template op_options<DenseOp>(typename Ffn::PlanOptions{})));
-    dense_ws = DeviceBuffer(std::max<std::size_t>(prox::Operator<DenseOp>::workspace_bytes(a0), 16), "FP8 dense ws");
-    PROX_BENCH_PROX(prox::initialize_workspace(dense_ws.get(), dense_ws.bytes(), s));
-    dense_view = prox::Operator<DenseOp>::stage2_view(dense_ws.get(), a0, /*stamp=*/true);
+    PROX_BENCH_PROX(d->op.initialize(a0, Ffn::template op_options<DenseOp>(typename Ffn::PlanOptions{}), policy));
+    d->ws = DeviceBuffer(std::max<std::size_t>(prox::Operator<DenseOp>::workspace_bytes(a0), 16), "FP8 dense ws");
+    PROX_BENCH_PROX(prox::initialize_workspace(d->ws.get(), d->ws.bytes(), g.stream));
+    d->view = prox::Operator<DenseOp>::stage2_view(d->ws.get(), a0, /*stamp=*/true);
+    Dense& ref = *d;
+    dense_by_policy[policy] = std::move(d);
+    return ref;
   }
   typename Ffn::Weights weights(int c) const { return fp8.template ffn_weights<prox::SiLU>(c); }
   //! The dense FP8 FFN's arguments for launch i (copy i mod copies, token i mod tokens).
@@ -924,19 +945,24 @@ struct Fp8Set : ContextBase {
   //! The plans of target e (made on first use): tau_x and tau_s calibrated as prox_ffn's (exact quantiles of
   //! the bench tokens' |x| and of Stage 1's |s~| on the FP8 layer's own proxies), one plan per copy, and the
   //! realized (s1, s2) measured once with SparsityCounters.
-  Plans& plans(Context<T>& ctx, int e_pct) {
-    auto it = by_target.find(e_pct);
+  Plans& plans(Context<T>& ctx, int e_pct, int policy) {
+    const std::pair<int, int> key{e_pct, policy};
+    auto it = by_target.find(key);
     if (it != by_target.end()) return *it->second;
     auto p = std::make_unique<Plans>();
     const cudaStream_t s = g.stream;
-    PROX_BENCH_PROX(prox::allocate_sparsity(e_pct / 100.0, &p->target));
+    prox::AllocationRule rule;
+    rule.alpha = g_opt.fp8_alpha;
+    PROX_BENCH_PROX(prox::allocate_sparsity(e_pct / 100.0, &p->target, rule));
     p->tau_x = prox_bench::magnitude_threshold(ctx.layer.host_abs_tokens(s), p->target.s1);
     std::vector<const T*> toks;
     for (int t = 0; t < ctx.layer.tokens(); ++t) toks.push_back(ctx.layer.token(t));
     p->tau_s = prox_bench::calibrate_tau_s<T, prox::SiLU, prox::Int4Weights, Fmt>(
         weights(0), ctx.shape, p->tau_x, p->target.s2, toks, prox::PolicyChoice{}, s);
     p->ffns.resize(static_cast<std::size_t>(copies));
-    for (int c = 0; c < copies; ++c) PROX_BENCH_PROX(p->ffns[c].plan({K, N, p->tau_x, p->tau_s}, weights(c)));
+    typename Ffn::PlanOptions po;
+    po.choice.glu_down = policy;
+    for (int c = 0; c < copies; ++c) PROX_BENCH_PROX(p->ffns[c].plan({K, N, p->tau_x, p->tau_s}, weights(c), po));
     p->ws_bytes = p->ffns[0].workspace_bytes();
     p->ws = DeviceBuffer(p->ws_bytes, "FP8 FFN workspace");
     PROX_BENCH_PROX(prox::initialize_workspace(p->ws.get(), p->ws.bytes(), s));
@@ -945,24 +971,23 @@ struct Fp8Set : ContextBase {
     PROX_BENCH_PROX(prox::reset_counters(cnt, s));
     for (int t = 0; t < ctx.layer.tokens(); ++t)
       PROX_BENCH_PROX(p->ffns[0].run(ctx.layer.token(t), ctx.y.template as<T>(), p->ws.get(), p->ws_bytes, s, cnt));
-    PROX_BENCH_PROX(prox::read_report(cnt, K, N, s, &p->report));
+    PROX_BENCH_PROX(prox::read_report(cnt, K, N, s, &p->report, g_opt.fp8_alpha));
     p->kept_mean = (1.0 - p->report.s1) * K;
     p->sel_mean = (1.0 - p->report.s2) * N;
     std::fprintf(stderr, "[prox_bench] fp8 %s %s e=%d%%: tau_x = %.6g, tau_s = %.6g, measured (s1, s2, e^) = "
                  "(%.4f, %.4f, %.4f)\n", key_of<T>(ctx.shape).c_str(), prox::fp8::to_string(L), e_pct, p->tau_x,
                  p->tau_s, p->report.s1, p->report.s2, p->report.effective);
     Plans& ref = *p;
-    by_target[e_pct] = std::move(p);
+    by_target[key] = std::move(p);
     return ref;
   }
 
   int K, N, copies;
   prox_bench::Fp8Copies<T, L> fp8;
   double dense_bytes = 0.0;  //!< the dense FP8 FFN's weight bytes: codes and scales
-  DeviceBuffer all_mask, s_scratch, dense_ws;
-  prox::Operator<DenseOp> dense_op;
-  prox::OpWorkspace dense_view{};
-  std::map<int, std::unique_ptr<Plans>> by_target;
+  DeviceBuffer all_mask, s_scratch;
+  std::map<int, std::unique_ptr<Dense>> dense_by_policy;
+  std::map<std::pair<int, int>, std::unique_ptr<Plans>> by_target;
 };
 
 //! The context's FP8 set of layout L (made on first use, freed with the context).
@@ -973,17 +998,21 @@ Fp8Set<T, L>& fp8_set(Context<T>& ctx) {
   return static_cast<Fp8Set<T, L>&>(*slot);
 }
 
-//! fp8_ffn (e_pct >= 0) or fp8_dense (e_pct < 0) of layout L.
+//! fp8_ffn (e_pct >= 0) or fp8_dense (e_pct < 0) of layout L, with fused Stage-2 candidate `policy` (-1: the
+//! plan's default).
 template <class T, prox::fp8::ScaleLayout L>
-void bench_fp8(benchmark::State& st, const std::string& name, FfnShape shape, int e_pct) {
+void bench_fp8(benchmark::State& st, const std::string& name, FfnShape shape, int e_pct, int policy) {
   try {
     Context<T>& ctx = context_for<T>(shape);
     Fp8Set<T, L>& set = fp8_set<T, L>(ctx);
     const int K = shape.d_model;
     const double io = 2.0 * sizeof(T) * K;  // x and y
+    auto& dn = set.dense(ctx, policy);
     GraphReplay dense(g.stream, ctx.launches, [&](int i, cudaStream_t s) {
-      PROX_BENCH_PROX(set.dense_op.launch(set.dense_args(ctx, i), set.dense_view, s));
+      PROX_BENCH_PROX(dn.op.launch(set.dense_args(ctx, i), dn.view, s));
     });
+    st.counters["policy_glu_down"] = dn.op.policy();
+    st.counters["alpha"] = g_opt.fp8_alpha;
     const double floor_s = set.dense_bytes / (g.copy.GBps * 1e9);
     if (e_pct < 0) {
       const Timing t = prox_bench::run_loop(st, dense, g_opt.warmup);
@@ -992,7 +1021,7 @@ void bench_fp8(benchmark::State& st, const std::string& name, FfnShape shape, in
       st.counters["frac_fp8_floor"] = floor_s / t.median_s;
       return;
     }
-    auto& p = set.plans(ctx, e_pct);
+    auto& p = set.plans(ctx, e_pct, policy);
     GraphReplay prox_g(g.stream, ctx.launches, [&](int i, cudaStream_t s) {
       PROX_BENCH_PROX(p.ffns[i % set.copies].run(ctx.layer.token(i % ctx.layer.tokens()), ctx.y.template as<T>(),
                                                  p.ws.get(), p.ws_bytes, s));
@@ -1055,10 +1084,24 @@ void register_shape(const FfnShape& shape, const std::vector<int>& targets) {
     const auto add = [&](auto layout) {
       constexpr L kL = decltype(layout)::value;
       const std::string lb = base + "/" + l;
-      reg("fp8_dense/" + lb, [shape](benchmark::State& st, const std::string& n) { bench_fp8<T, kL>(st, n, shape, -1); });
-      for (int e : targets)
-        reg("fp8_ffn/" + lb + "/e" + std::to_string(e),
-            [shape, e](benchmark::State& st, const std::string& n) { bench_fp8<T, kL>(st, n, shape, e); });
+      std::vector<int> policies{-1};  // the plan's default
+      if (!g_opt.fp8_policies.empty()) {
+        policies.clear();
+        for (const std::string& p : prox_bench::split_list(g_opt.fp8_policies)) {
+          const int i = std::stoi(p);
+          if (i < 0 || i >= prox::GluDownGemvOp<T, prox::SiLU, prox::Fp8Weights<kL>>::Policies::kSize)
+            throw std::invalid_argument("--prox_fp8_policies: no fused Stage-2 candidate " + p);
+          policies.push_back(i);
+        }
+      }
+      for (int pol : policies) {
+        const std::string ps = pol < 0 ? "" : "/p" + std::to_string(pol);
+        reg("fp8_dense/" + lb + ps,
+            [shape, pol](benchmark::State& st, const std::string& n) { bench_fp8<T, kL>(st, n, shape, -1, pol); });
+        for (int e : targets)
+          reg("fp8_ffn/" + lb + "/e" + std::to_string(e) + ps,
+              [shape, e, pol](benchmark::State& st, const std::string& n) { bench_fp8<T, kL>(st, n, shape, e, pol); });
+      }
     };
     if (l == "channel") {
       add(std::integral_constant<L, L::kPerChannel>{});
@@ -1164,6 +1207,15 @@ void add_flags(CLI::App* app) {
   app->add_option("--prox_fp8", g_opt.fp8,
                   "FP8 e4m3 Stage-2 benches (fp8_ffn, fp8_dense) of these scale layouts: channel,block128 (default: "
                   "none)")
+      ->type_name("LIST");
+  app->add_option("--prox_fp8_alpha", g_opt.fp8_alpha,
+                  "the allocation's alpha of the FP8 plans (default prox::fp8::kAllocationAlpha, measured by "
+                  "prox_alpha --fp8=1)")
+      ->capture_default_str()
+      ->check(CLI::Range(1e-3, 10.0));
+  app->add_option("--prox_fp8_policies", g_opt.fp8_policies,
+                  "FP8 benches once per fused Stage-2 candidate of these indices, names ending in /p<i> (default: "
+                  "the plan's default policy)")
       ->type_name("LIST");
   app->footer(
       "plus Google Benchmark's flags, e.g. --benchmark_filter=REGEX --benchmark_out=FILE\n"

@@ -109,7 +109,7 @@ TEST_CASE("tuning choose: the keys of prox's ops", "[tuning]") {
 
 TEST_CASE("tuning choose: the policy table holds every tuned candidate list", "[tuning]") {
   const pt::PolicyTable t = pt::policy_table();
-  CHECK(t.size() == 8);  // the six native lists and the FP8 128 x 128 block format's two (fp8_policies.cuh)
+  CHECK(t.size() == 9);  // the six native lists, FP8 per channel's fused list and FP8 block's two (fp8_policies.cuh)
   CHECK(t.at("threshold") == pt::policy_names<prox::ThresholdPolicies>());
   CHECK(t.at("proxy_gemv") == pt::policy_names<prox::ProxyGemvPolicies>());
   CHECK(t.at("proxy_gemv_dense") == pt::policy_names<prox::DenseProxyGemvPolicies>());
@@ -118,7 +118,11 @@ TEST_CASE("tuning choose: the policy table holds every tuned candidate list", "[
   CHECK(t.at("glu_down_gemv") == pt::policy_names<prox::GluDownGemvPolicies>());
   CHECK(t.at("down_gemv_b128") == pt::policy_names<prox::Fp8BlockDownGemvPolicies>());
   CHECK(t.at("glu_down_gemv_b128") == pt::policy_names<prox::Fp8BlockGluDownGemvPolicies>());
-  // The FP8 formats key their own entries; the per-channel format shares the native lists' rows.
+  CHECK(t.at("glu_down_gemv_fp8") == pt::policy_names<prox::Fp8ChannelGluDownGemvPolicies>());
+  // The FP8 formats key their own entries; the per-channel format shares the native lists' rows except the
+  // fused Stage 2's (its own list: the native shapes spilled at 16 weights a piece).
+  CHECK(pt::op_key<prox::GluDownGemvOp<__half, prox::SiLU, prox::Fp8ChannelWeights>>(64, 128, 0.3).op ==
+        "glu_down_gemv_fp8");
   CHECK(pt::op_key<prox::DownGemvOp<__half, prox::Fp8ChannelWeights>>(64, 128, 0.3).op == "down_gemv");
   CHECK(pt::op_key<prox::DownGemvOp<__half, prox::Fp8ChannelWeights>>(64, 128, 0.3).weights == "e4m3chv1");
   CHECK(pt::op_key<prox::GluDownGemvOp<__half, prox::SiLU, prox::Fp8BlockWeights>>(64, 128, 0.3).op ==

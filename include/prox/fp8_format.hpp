@@ -44,6 +44,10 @@ constexpr int kBlockSize = 128;          //!< side of a kBlock128 scale block
 constexpr int kVecElems = 16;            //!< e4m3 values in one 16-byte piece (one LDG.128)
 constexpr std::uint8_t kCodeMax = 0x7E;  //!< code of +448 (0xFE: -448)
 constexpr std::uint8_t kCodeNaN = 0x7F;  //!< the NaN code this library writes (0xFF is NaN too)
+//! The allocation's alpha for FP8 Stage-2 weights (AllocationRule::alpha; prox.FP8_ALPHA in Python): an INT4
+//! proxy GEMV costs about half an FP8 input-sparse GEMV (the rule's default 1/3 is for fp16/bf16 weights).
+//! Measured on the H100 (prox_alpha --fp8=1, docs/benchmarks.md): 0.53-0.59 on Qwen3-8B, 0.46-0.55 on 14B.
+constexpr double kAllocationAlpha = 0.5;
 //! Smallest scale quantize_* writes: FLT_MIN (2^-126), so that every scale stays a normal float > 0.
 constexpr float kMinScale = 1.17549435082228750797e-38f;
 

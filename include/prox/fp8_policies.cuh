@@ -40,13 +40,23 @@ struct DownGemvPoliciesFor<Fp8BlockWeights> {
   static constexpr const char* kName = "down_gemv_b128";
 };
 
-//! Fused Stage 2, per channel: the native candidates.
+//! Fused Stage 2, per channel. With 16 weights a piece, a thread's GLU step holds twice the native x pieces:
+//! the native candidates 1 and 2 (96 and 80 registers) spilled 8-24 bytes a thread (sm_90a, ptxas -v), so
+//! these keep their shapes (256 threads: a 4096-wide row in one GLU step; 320: a 5120-wide one) with 2 down
+//! rows in flight where 4 spilled. No candidate spills (tests/test_fp8_device.cu's resource check).
+using Fp8ChannelGluDownGemvPolicies =
+    PolicyList<GluDownGemvPolicy<256, 64, 4, 256, 1024, 4, 2>, GluDownGemvPolicy<320, 64, 2, 256, 1024, 2, 2>,
+               GluDownGemvPolicy<256, 64, 2, 256, 1024, 2, 3>>;
 template <>
-struct GluDownGemvPoliciesFor<Fp8ChannelWeights> : GluDownGemvPoliciesFor<NativeWeights<__half>> {};
-//! Fused Stage 2, 128 x 128 blocks: the native candidates with 128-column down tasks.
+struct GluDownGemvPoliciesFor<Fp8ChannelWeights> {
+  using type = Fp8ChannelGluDownGemvPolicies;
+  static constexpr const char* kName = "glu_down_gemv_fp8";
+};
+//! Fused Stage 2, 128 x 128 blocks: the per-channel shapes with 128-column down tasks (one column block,
+//! whose scale is folded into s_j); none spills.
 using Fp8BlockGluDownGemvPolicies =
-    PolicyList<GluDownGemvPolicy<256, 64, 4, 128, 1024, 4, 2>, GluDownGemvPolicy<320, 64, 2, 128, 1024, 4, 2>,
-               GluDownGemvPolicy<256, 64, 2, 128, 1024, 4, 3>>;
+    PolicyList<GluDownGemvPolicy<256, 64, 4, 128, 1024, 4, 2>, GluDownGemvPolicy<320, 64, 2, 128, 1024, 2, 2>,
+               GluDownGemvPolicy<256, 64, 4, 128, 1024, 2, 2>>;
 template <>
 struct GluDownGemvPoliciesFor<Fp8BlockWeights> {
   using type = Fp8BlockGluDownGemvPolicies;

@@ -141,12 +141,19 @@ struct TileReducer {
       }
       int base = 0;  // index of v[0] in the thread's original values
       constexpr int kSteps = log2_pow2(kGroupsPerWarp);
-      // One induction variable, so that the loop unrolls and every index of v is a constant (with
-      // `half` and `off` stepped side by side it did not, and v went to the stack).
+      if constexpr (kSteps == 1) {
+        // One induction variable, so that the loop unrolls and every index of v is a constant (with
+        // `half` and `off` stepped side by side it did not, and v went to the stack).
 #pragma unroll
-      for (int step = 0; step < kSteps; ++step) {
-        const int half = kVals >> (step + 1);
-        if (warp_halve(v, half, (kWarpSize / 2) >> step)) base += half;
+        for (int step = 0; step < kSteps; ++step) {
+          const int half = kVals >> (step + 1);
+          if (warp_halve(v, half, (kWarpSize / 2) >> step)) base += half;
+        }
+      } else {
+        // Two or more steps (FP8's 16 columns a thread in 128- and 64-column tiles: 4 and 8 row groups a
+        // warp): the loop above stayed rolled there and put v on the stack (64 bytes a thread, sm_90a), so
+        // the steps are unrolled by compile-time recursion, as warp_halvings does.
+        halve_steps<0, kSteps>(v, base);
       }
       const int slot = lane % kTn;
 #pragma unroll
@@ -165,6 +172,15 @@ struct TileReducer {
       }
     }
     combine_warps(st);
+  }
+  //! Steps kStep .. kSteps - 1 of reduce()'s recursive halving, each with compile-time half and lane bit.
+  template <int kStep, int kSteps>
+  PROX_DEVICE static PROX_FORCEINLINE void halve_steps(float (&v)[kVals], int& base) {
+    if constexpr (kStep < kSteps) {
+      constexpr int kHalf = kVals >> (kStep + 1);
+      if (warp_halve(v, kHalf, (kWarpSize / 2) >> kStep)) base += kHalf;
+      halve_steps<kStep + 1, kSteps>(v, base);
+    }
   }
   //! The second half of reduce(), for kernels that store each warp's column sums themselves: every
   //! warp w has written st.red[w][m][pad(ch)] for all of its kMats x kTile values; add them in warp
