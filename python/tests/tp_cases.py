@@ -289,8 +289,12 @@ def case_sparsify_model(ctx: Ctx) -> dict:
         with torch.no_grad():
             l1, l2 = m1(ids).logits.double(), m2(ids).logits.double()
         rel = float((l1 - l2).norm() / l1.norm())
-        assert rel < tol_logits, rel
-        out[split] = {"logits_rel": rel, "tau": [[r.tau_x, r.tau_s] for r in c2.layers]}
+        # Where the search chose another point somewhere (a near-tie, above), the two sparse models differ by
+        # design from there on: their logits agree only as two Prox configurations of equal e do (0.16 seen at
+        # TP = 4 in bf16), so the bound is looser there.
+        same_points = all((a.s1, a.s2) == (b.s1, b.s2) for a, b in zip(c1.layers, c2.layers))
+        assert rel < (tol_logits if same_points else 3 * tol_logits), (rel, same_points)
+        out[split] = {"logits_rel": rel, "same_points": same_points, "tau": [[r.tau_x, r.tau_s] for r in c2.layers]}
         if split == "paper":
             p1, p2 = os.path.join(ctx.tmp, "tp1.json"), os.path.join(ctx.tmp, "tp2.json")
             if ctx.rank == 0:
