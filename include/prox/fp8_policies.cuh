@@ -43,7 +43,7 @@ struct DownGemvPoliciesFor<Fp8BlockWeights> {
 //! Fused Stage 2, per channel. With 16 weights a piece, a thread's GLU step holds twice the native x pieces:
 //! the native candidates 1 and 2 (96 and 80 registers) spilled 8-24 bytes a thread (sm_90a, ptxas -v), so
 //! these keep their shapes (256 threads: a 4096-wide row in one GLU step; 320: a 5120-wide one) with 2 down
-//! rows in flight where 4 spilled. No candidate spills (tests/test_fp8_device.cu's resource check).
+//! rows in flight where 4 spilled. No candidate spills or keeps a stack frame (ptxas -v, sm_90a).
 using Fp8ChannelGluDownGemvPolicies =
     PolicyList<GluDownGemvPolicy<256, 64, 4, 256, 1024, 4, 2>, GluDownGemvPolicy<320, 64, 2, 256, 1024, 2, 2>,
                GluDownGemvPolicy<256, 64, 2, 256, 1024, 2, 3>>;
