@@ -219,3 +219,28 @@ TEST_CASE("tuning choose: open_cache reads a file by its path without the tuning
     CHECK(cache == nullptr);
   }
 }
+
+TEST_CASE("FP8 fused Stage 2: the default is the candidate with the fewest GLU steps a row", "[tuning][fp8]") {
+  prox::DeviceInfo d{};
+  d.sm_count = 132;
+  const auto pick = [&](auto op, int K) {
+    typename decltype(op)::Args a{};
+    a.d_model = K;
+    a.d_ff = 12288;
+    return prox::default_policy(op, d, a);
+  };
+  using ChOp = prox::GluDownGemvOp<__half, prox::SiLU, prox::Fp8ChannelWeights>;
+  using BlOp = prox::GluDownGemvOp<__nv_bfloat16, prox::SiLU, prox::Fp8BlockWeights>;
+  using NatOp = prox::GluDownGemvOp<__half, prox::SiLU>;
+  // 320 threads x 16 weights cover a 4096- or 5120-wide row in one step: index 0 on both (the native rule, load
+  // slots, would take the 256-thread candidate on 4096).
+  for (int K : {2048, 4096, 5120}) {
+    CHECK(pick(ChOp{}, K) == 0);
+    CHECK(pick(BlOp{}, K) == 0);
+  }
+  // 6144 inputs: 320 threads need 2 steps, 256 threads 2 as well: the lower index.
+  CHECK(pick(ChOp{}, 6144) == 0);
+  // The native ops keep their rule: 256 threads on 4096, 320 on 5120.
+  CHECK(pick(NatOp{}, 4096) == 0);
+  CHECK(pick(NatOp{}, 5120) == 1);
+}

@@ -42,10 +42,14 @@ struct DownGemvPoliciesFor<Fp8BlockWeights> {
 
 //! Fused Stage 2, per channel. With 16 weights a piece, a thread's GLU step holds twice the native x pieces:
 //! the native candidates 1 and 2 (96 and 80 registers) spilled 8-24 bytes a thread (sm_90a, ptxas -v), so
-//! these keep their shapes (256 threads: a 4096-wide row in one GLU step; 320: a 5120-wide one) with 2 down
-//! rows in flight where 4 spilled. No candidate spills or keeps a stack frame (ptxas -v, sm_90a).
+//! these keep their shapes (320 threads: a 5120-wide row in one GLU step, a 4096-wide one too; 256: 4096)
+//! with 2 down rows in flight where 4 spilled. No candidate spills or keeps a stack frame (ptxas -v, sm_90a).
+//! Index 0 is what the plan picks on every Qwen3 shape (default_policy: the fewest GLU load slots, ties to
+//! the lower index): measured on the H100 (prox_bench --prox_fp8_policies=0,1,2, docs/benchmarks.md), the
+//! 320-thread candidate made the FFN fastest or within 1 % of it on Qwen3-8B, 14B and 32B at e = 40-70 %, and
+//! 2-6 % faster than the 256-thread ones on 14B and 32B.
 using Fp8ChannelGluDownGemvPolicies =
-    PolicyList<GluDownGemvPolicy<256, 64, 4, 256, 1024, 4, 2>, GluDownGemvPolicy<320, 64, 2, 256, 1024, 2, 2>,
+    PolicyList<GluDownGemvPolicy<320, 64, 2, 256, 1024, 2, 2>, GluDownGemvPolicy<256, 64, 4, 256, 1024, 4, 2>,
                GluDownGemvPolicy<256, 64, 2, 256, 1024, 2, 3>>;
 template <>
 struct GluDownGemvPoliciesFor<Fp8ChannelWeights> {
@@ -53,10 +57,21 @@ struct GluDownGemvPoliciesFor<Fp8ChannelWeights> {
   static constexpr const char* kName = "glu_down_gemv_fp8";
 };
 //! Fused Stage 2, 128 x 128 blocks: the per-channel shapes with 128-column down tasks (one column block,
-//! whose scale is folded into s_j); none spills.
+//! whose scale is folded into s_j); none spills. The 320-thread candidate first, as per channel: on the H100
+//! it made the FFN 3-8 % faster than the 256-thread ones on every Qwen3 shape at e = 40-70 %.
 using Fp8BlockGluDownGemvPolicies =
-    PolicyList<GluDownGemvPolicy<256, 64, 4, 128, 1024, 4, 2>, GluDownGemvPolicy<320, 64, 2, 128, 1024, 2, 2>,
+    PolicyList<GluDownGemvPolicy<320, 64, 2, 128, 1024, 2, 2>, GluDownGemvPolicy<256, 64, 4, 128, 1024, 4, 2>,
                GluDownGemvPolicy<256, 64, 4, 128, 1024, 2, 2>>;
+//! FP8 fused Stage 2: the candidate with the fewest GLU steps per row of d_model inputs, ties to the lower
+//! index (the native rule counts load slots, so it would take a 256-thread candidate on d_model 4096, where
+//! the 320-thread one was as fast per channel and 3.5 % faster with block scales: fp8_policies' lists above).
+template <class T, class Act, fp8::ScaleLayout L>
+int default_policy(GluDownGemvOp<T, Act, Fp8Weights<L>>, const DeviceInfo&,
+                   const GluDownGemvArgs<T, Fp8Weights<L>>& a) noexcept {
+  return detail::fewest_load_slots<typename GluDownGemvOp<T, Act, Fp8Weights<L>>::Policies>([&](auto p) {
+    return static_cast<long>(detail::GluRowsOf<typename decltype(p)::Glu, T, Fp8Weights<L>>::steps_per_row(a.d_model));
+  });
+}
 template <>
 struct GluDownGemvPoliciesFor<Fp8BlockWeights> {
   using type = Fp8BlockGluDownGemvPolicies;
