@@ -2,10 +2,11 @@
 //! @file fp8_policies.cuh  The candidate lists of the FP8 Stage-2 formats (fp8_weights.cuh), one
 //! specialization per op family. Where a list is the native weights' (the same policy types), it shares their
 //! name and their row of the tuning cache's policy table: the FP8 keys differ in their weights field only.
-//! Starting point, not yet measured on a GPU: the native lists with 16 weights per 16-byte piece (a GLU step
-//! then covers twice the inputs, a down-GEMV thread 16 outputs), and for the batched kernels one block of 256
-//! threads per SM (255 registers), since a thread holds twice the x pieces (GLU) or twice the accumulators
-//! (down) of the native kernels, which run at 128 registers and 2 blocks.
+//! Batch 1 starts from the native lists with 16 weights per 16-byte piece (a GLU step then covers twice the
+//! inputs, a down-GEMV thread 16 outputs); the fused lists were swept on the H100 (docs/benchmarks.md, "FP8
+//! e4m3 Stage-2 weights"). The batched lists are untuned starting points: one block of 256 threads per SM (255
+//! registers), since a thread holds twice the x pieces (GLU) or twice the accumulators (down) of the native
+//! kernels, which run at 128 registers and 2 blocks; measured on the H100 they trail (a) at B = 4.
 #pragma once
 
 #include "batched_down.cuh"
@@ -95,8 +96,9 @@ struct BatchedGluPoliciesFor<Tokens, Fp8Weights<L>> {
   using type = PolicyList<BatchedGluPolicy<Tokens, 256, 64, 1>>;
 };
 //! Batched down GEMV: 128-column tiles (one column block) at one block per SM: at 2 blocks (128 registers) the
-//! native candidates spilled with FP8's 16 outputs per thread and token (sm_90a: 128-336 bytes of stack at
-//! capacities 2 and 4); the native chunks, and 2 rows in flight at capacity 8.
+//! native candidates spilled with FP8's 16 outputs per thread and token (sm_90a, before TileReducer's halving
+//! was unrolled at 2+ steps: 128-336 bytes of stack at capacities 2 and 4); the native chunks, and 2 rows in
+//! flight at capacity 8.
 template <int Tokens, fp8::ScaleLayout L>
 struct BatchedDownPoliciesFor<Tokens, Fp8Weights<L>> {
   using type = PolicyList<BatchedDownPolicy<Tokens, 256, Tokens == 2 ? 2048 : 1024, Tokens == 8 ? 2 : 4, 1>,
