@@ -899,6 +899,7 @@ struct Fp8Set : ContextBase {
     std::size_t ws_bytes = 0;
     prox::SparsityReport report{};
     double kept_mean = 0.0, sel_mean = 0.0;
+    DeviceBuffer masks;  //!< [tokens][N / 32]: each bench token's channel set (fp8_stage2 replays them)
   };
 
   explicit Fp8Set(Context<T>& ctx)
@@ -926,8 +927,9 @@ struct Fp8Set : ContextBase {
     return ref;
   }
   typename Ffn::Weights weights(int c) const { return fp8.template ffn_weights<prox::SiLU>(c); }
-  //! The dense FP8 FFN's arguments for launch i (copy i mod copies, token i mod tokens).
-  typename DenseOp::Args dense_args(Context<T>& ctx, int i) const {
+  //! The dense FP8 FFN's arguments for launch i (copy i mod copies, token i mod tokens); with `masks` (a
+  //! Plans' per-token channel sets) the fused Stage 2 on token i's channel set instead of every channel.
+  typename DenseOp::Args dense_args(Context<T>& ctx, int i, const DeviceBuffer* masks = nullptr) const {
     const typename Ffn::Weights w = weights(i % copies);
     typename DenseOp::Args a;
     a.x = ctx.layer.token(i % ctx.layer.tokens());
@@ -935,7 +937,9 @@ struct Fp8Set : ContextBase {
     a.d_ff = N;
     a.w_gate = w.gate;
     a.w_up = w.up;
-    a.channel_mask = all_mask.template as<const std::uint32_t>();
+    a.channel_mask = masks == nullptr ? all_mask.template as<const std::uint32_t>()
+                                      : masks->template as<const std::uint32_t>() +
+                                            static_cast<std::size_t>(i % ctx.layer.tokens()) * (N / 32);
     a.s = s_scratch.template as<float>();
     a.w_down_t = w.down_t;
     a.y = ctx.y.template as<T>();
@@ -944,21 +948,26 @@ struct Fp8Set : ContextBase {
 
   //! The plans of target e (made on first use): tau_x and tau_s calibrated as prox_ffn's (exact quantiles of
   //! the bench tokens' |x| and of Stage 1's |s~| on the FP8 layer's own proxies), one plan per copy, and the
-  //! realized (s1, s2) measured once with SparsityCounters.
+  //! realized (s1, s2) and each token's channel set measured once. e_pct < 0: thresholds +inf (nothing kept,
+  //! nothing selected: the FFN's fixed cost, fp8_ffn_empty).
   Plans& plans(Context<T>& ctx, int e_pct, int policy) {
     const std::pair<int, int> key{e_pct, policy};
     auto it = by_target.find(key);
     if (it != by_target.end()) return *it->second;
     auto p = std::make_unique<Plans>();
     const cudaStream_t s = g.stream;
-    prox::AllocationRule rule;
-    rule.alpha = g_opt.fp8_alpha;
-    PROX_BENCH_PROX(prox::allocate_sparsity(e_pct / 100.0, &p->target, rule));
-    p->tau_x = prox_bench::magnitude_threshold(ctx.layer.host_abs_tokens(s), p->target.s1);
-    std::vector<const T*> toks;
-    for (int t = 0; t < ctx.layer.tokens(); ++t) toks.push_back(ctx.layer.token(t));
-    p->tau_s = prox_bench::calibrate_tau_s<T, prox::SiLU, prox::Int4Weights, Fmt>(
-        weights(0), ctx.shape, p->tau_x, p->target.s2, toks, prox::PolicyChoice{}, s);
+    if (e_pct < 0) {
+      p->tau_x = p->tau_s = std::numeric_limits<float>::infinity();
+    } else {
+      prox::AllocationRule rule;
+      rule.alpha = g_opt.fp8_alpha;
+      PROX_BENCH_PROX(prox::allocate_sparsity(e_pct / 100.0, &p->target, rule));
+      p->tau_x = prox_bench::magnitude_threshold(ctx.layer.host_abs_tokens(s), p->target.s1);
+      std::vector<const T*> toks;
+      for (int t = 0; t < ctx.layer.tokens(); ++t) toks.push_back(ctx.layer.token(t));
+      p->tau_s = prox_bench::calibrate_tau_s<T, prox::SiLU, prox::Int4Weights, Fmt>(
+          weights(0), ctx.shape, p->tau_x, p->target.s2, toks, prox::PolicyChoice{}, s);
+    }
     p->ffns.resize(static_cast<std::size_t>(copies));
     typename Ffn::PlanOptions po;
     po.choice.glu_down = policy;
@@ -969,8 +978,14 @@ struct Fp8Set : ContextBase {
     DeviceBuffer counters(sizeof(prox::SparsityCounters), "FP8 counters");
     auto* cnt = counters.template as<prox::SparsityCounters>();
     PROX_BENCH_PROX(prox::reset_counters(cnt, s));
-    for (int t = 0; t < ctx.layer.tokens(); ++t)
-      PROX_BENCH_PROX(p->ffns[0].run(ctx.layer.token(t), ctx.y.template as<T>(), p->ws.get(), p->ws_bytes, s, cnt));
+    p->masks = DeviceBuffer(sizeof(std::uint32_t) * static_cast<std::size_t>(ctx.layer.tokens()) * (N / 32),
+                            "FP8 channel sets");
+    for (int t = 0; t < ctx.layer.tokens(); ++t) {
+      typename Ffn::Outputs o;
+      o.counters = cnt;
+      o.channel_mask = p->masks.template as<std::uint32_t>() + static_cast<std::size_t>(t) * (N / 32);
+      PROX_BENCH_PROX(p->ffns[0].run(ctx.layer.token(t), ctx.y.template as<T>(), p->ws.get(), p->ws_bytes, s, o));
+    }
     PROX_BENCH_PROX(prox::read_report(cnt, K, N, s, &p->report, g_opt.fp8_alpha));
     p->kept_mean = (1.0 - p->report.s1) * K;
     p->sel_mean = (1.0 - p->report.s2) * N;
@@ -998,10 +1013,14 @@ Fp8Set<T, L>& fp8_set(Context<T>& ctx) {
   return static_cast<Fp8Set<T, L>&>(*slot);
 }
 
-//! fp8_ffn (e_pct >= 0) or fp8_dense (e_pct < 0) of layout L, with fused Stage-2 candidate `policy` (-1: the
-//! plan's default).
+//! What an FP8 bench times: the dense FP8 FFN (b), the FFN at target e, the FFN with thresholds +inf (its fixed
+//! cost), or the fused Stage 2 alone on the channel sets the FFN selects at target e.
+enum class Fp8Bench { kDense, kFfn, kEmpty, kStage2 };
+
+//! One FP8 bench of layout L (`kind`; e_pct for kFfn and kStage2), with fused Stage-2 candidate `policy` (-1:
+//! the plan's default).
 template <class T, prox::fp8::ScaleLayout L>
-void bench_fp8(benchmark::State& st, const std::string& name, FfnShape shape, int e_pct, int policy) {
+void bench_fp8(benchmark::State& st, const std::string& name, FfnShape shape, Fp8Bench kind, int e_pct, int policy) {
   try {
     Context<T>& ctx = context_for<T>(shape);
     Fp8Set<T, L>& set = fp8_set<T, L>(ctx);
@@ -1014,14 +1033,38 @@ void bench_fp8(benchmark::State& st, const std::string& name, FfnShape shape, in
     st.counters["policy_glu_down"] = dn.op.policy();
     st.counters["alpha"] = g_opt.fp8_alpha;
     const double floor_s = set.dense_bytes / (g.copy.GBps * 1e9);
-    if (e_pct < 0) {
+    if (kind == Fp8Bench::kDense) {
       const Timing t = prox_bench::run_loop(st, dense, g_opt.warmup);
       set_counters(st, name, ctx, t, set.dense_bytes + io);
       st.counters["fp8_floor_us"] = floor_s * 1e6;
       st.counters["frac_fp8_floor"] = floor_s / t.median_s;
       return;
     }
-    auto& p = set.plans(ctx, e_pct, policy);
+    auto& p = set.plans(ctx, kind == Fp8Bench::kEmpty ? -1 : e_pct, policy);
+    if (kind == Fp8Bench::kEmpty) {  // no byte of weights read: the two kernels' fixed cost
+      GraphReplay empty(g.stream, ctx.launches, [&](int i, cudaStream_t s) {
+        PROX_BENCH_PROX(p.ffns[i % set.copies].run(ctx.layer.token(i % ctx.layer.tokens()), ctx.y.template as<T>(),
+                                                   p.ws.get(), p.ws_bytes, s));
+      });
+      const Timing t = prox_bench::run_loop(st, empty, g_opt.warmup);
+      set_counters(st, name, ctx, t, io);
+      st.counters["s1"] = p.report.s1;
+      st.counters["s2"] = p.report.s2;
+      st.SetLabel(prox::fp8::to_string(L));
+      return;
+    }
+    if (kind == Fp8Bench::kStage2) {  // the fused Stage 2 alone, each token on the channel set its FFN selected
+      GraphReplay stage2(g.stream, ctx.launches, [&](int i, cudaStream_t s) {
+        PROX_BENCH_PROX(dn.op.launch(set.dense_args(ctx, i, &p.masks), dn.view, s));
+      });
+      const Timing t = prox_bench::run_loop(st, stage2, g_opt.warmup);
+      set_counters(st, name, ctx, t, 3.0 * p.sel_mean * K + set.fp8.scale_bytes() + io);
+      st.counters["e_target"] = e_pct / 100.0;
+      st.counters["s1"] = p.report.s1;
+      st.counters["s2"] = p.report.s2;
+      st.SetLabel(prox::fp8::to_string(L));
+      return;
+    }
     GraphReplay prox_g(g.stream, ctx.launches, [&](int i, cudaStream_t s) {
       PROX_BENCH_PROX(p.ffns[i % set.copies].run(ctx.layer.token(i % ctx.layer.tokens()), ctx.y.template as<T>(),
                                                  p.ws.get(), p.ws_bytes, s));
@@ -1096,11 +1139,21 @@ void register_shape(const FfnShape& shape, const std::vector<int>& targets) {
       }
       for (int pol : policies) {
         const std::string ps = pol < 0 ? "" : "/p" + std::to_string(pol);
-        reg("fp8_dense/" + lb + ps,
-            [shape, pol](benchmark::State& st, const std::string& n) { bench_fp8<T, kL>(st, n, shape, -1, pol); });
-        for (int e : targets)
-          reg("fp8_ffn/" + lb + "/e" + std::to_string(e) + ps,
-              [shape, e, pol](benchmark::State& st, const std::string& n) { bench_fp8<T, kL>(st, n, shape, e, pol); });
+        reg("fp8_dense/" + lb + ps, [shape, pol](benchmark::State& st, const std::string& n) {
+          bench_fp8<T, kL>(st, n, shape, Fp8Bench::kDense, 0, pol);
+        });
+        reg("fp8_ffn_empty/" + lb + ps, [shape, pol](benchmark::State& st, const std::string& n) {
+          bench_fp8<T, kL>(st, n, shape, Fp8Bench::kEmpty, 0, pol);
+        });
+        for (int e : targets) {
+          reg("fp8_ffn/" + lb + "/e" + std::to_string(e) + ps, [shape, e, pol](benchmark::State& st, const std::string& n) {
+            bench_fp8<T, kL>(st, n, shape, Fp8Bench::kFfn, e, pol);
+          });
+          reg("fp8_stage2/" + lb + "/e" + std::to_string(e) + ps,
+              [shape, e, pol](benchmark::State& st, const std::string& n) {
+                bench_fp8<T, kL>(st, n, shape, Fp8Bench::kStage2, e, pol);
+              });
+        }
       }
     };
     if (l == "channel") {
