@@ -214,6 +214,24 @@ void report_error(benchmark::State& st, const std::string& name, const std::exce
   st.SkipWithError(e.what());
 }
 
+//! The counters of one untimed run_batch of B tokens per distinct batch of masks m (Config::max_tokens + 1 entries:
+//! each token's, then the batch union's at [B]; one token is its own union at [0]), read back to the host.
+template <class T, class Ffn>
+std::vector<prox::SparsityCounters> batch_counters(Context<T>& ctx, const Ffn& ffn, const DeviceBuffer& ws, int B,
+                                                   Masks m) {
+  auto* cnt = ctx.counters.template as<prox::SparsityCounters>();
+  PROX_BENCH_CUDA(cudaMemsetAsync(cnt, 0, ctx.counters.bytes(), g.stream));
+  for (int b = 0; b < kBatches; ++b) {
+    typename Ffn::BatchOutputs out;
+    out.counters = cnt;
+    PROX_BENCH_PROX(ffn.run_batch(ctx.batch(m, b), ctx.y.template as<T>(), B, ws.get(), ws.bytes(), g.stream, out));
+  }
+  std::vector<prox::SparsityCounters> h(kMaxB + 1);
+  PROX_BENCH_CUDA(cudaMemcpyAsync(h.data(), cnt, ctx.counters.bytes(), cudaMemcpyDeviceToHost, g.stream));
+  PROX_BENCH_CUDA(cudaStreamSynchronize(g.stream));
+  return h;
+}
+
 template <class T>
 void bench_batch(benchmark::State& st, const std::string& name, const FfnShape& shape, int e_pct, int B, Masks m) {
   try {
@@ -223,16 +241,7 @@ void bench_batch(benchmark::State& st, const std::string& name, const FfnShape& 
     const int N = shape.d_ff;
     T* y = ctx.y.template as<T>();
     // Densities: one untimed call per distinct batch with the counters on.
-    auto* cnt = ctx.counters.template as<prox::SparsityCounters>();
-    PROX_BENCH_CUDA(cudaMemsetAsync(cnt, 0, ctx.counters.bytes(), g.stream));
-    for (int b = 0; b < kBatches; ++b) {
-      typename Sparse<T>::Ffn::BatchOutputs out;
-      out.counters = cnt;
-      PROX_BENCH_PROX(sp.ffns[0].run_batch(ctx.batch(m, b), y, B, sp.ws.get(), sp.ws.bytes(), g.stream, out));
-    }
-    std::vector<prox::SparsityCounters> h(kMaxB + 1);
-    PROX_BENCH_CUDA(cudaMemcpyAsync(h.data(), cnt, ctx.counters.bytes(), cudaMemcpyDeviceToHost, g.stream));
-    PROX_BENCH_CUDA(cudaStreamSynchronize(g.stream));
+    const std::vector<prox::SparsityCounters> h = batch_counters(ctx, sp.ffns[0], sp.ws, B, m);
     prox_bench::check_workspace(sp.ws, "workspace", g.stream);
     double kept = 0.0, sel = 0.0;
     for (int t = 0; t < B; ++t) {
@@ -442,16 +451,7 @@ void bench_fp8_batch(benchmark::State& st, const std::string& name, const FfnSha
     const int K = shape.d_model;
     const int N = shape.d_ff;
     T* y = ctx.y.template as<T>();
-    auto* cnt = ctx.counters.template as<prox::SparsityCounters>();
-    PROX_BENCH_CUDA(cudaMemsetAsync(cnt, 0, ctx.counters.bytes(), g.stream));
-    for (int b = 0; b < kBatches; ++b) {
-      typename Fp8Batch<T, L>::Ffn::BatchOutputs out;
-      out.counters = cnt;
-      PROX_BENCH_PROX(p.ffns[0].run_batch(ctx.batch(m, b), y, B, p.ws.get(), p.ws.bytes(), g.stream, out));
-    }
-    std::vector<prox::SparsityCounters> h(kMaxB + 1);
-    PROX_BENCH_CUDA(cudaMemcpyAsync(h.data(), cnt, ctx.counters.bytes(), cudaMemcpyDeviceToHost, g.stream));
-    PROX_BENCH_CUDA(cudaStreamSynchronize(g.stream));
+    const std::vector<prox::SparsityCounters> h = batch_counters(ctx, p.ffns[0], p.ws, B, m);
     const prox::SparsityCounters& u = B > 1 ? h[B] : h[0];
     const double in_union = static_cast<double>(u.kept_inputs) / (kBatches * static_cast<double>(K));
     const double ch_union = static_cast<double>(u.selected_channels) / (kBatches * static_cast<double>(N));

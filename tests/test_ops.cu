@@ -407,19 +407,7 @@ void down_suite(int K, int N, std::uint64_t seed) {
   DeviceBuffer<T> dy(K);
   for (double density : {0.23, 0.0, 1.0}) {
     const auto sel = random_flags(N, density, seed + 4);
-    std::vector<prox_ref::Bounded> ref(K);
-    std::vector<double> abs_sum(K, 0.0);
-    std::size_t nsel = 0;
-    for (int j = 0; j < N; ++j) {
-      if (!sel[j]) continue;
-      ++nsel;
-      for (int k = 0; k < K; ++k) {
-        const double p = static_cast<double>(s[j]) * L.dwdt[static_cast<std::size_t>(j) * K + k];
-        ref[k].v += p;
-        abs_sum[k] += std::fabs(p);
-      }
-    }
-    for (int k = 0; k < K; ++k) ref[k].err = prox_ref::gamma(nsel) * abs_sum[k];
+    const std::vector<prox_ref::Bounded> ref = prox_ref::down_gemv(s, L.dwdt, K, N, sel);
     DeviceBuffer<std::uint32_t> dmask(flags_to_mask(sel));
     prox::for_each_policy<prox::DownGemvPolicies>([&](auto p, int pi) {
       using P = decltype(p);

@@ -426,6 +426,16 @@ def amdahl(t_dense: float, t_nomlp: float, ffn_speedup: float) -> float:
     return t_dense / (t_nomlp + t_mlp / ffn_speedup)
 
 
+def require_op(sparse, smoke: bool) -> str:
+    """The backend the SparseMLPs run; outside a smoke test anything but the CUDA op raises: Prox timings of the
+    torch reference are never reported."""
+    used = {sp.backend_in_use() for sp in sparse}
+    if not smoke and used != {"op"}:
+        raise RuntimeError(f"prox.bench_decode: the layers would run {sorted(used)}, not the CUDA op: refusing to "
+                           "report Prox timings of the torch reference")
+    return sorted(used)[0]
+
+
 def run_model(args, name: str, dtype_name: str, results: dict, save):
     dtype = DTYPES[dtype_name]
     dev = torch.device(args.device)
@@ -442,11 +452,7 @@ def run_model(args, name: str, dtype_name: str, results: dict, save):
                                 backend="torch" if args.smoke else "op")
         sp.thresholds = thresholds[i]  # one [L, 2] table: switching e is one copy
         sparse.append(sp)
-    used = {sp.backend_in_use() for sp in sparse}
-    if not args.smoke and used != {"op"}:
-        raise RuntimeError(f"prox.bench_decode: the layers would run {sorted(used)}, not the CUDA op: refusing to "
-                           "report Prox timings of the torch reference")
-    results["backend_used"] = sorted(used)[0]
+    results["backend_used"] = require_op(sparse, args.smoke)
     mem = prox.memory_report(nn.ModuleList(sparse))
     log(f"{name} {dtype_name}: model built in {time.time() - t:.1f} s; Prox adds "
         f"{mem['proxies'] / 2**30:.2f} GiB proxies + {mem['w_down_t'] / 2**30:.2f} GiB W_down^T "

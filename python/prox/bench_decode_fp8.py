@@ -38,8 +38,8 @@ import torch.nn.functional as F
 
 import prox
 from prox import fp8
-from prox.bench_decode import (DTYPES, LeanDecoder, Runner, build_model, calibrate_random, log, realized, time_cell,
-                               time_graph)
+from prox.bench_decode import (DTYPES, LeanDecoder, Runner, build_model, calibrate_random, log, realized, require_op,
+                               time_cell, time_graph)
 from prox.nn import SparseMLP
 
 #: M (the token rows) torch._scaled_mm is given: one token padded (cuBLAS's FP8 GEMM wants 16-row multiples).
@@ -181,11 +181,7 @@ def run_model_fp8(args, name: str, dtype_name: str, results: dict, save) -> None
         sparse.append(sp)
     for layer, sp in zip(model.model.layers, sparse):
         layer.mlp = sp  # the prefill runs the FP8 MLPs' dense path (their own forward may need FP8 GEMM kernels)
-    used = {sp.backend_in_use() for sp in sparse}
-    if not args.smoke and used != {"op"}:
-        raise RuntimeError(f"prox.bench_decode: the FP8 layers would run {sorted(used)}, not the CUDA op: refusing "
-                           "to report Prox timings of the torch reference")
-    results["backend_used"] = sorted(used)[0]
+    results["backend_used"] = require_op(sparse, args.smoke)
     key_model = f"{name}-fp8"
     mem = prox.memory_report(nn.ModuleList(sparse))
     log(f"{key_model} ({args.fp8}) {dtype_name}: model built in {time.time() - t:.1f} s; FP8 MLP weights "

@@ -12,7 +12,7 @@ import torch
 
 import prox
 import refs
-from conftest import requires_cuda
+from conftest import Decoder, assert_replays_follow_thresholds, requires_cuda
 from prox import fp8, reference
 
 pytestmark = requires_cuda
@@ -302,21 +302,12 @@ def test_sparsify_fp8_model_on_gpu(tmp_path):
     prox.sparsify(m2, 0.5, thresholds=path)
 
 
-class _Decoder(torch.nn.Module):
-    def __init__(self, mlp):
-        super().__init__()
-        self.mlp = mlp
-
-    def forward(self, h):
-        return h + self.mlp(h * 0.5)
-
-
 @pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_fp8_torch_compile_fullgraph(mode, layout):
     torch._dynamo.reset()
     m = tiny_fp8(layout, "prox", torch.bfloat16, layers=1)
-    mod = _Decoder(prox.SparseMLP.from_mlp(m.model.layers[0].mlp, dtype=torch.bfloat16, tau_x=0.3, tau_s=0.02))
+    mod = Decoder(prox.SparseMLP.from_mlp(m.model.layers[0].mlp, dtype=torch.bfloat16, tau_x=0.3, tau_s=0.02))
     h = torch.randn(1, 1, 256, device="cuda", dtype=torch.bfloat16)
     with torch.no_grad():
         want = mod(h)
@@ -337,14 +328,7 @@ def test_fp8_graph_capture_with_changing_thresholds(tokens):
     x = torch.randn(1, tokens, 256, device="cuda", dtype=torch.float16)
     with torch.no_grad():
         mlp.plan()
-        mlp(x)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            y = mlp(x)
-        for t in [(0.3, 0.02), (0.0, 0.0), (1.0, 0.1)]:
-            mlp.set_thresholds(*t)
-            g.replay()
-            assert torch.equal(y, mlp(x))
+    assert_replays_follow_thresholds(mlp, x)
 
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:

@@ -11,7 +11,7 @@ import torch
 
 import prox
 import refs
-from conftest import requires_cuda
+from conftest import Decoder, assert_replays_follow_thresholds, requires_cuda
 from prox import reference
 
 pytestmark = requires_cuda
@@ -320,16 +320,6 @@ def test_cuda_graph_replay_with_changing_thresholds(dtype, tokens):
     assert torch.equal(out.y, ffn.run(x))
 
 
-class _Decoder(torch.nn.Module):
-    def __init__(self, mlp):
-        super().__init__()
-        self.mlp = mlp
-
-    def forward(self, h):
-        # exact elementwise ops only, so the compiled module computes bit for bit what eager computes
-        return h + self.mlp(h * 0.5)
-
-
 def _sparse_mlp(d_model, d_ff, dtype, act="silu"):
     wg, wu, wd = make_layer(d_model, d_ff, dtype, seed=9)
     lin = lambda w: torch.nn.Linear(w.shape[1], w.shape[0], bias=False, device="cuda", dtype=dtype)  # noqa: E731
@@ -342,7 +332,7 @@ def _sparse_mlp(d_model, d_ff, dtype, act="silu"):
 @pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
 def test_torch_compile_fullgraph(mode):
     torch._dynamo.reset()
-    mod = _Decoder(_sparse_mlp(1024, 2816, torch.bfloat16))
+    mod = Decoder(_sparse_mlp(1024, 2816, torch.bfloat16))
     h = torch.randn(1, 1, 1024, device="cuda", dtype=torch.bfloat16)
     with torch.no_grad():
         want = mod(h)
@@ -359,15 +349,7 @@ def test_torch_compile_fullgraph(mode):
 def test_sparse_mlp_graph_capture():
     mlp = _sparse_mlp(576, 1536, torch.float16)
     x = torch.randn(1, 1, 576, device="cuda", dtype=torch.float16)
-    with torch.no_grad():
-        mlp(x)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            y = mlp(x)
-        for t in [(0.3, 0.02), (0.0, 0.0), (1.0, 0.1)]:
-            mlp.set_thresholds(*t)
-            g.replay()
-            assert torch.equal(y, mlp(x))
+    assert_replays_follow_thresholds(mlp, x)
 
 
 def test_opcheck():
@@ -490,7 +472,7 @@ def test_batch_plans_made_at_construction():
 @pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
 def test_torch_compile_fullgraph_batch(mode):
     torch._dynamo.reset()
-    mod = _Decoder(_sparse_mlp(1024, 2816, torch.bfloat16))
+    mod = Decoder(_sparse_mlp(1024, 2816, torch.bfloat16))
     h = torch.randn(1, 4, 1024, device="cuda", dtype=torch.bfloat16)  # 4 tokens: one batched call
     with torch.no_grad():
         want = mod(h)

@@ -290,6 +290,29 @@ inline Stage2Result stage2(const std::vector<double>& x, const std::vector<doubl
   return r;
 }
 
+/**
+ * @brief The down GEMV alone on given s: y = sum over selected j of s_j W_down^T[j,:] in float64, each y_k
+ * bounded by an fp32 sum of its products (gamma(nsel + extra) |s_j w|): `extra` counts a format's own
+ * roundings (1 for FP8's scale multiply after the sum). wdt [N][K] (W_down^T).
+ */
+inline std::vector<Bounded> down_gemv(const std::vector<float>& s, const std::vector<double>& wdt, int K, int N,
+                                      const std::vector<std::uint8_t>& sel, int extra = 0) {
+  std::vector<Bounded> y(K);
+  std::vector<double> abs_sum(K, 0.0);
+  std::size_t nsel = 0;
+  for (int j = 0; j < N; ++j) {
+    if (!sel[j]) continue;
+    ++nsel;
+    for (int k = 0; k < K; ++k) {
+      const double p = static_cast<double>(s[j]) * wdt[static_cast<std::size_t>(j) * K + k];
+      y[k].v += p;
+      abs_sum[k] += std::fabs(p);
+    }
+  }
+  for (int k = 0; k < K; ++k) y[k].err = gamma(nsel + static_cast<std::size_t>(extra)) * abs_sum[k];
+  return y;
+}
+
 // ---------------------------------------------------------------- oracle-s
 /**
  * @brief The oracle-s channel set: the `keep` channels with the largest |s| (exact s), ties to the

@@ -141,20 +141,10 @@ struct TileReducer {
       }
       int base = 0;  // index of v[0] in the thread's original values
       constexpr int kSteps = log2_pow2(kGroupsPerWarp);
-      if constexpr (kSteps == 1) {
-        // One induction variable, so that the loop unrolls and every index of v is a constant (with
-        // `half` and `off` stepped side by side it did not, and v went to the stack).
-#pragma unroll
-        for (int step = 0; step < kSteps; ++step) {
-          const int half = kVals >> (step + 1);
-          if (warp_halve(v, half, (kWarpSize / 2) >> step)) base += half;
-        }
-      } else {
-        // Two or more steps (FP8's 16 columns a thread in 128- and 64-column tiles: 4 and 8 row groups a
-        // warp): the loop above stayed rolled there and put v on the stack (64 bytes a thread, sm_90a), so
-        // the steps are unrolled by compile-time recursion, as warp_halvings does.
-        halve_steps<0, kSteps>(v, base);
-      }
+      // The steps unrolled by compile-time recursion, each with a constant half and lane bit, so every index
+      // of v is a constant: a plain loop stayed rolled at 2+ steps (FP8's 16 columns a thread in 128- and
+      // 64-column tiles: 4 and 8 row groups a warp) and put v on the stack (64 bytes a thread, sm_90a).
+      halve_steps<0, kSteps>(v, base);
       const int slot = lane % kTn;
 #pragma unroll
       for (int j = 0; j < kVals / kGroupsPerWarp; ++j) {
