@@ -18,6 +18,7 @@
 #include "fp8_weights.cuh"
 #include "glu_down_gemv.cuh"
 #include "glu_gemv.cuh"
+#include "glu_mma.cuh"
 #include "proxy_gemv.cuh"
 
 PROX_NAMESPACE_BEGIN
@@ -51,7 +52,7 @@ struct DownGemvPoliciesFor<Fp8BlockWeights> {
 //! 2-6 % faster than the 256-thread ones on 14B and 32B.
 using Fp8ChannelGluDownGemvPolicies =
     PolicyList<GluDownGemvPolicy<320, 64, 2, 256, 1024, 2, 2>, GluDownGemvPolicy<256, 64, 4, 256, 1024, 4, 2>,
-               GluDownGemvPolicy<256, 64, 2, 256, 1024, 2, 3>>;
+               GluDownGemvPolicy<256, 64, 2, 256, 1024, 2, 3>, GluDownGemvMmaPolicy<320, 160, 256, 1024, 2, 2>>;
 template <>
 struct GluDownGemvPoliciesFor<Fp8ChannelWeights> {
   using type = Fp8ChannelGluDownGemvPolicies;
@@ -62,7 +63,7 @@ struct GluDownGemvPoliciesFor<Fp8ChannelWeights> {
 //! it made the FFN 3-8 % faster than the 256-thread ones on every Qwen3 shape at e = 40-70 %.
 using Fp8BlockGluDownGemvPolicies =
     PolicyList<GluDownGemvPolicy<320, 64, 2, 128, 1024, 2, 2>, GluDownGemvPolicy<256, 64, 4, 128, 1024, 4, 2>,
-               GluDownGemvPolicy<256, 64, 4, 128, 1024, 2, 2>>;
+               GluDownGemvPolicy<256, 64, 4, 128, 1024, 2, 2>, GluDownGemvMmaPolicy<256, 128, 128, 1024, 2, 2>>;
 //! FP8 fused Stage 2: the candidate with the fewest GLU steps per row of d_model inputs, ties to the lower
 //! index (the native rule counts load slots, so it would take a 256-thread candidate on d_model 4096, where
 //! the 320-thread one was as fast per channel and 3.5 % faster with block scales: fp8_policies' lists above).

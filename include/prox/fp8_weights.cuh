@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "core/config.hpp"
 #include "core/math.hpp"
@@ -119,6 +120,19 @@ struct Fp8Weights {
       return sum;
     } else {
       return sum * __ldg(m.scales + col);
+    }
+  }
+  //! Two codes (bits [0, 16): element 0 low) as a pair of T for the tensor cores (glu_mma.cuh), low half element
+  //! 0, exactly: e4m3 -> f16x2 (one instruction on sm_89+), and for bf16 on through fp32 (e4m3 values are bf16
+  //! values).
+  template <class T>
+  PROX_DEVICE static PROX_FORCEINLINE std::uint32_t mma_pair(std::uint32_t codes) {
+    const __half2 h = fp8::e4m3x2_to_half2(codes);
+    if constexpr (std::is_same_v<T, __half>) {
+      return pair_bits(h);
+    } else {
+      const float2 f = __half22float2(h);
+      return pair_bits(__floats2bfloat162_rn(f.x, f.y));
     }
   }
 #endif

@@ -1,0 +1,249 @@
+// SPDX-License-Identifier: Apache-2.0
+//! @file glu_mma.cuh  The batch-1 GLU rows on the tensor cores, for a Stage-2 format of 16 one-byte weights a
+//! 16-byte piece (the FP8 formats): the GLU part of a fused Stage 2 (glu_down_gemv.cuh) with a GluMmaPolicy.
+//!
+//! Why: on the CUDA cores an FP8 weight costs a conversion to fp32 (half an e4m3x2 -> f16x2 conversion and one
+//! f16 -> f32) and a multiply-add, plus the loop's share of addressing and predicates: about 5.3 instructions a
+//! weight in the fused FP8 Stage 2's GLU loop (sm_90a SASS), twice the native kernels' instructions a byte, and
+//! the kernel issued on 57 % of cycles while DRAM ran at 57 % (ncu, H200, Qwen3-8B dense FP8). Here a warp
+//! multiplies 16 channels' gate and up rows with x by m16n8k16 (x in column 0 of B, the other 7 columns zero):
+//! the weights are converted to the activation type (exact: e4m3 values are fp16 and bf16 values), and the
+//! multiply-adds go to the tensor cores.
+//!
+//! Work split: the block takes its rank range of the selected channels in rounds of kRows; a round's 16-channel
+//! groups go to the warps, and warps left over split d_model between them (as batched_glu_mma_kernel). A warp
+//! step covers 64 inputs: lane (g, t) = (lane / 4, lane % 4) loads inputs 16t .. 16t+15 of the step from rows g
+//! and g + 8 of its group, of both matrices, and lanes g = 0 load the same inputs of x. Since a dot product's k
+//! order is free, word i of a lane's 16 codes gives m16n8k16 number i: its low pair is the fragment's k = 2t,
+//! 2t+1, its high pair k = 2t+8, 2t+9, and the same words of x are B's. Block scales: a 64-input step lies in one
+//! 128-column block, so the step's sums are scaled per row (the fragment's rows g and g + 8) before they are
+//! added. Every addition has a fixed order: the result is the same from run to run.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+#include <type_traits>
+
+#include "core/config.hpp"
+#include "core/math.hpp"
+#include "core/vec.cuh"
+#include "core/warp.cuh"
+#include "detail/mma.cuh"
+#include "detail/rank_range.cuh"
+#include "glu_down_gemv.cuh"
+#include "glu_gemv.cuh"
+
+PROX_NAMESPACE_BEGIN
+
+/**
+ * @brief A batch-1 GLU part on the tensor cores (detail::GluRowsMma).
+ * @tparam Threads threads per block; @tparam Rows channels a block holds at a time (16 a warp at most);
+ * @tparam Unroll 64-input steps a warp has in flight per buffer; @tparam MinBlocks resident blocks per SM
+ */
+template <int Threads, int Rows, int Unroll, int MinBlocks>
+struct GluMmaPolicy {
+  static constexpr int kThreads = Threads;
+  static constexpr int kRows = Rows;
+  static constexpr int kUnroll = Unroll;
+  static constexpr int kMinBlocks = MinBlocks;
+  static_assert(Threads % 32 == 0 && Rows % 16 == 0 && Threads / 32 >= Rows / 16, "policy shape");
+  static std::string name() {
+    return "glu_mma_t" + std::to_string(Threads) + "_c" + std::to_string(Rows) + "_u" + std::to_string(Unroll) +
+           "_m" + std::to_string(MinBlocks);
+  }
+};
+
+/**
+ * @brief Policy of a fused Stage 2 whose GLU part runs on the tensor cores (GluMmaPolicy) and whose down part is
+ * GluDownGemvPolicy's: the same fields, for glu_down_gemv_kernel.
+ */
+template <int Threads, int GluRows, int Tile, int Rows, int Unroll, int MinBlocks>
+struct GluDownGemvMmaPolicy {
+  static constexpr int kThreads = Threads;
+  static constexpr int kTile = Tile;
+  static constexpr int kRows = Rows;
+  static constexpr int kUnroll = Unroll;
+  static constexpr int kMinBlocks = MinBlocks;
+  using Glu = GluMmaPolicy<Threads, GluRows, 1, MinBlocks>;  // one step a buffer: 24 registers of loads
+  static_assert(Tile % 8 == 0 && Rows % 32 == 0, "policy shape");
+  static std::string name() {
+    return "glud_mma_t" + std::to_string(Threads) + "_c" + std::to_string(GluRows) + "_d" + std::to_string(Tile) +
+           "_r" + std::to_string(Rows) + "_u" + std::to_string(Unroll) + "_m" + std::to_string(MinBlocks);
+  }
+};
+
+namespace detail {
+
+/**
+ * @brief GluRows' contract (run(), Storage, steps_per_row, row_slots) on the tensor cores, one token. Fmt holds
+ * 16 one-byte codes a 16-byte piece and converts a pair of them to a pair of T exactly (Fmt::mma_pair<T>).
+ */
+template <int kThreads_, int kRows_, int kUnroll, class T, class Fmt>
+struct GluRowsMma {
+  static constexpr int kThreads = kThreads_;
+  static constexpr int kRows = kRows_;
+  static constexpr int kWarps = kThreads / kWarpSize;
+  static constexpr int kU = kUnroll;
+  static constexpr int kStep = 64;  // inputs a warp step covers: 4 lanes t x 16
+  static_assert(Fmt::kElemsPerVec == 16 && sizeof(typename Fmt::Element) == 1, "16 one-byte codes a piece");
+  static_assert(kWarps >= kRows / 16 && kRows % 16 == 0, "a 16-channel group a warp");
+
+  struct Storage {
+    int ch[kRows];
+    float part[kWarps][2][kRows];  // [d_model slice][gate, up][row]
+  };
+  //! Warp steps over one row of d_model inputs (the row split over no warps).
+  PROX_HOST_DEVICE static constexpr int steps_per_row(int d_model) { return ceil_div(d_model, kStep); }
+  //! Load slots of one row: its steps x the 4 lanes t that load a piece of it.
+  PROX_HOST_DEVICE static constexpr long row_slots(int d_model) { return static_cast<long>(steps_per_row(d_model)) * 4; }
+
+  template <class Store>
+  PROX_DEVICE static PROX_FORCEINLINE void run(const T* x, int d_model, int d_ff, const typename Fmt::Matrix& gate,
+                                               const typename Fmt::Matrix& up, const std::uint32_t* mask, int,
+                                               const GluRange& range, Storage& st, Store&& store) {
+    const int tid = static_cast<int>(threadIdx.x);
+    const int lane = lane_id();
+    const int warp = warp_id();
+    const int g = lane >> 2;
+    const int t = lane & 3;
+    const int n_words = d_ff / kWarpSize;
+    const int ksteps = steps_per_row(d_model);
+    const std::size_t ld = static_cast<std::size_t>(d_model);
+    const auto* wg = Fmt::data(gate);
+    const auto* wu = Fmt::data(up);
+    const bool x_lane = g == 0;  // column 0 of B: token 0; the other columns are zero
+#pragma unroll 1
+    for (int sub = range.lo; sub < range.hi; sub += kRows) {  // block-uniform rounds of at most kRows rows
+      const int count = min(kRows, range.hi - sub);
+      gather_rank_range<kThreads>(mask, n_words, range.offset, sub, sub + count, st.ch);
+      __syncthreads();
+      const int groups = (count + 15) / 16;
+      const int split = kWarps / groups;  // warps a group's row is split over
+      const int cg = warp % groups;
+      const int kh = warp / groups;
+      if (kh < split) {
+        const int ra = cg * 16 + g;
+        const int rb = ra + 8;
+        const bool ok_a = ra < count;
+        const bool ok_b = rb < count;
+        const int ja = st.ch[ok_a ? ra : 0];
+        const int jb = st.ch[ok_b ? rb : 0];
+        const std::size_t off_a = static_cast<std::size_t>(ja) * ld + 16 * t;
+        const std::size_t off_b = static_cast<std::size_t>(jb) * ld + 16 * t;
+        const int per = (ksteps + split - 1) / split;
+        const int s0 = kh * per;
+        const int s1 = min(ksteps, s0 + per);
+        float c[2][4];  // [gate, up]: (row a, col 2t), (row a, 2t + 1), (row b, 2t), (row b, 2t + 1)
+#pragma unroll
+        for (int m = 0; m < 2; ++m) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) c[m][e] = 0.0f;
+        }
+        struct Plain {
+          uint4 w[kU][4];  // [step][gate row a, gate row b, up row a, up row b]
+          uint4 x[kU][2];  // 16 inputs of x (lanes g = 0)
+        };
+        struct Scaled : Plain {
+          float sc[kU][4];  // the step's block scales, as w
+        };
+        using Step = std::conditional_t<Fmt::kPieceScales, Scaled, Plain>;
+        const auto load_step = [&](int it, Step& d) {
+#pragma unroll
+          for (int u = 0; u < kU; ++u) {
+            const int s = s0 + it * kU + u;
+            const int k = s * kStep + 16 * t;
+            const bool in = s < s1 && k < d_model;
+            d.w[u][0] = ld_stream_16(wg + off_a + s * kStep, in && ok_a);
+            d.w[u][1] = ld_stream_16(wg + off_b + s * kStep, in && ok_b);
+            d.w[u][2] = ld_stream_16(wu + off_a + s * kStep, in && ok_a);
+            d.w[u][3] = ld_stream_16(wu + off_b + s * kStep, in && ok_b);
+            d.x[u][0] = ld_cached_16(x + k, in && x_lane);
+            d.x[u][1] = ld_cached_16(x + k + 8, in && x_lane);
+            if constexpr (Fmt::kPieceScales) {
+              const int q = k / 16;  // the piece; its scale is its 128-column block's
+              d.sc[u][0] = in && ok_a ? Fmt::piece_scale(gate, ja, q, d_model) : 0.0f;
+              d.sc[u][1] = in && ok_b ? Fmt::piece_scale(gate, jb, q, d_model) : 0.0f;
+              d.sc[u][2] = in && ok_a ? Fmt::piece_scale(up, ja, q, d_model) : 0.0f;
+              d.sc[u][3] = in && ok_b ? Fmt::piece_scale(up, jb, q, d_model) : 0.0f;
+            }
+          }
+        };
+        const auto word = [](const uint4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; };
+        const auto compute_step = [&](const Step& d) {
+#pragma unroll
+          for (int u = 0; u < kU; ++u) {
+#pragma unroll
+            for (int m = 0; m < 2; ++m) {
+              const uint4& wa = d.w[u][2 * m];
+              const uint4& wb = d.w[u][2 * m + 1];
+              const auto four = [&](float(&acc)[4]) {
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                  const std::uint32_t qa = word(wa, i);
+                  const std::uint32_t qb = word(wb, i);
+                  const std::uint32_t xlo = i < 2 ? word(d.x[u][0], 2 * i) : word(d.x[u][1], 2 * i - 4);
+                  const std::uint32_t xhi = i < 2 ? word(d.x[u][0], 2 * i + 1) : word(d.x[u][1], 2 * i - 3);
+                  mma_16816_bits<T>(acc, Fmt::template mma_pair<T>(qa), Fmt::template mma_pair<T>(qb),
+                                    Fmt::template mma_pair<T>(qa >> 16), Fmt::template mma_pair<T>(qb >> 16), xlo,
+                                    xhi);
+                }
+              };
+              if constexpr (!Fmt::kPieceScales) {
+                four(c[m]);
+              } else {
+                float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                four(p);
+                c[m][0] = fmaf(p[0], d.sc[u][2 * m], c[m][0]);
+                c[m][1] = fmaf(p[1], d.sc[u][2 * m], c[m][1]);
+                c[m][2] = fmaf(p[2], d.sc[u][2 * m + 1], c[m][2]);
+                c[m][3] = fmaf(p[3], d.sc[u][2 * m + 1], c[m][3]);
+              }
+            }
+          }
+        };
+        const int steps = (s1 - s0 + kU - 1) / kU;
+        Step b0;
+        Step b1;
+        if (steps > 0) load_step(0, b0);
+#pragma unroll 1
+        for (int it = 0; it < steps; it += 2) {
+          if (it + 1 < steps) load_step(it + 1, b1);
+          compute_step(b0);
+          if (it + 2 < steps) load_step(it + 2, b0);
+          if (it + 1 < steps) compute_step(b1);
+        }
+        if (t == 0) {  // column 0: token 0
+#pragma unroll
+          for (int m = 0; m < 2; ++m) {
+            if (ok_a) st.part[kh][m][ra] = c[m][0];
+            if (ok_b) st.part[kh][m][rb] = c[m][2];
+          }
+        }
+      }
+      __syncthreads();
+      for (int r = tid; r < count; r += kThreads) {
+        float gs = 0.0f;
+        float us = 0.0f;
+        for (int w = 0; w < split; ++w) {  // in slice order: deterministic
+          gs += st.part[w][0][r];
+          us += st.part[w][1][r];
+        }
+        const int j = st.ch[r];
+        store(0, j, Fmt::glu_out(gate, j, gs), Fmt::glu_out(up, j, us));
+      }
+      __syncthreads();  // st is reused by the next round
+    }
+  }
+};
+
+//! The GLU rows of a GluMmaPolicy.
+template <int Threads, int Rows, int Unroll, int MinBlocks, class T, class Fmt>
+struct GluRowsFor<GluMmaPolicy<Threads, Rows, Unroll, MinBlocks>, T, Fmt> {
+  using type = GluRowsMma<Threads, Rows, Unroll, T, Fmt>;
+};
+
+}  // namespace detail
+
+PROX_NAMESPACE_END
