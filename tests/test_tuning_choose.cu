@@ -244,3 +244,32 @@ TEST_CASE("FP8 fused Stage 2: the default is the candidate with the fewest GLU s
   CHECK(pick(NatOp{}, 4096) == 0);
   CHECK(pick(NatOp{}, 5120) == 1);
 }
+
+TEST_CASE("FP8 batched GLU: the default is the tensor-core candidate at every capacity", "[tuning][fp8]") {
+  prox::DeviceInfo d{};
+  d.sm_count = 132;
+  const auto pick = [&](auto op, int K) {
+    typename decltype(op)::Args a{};
+    a.d_model = K;
+    a.d_ff = 12288;
+    return prox::default_policy(op, d, a);
+  };
+  const auto tensor_cores = [](auto op, int i) {
+    bool tc = false;
+    prox::for_each_policy<typename decltype(op)::Policies>([&](auto p, int j) {
+      if (j == i) tc = prox::detail::IsTensorCoreRows<decltype(p)>::value;
+    });
+    return tc;
+  };
+  using Ch2 = prox::BatchedGluGemvOp<__nv_bfloat16, prox::SiLU, 2, prox::Fp8ChannelWeights>;
+  using Bl4 = prox::BatchedGluGemvOp<__half, prox::SiLU, 4, prox::Fp8BlockWeights>;
+  using Ch8 = prox::BatchedGluGemvOp<__half, prox::GeluTanh, 8, prox::Fp8ChannelWeights>;
+  for (int K : {16, 2048, 4096, 5120}) {
+    CHECK(tensor_cores(Ch2{}, pick(Ch2{}, K)));
+    CHECK(tensor_cores(Bl4{}, pick(Bl4{}, K)));
+    CHECK(tensor_cores(Ch8{}, pick(Ch8{}, K)));
+  }
+  CHECK_FALSE(tensor_cores(Ch2{}, 0));  // the CUDA-core candidate stays in the list, first
+  // The native batched GLU keeps its rule (no tensor-core rows of this kind in its list).
+  CHECK(pick(prox::BatchedGluGemvOp<__half, prox::SiLU, 4>{}, 4096) == 0);
+}

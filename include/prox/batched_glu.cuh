@@ -122,7 +122,11 @@ struct BatchedGluPoliciesFor {
 namespace detail {
 //! The CUDA-core GLU rows of a BatchedGluPolicy (glu_gemv.cuh's block with the policy's token capacity).
 template <class P, class T, class Fmt>
-using BatchedGluRowsOf = GluRows<P::kThreads, P::kRows, P::kRowBatch, 1, P::kTokens, T, Fmt>;
+struct BatchedGluRowsFor {
+  using type = GluRows<P::kThreads, P::kRows, P::kRowBatch, 1, P::kTokens, T, Fmt>;
+};
+template <class P, class T, class Fmt>
+using BatchedGluRowsOf = typename BatchedGluRowsFor<P, T, Fmt>::type;
 
 //! s[b][j] = u act(g) where token b selected channel j, +0 where it did not (the batched GLU's epilogue).
 template <class Args, class Act>

@@ -52,7 +52,7 @@ struct DownGemvPoliciesFor<Fp8BlockWeights> {
 //! 2-6 % faster than the 256-thread ones on 14B and 32B.
 using Fp8ChannelGluDownGemvPolicies =
     PolicyList<GluDownGemvPolicy<320, 64, 2, 256, 1024, 2, 2>, GluDownGemvPolicy<256, 64, 4, 256, 1024, 4, 2>,
-               GluDownGemvPolicy<256, 64, 2, 256, 1024, 2, 3>, GluDownGemvMmaPolicy<320, 160, 256, 1024, 2, 2>>;
+               GluDownGemvPolicy<256, 64, 2, 256, 1024, 2, 3>>;
 template <>
 struct GluDownGemvPoliciesFor<Fp8ChannelWeights> {
   using type = Fp8ChannelGluDownGemvPolicies;
@@ -63,7 +63,7 @@ struct GluDownGemvPoliciesFor<Fp8ChannelWeights> {
 //! it made the FFN 3-8 % faster than the 256-thread ones on every Qwen3 shape at e = 40-70 %.
 using Fp8BlockGluDownGemvPolicies =
     PolicyList<GluDownGemvPolicy<320, 64, 2, 128, 1024, 2, 2>, GluDownGemvPolicy<256, 64, 4, 128, 1024, 4, 2>,
-               GluDownGemvPolicy<256, 64, 4, 128, 1024, 2, 2>, GluDownGemvMmaPolicy<256, 128, 128, 1024, 2, 2>>;
+               GluDownGemvPolicy<256, 64, 4, 128, 1024, 2, 2>>;
 //! FP8 fused Stage 2: the candidate with the fewest GLU steps per row of d_model inputs, ties to the lower
 //! index (the native rule counts load slots, so it would take a 256-thread candidate on d_model 4096, where
 //! the 320-thread one was as fast per channel and 3.5 % faster with block scales: fp8_policies' lists above).
@@ -94,8 +94,18 @@ struct ProxyGemvPoliciesFor<Fp8ProxyWeights> {
 //! Batched GLU GEMV: the native CUDA-core shapes at one block per SM (capacity 8 too: no tensor cores).
 template <int Tokens, fp8::ScaleLayout L>
 struct BatchedGluPoliciesFor<Tokens, Fp8Weights<L>> {
-  using type = PolicyList<BatchedGluPolicy<Tokens, 256, 64, 1>>;
+  using type = PolicyList<BatchedGluPolicy<Tokens, 256, 64, 1>, BatchedGluMmaPolicy<Tokens, 256, Tokens == 8 ? 64 : 128, 2>>;
 };
+//! FP8 batched GLU: the tensor-core candidate (BatchedGluMmaPolicy, glu_mma.cuh).
+template <class T, class Act, int B, fp8::ScaleLayout L>
+int default_policy(BatchedGluGemvOp<T, Act, B, Fp8Weights<L>>, const DeviceInfo&,
+                   const BatchedGluGemvArgs<T, Fp8Weights<L>>&) noexcept {
+  int found = 0;
+  for_each_policy<typename BatchedGluGemvOp<T, Act, B, Fp8Weights<L>>::Policies>([&](auto p, int i) {
+    if (found == 0 && detail::IsTensorCoreRows<decltype(p)>::value) found = i;
+  });
+  return found;
+}
 //! Batched down GEMV: 128-column tiles (one column block) at one block per SM: at 2 blocks (128 registers) the
 //! native candidates spilled with FP8's 16 outputs per thread and token (sm_90a, before TileReducer's halving
 //! was unrolled at 2+ steps: 128-336 bytes of stack at capacities 2 and 4); the native chunks, and 2 rows in

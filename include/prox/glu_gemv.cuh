@@ -425,14 +425,9 @@ struct GluRows {
   }
 };
 
-//! The GLU rows of a batch-1 GLU policy P (one token): GluRows for a GluGemvPolicy; a policy of another kind
-//! (glu_mma.cuh's GluMmaPolicy) specializes GluRowsFor.
+//! The GLU rows of a GluGemvPolicy P (one token).
 template <class P, class T, class Fmt>
-struct GluRowsFor {
-  using type = GluRows<P::kThreads, P::kRows, P::kBatch, P::kUnroll, 1, T, Fmt>;
-};
-template <class P, class T, class Fmt>
-using GluRowsOf = typename GluRowsFor<P, T, Fmt>::type;
+using GluRowsOf = GluRows<P::kThreads, P::kRows, P::kBatch, P::kUnroll, 1, T, Fmt>;
 
 /**
  * @brief The rules every GLU GEMV shares (GluGemvOp, BatchedGluGemvOp; the fused Stage 2s build on them):

@@ -1,23 +1,26 @@
 // SPDX-License-Identifier: Apache-2.0
-//! @file glu_mma.cuh  The batch-1 GLU rows on the tensor cores, for a Stage-2 format of 16 one-byte weights a
-//! 16-byte piece (the FP8 formats): the GLU part of a fused Stage 2 (glu_down_gemv.cuh) with a GluMmaPolicy.
+//! @file glu_mma.cuh  The batched GLU rows on the tensor cores for a Stage-2 format of 16 one-byte weights a
+//! 16-byte piece (the FP8 formats): BatchedGluMmaPolicy, run by batched_glu_gemv_kernel (batched_glu.cuh).
 //!
 //! Why: on the CUDA cores an FP8 weight costs a conversion to fp32 (half an e4m3x2 -> f16x2 conversion and one
-//! f16 -> f32) and a multiply-add, plus the loop's share of addressing and predicates: about 5.3 instructions a
-//! weight in the fused FP8 Stage 2's GLU loop (sm_90a SASS), twice the native kernels' instructions a byte, and
-//! the kernel issued on 57 % of cycles while DRAM ran at 57 % (ncu, H200, Qwen3-8B dense FP8). Here a warp
-//! multiplies 16 channels' gate and up rows with x by m16n8k16 (x in column 0 of B, the other 7 columns zero):
-//! the weights are converted to the activation type (exact: e4m3 values are fp16 and bf16 values), and the
-//! multiply-adds go to the tensor cores.
+//! f16 -> f32) and one multiply-add per token; at B = 4 that is about 9.5 instructions a weight, and the batched
+//! FP8 GLU ran at 31 % of DRAM bandwidth (ncu, H200, Qwen3-8B, e = 70 %). Here a warp multiplies 16 channels'
+//! gate and up rows with the tokens' x by m16n8k16 (token b in column b of B, the other columns zero): the
+//! weights are converted to the activation type (exact: e4m3 values are fp16 and bf16 values), and the
+//! multiply-adds of every token go to the tensor cores.
 //!
-//! Work split: the block takes its rank range of the selected channels in rounds of kRows; a round's 16-channel
+//! Work split: the block takes its rank range of the union's channels in rounds of kRows; a round's 16-channel
 //! groups go to the warps, and warps left over split d_model between them (as batched_glu_mma_kernel). A warp
 //! step covers 64 inputs: lane (g, t) = (lane / 4, lane % 4) loads inputs 16t .. 16t+15 of the step from rows g
-//! and g + 8 of its group, of both matrices, and lanes g = 0 load the same inputs of x. Since a dot product's k
-//! order is free, word i of a lane's 16 codes gives m16n8k16 number i: its low pair is the fragment's k = 2t,
-//! 2t+1, its high pair k = 2t+8, 2t+9, and the same words of x are B's. Block scales: a 64-input step lies in one
-//! 128-column block, so the step's sums are scaled per row (the fragment's rows g and g + 8) before they are
-//! added. Every addition has a fixed order: the result is the same from run to run.
+//! and g + 8 of its group, of both matrices, and lanes g < tokens load the same inputs of token g's x. Since a
+//! dot product's k order is free, word i of a lane's 16 codes gives m16n8k16 number i: its low pair is the
+//! fragment's k = 2t, 2t+1, its high pair k = 2t+8, 2t+9, and the same words of x are B's. Block scales: a
+//! 64-input step lies in one 128-column block, so the step's sums are scaled per row (the fragment's rows g and
+//! g + 8) before they are added. Every addition has a fixed order: the result is the same from run to run.
+//!
+//! At batch 1 the same rows, as the GLU part of the fused FP8 Stage 2, were slower than the CUDA cores (dense FP8
+//! 8B 61.2 against 53.6 us, H200; docs/history.md): with a third fewer instructions the kernel waited on its
+//! loads (ncu long-scoreboard stalls 6.4 against 2.0 an instruction), and a second step in flight spilled.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -26,61 +29,47 @@
 #include <string>
 #include <type_traits>
 
+#include "batched_glu.cuh"
 #include "core/config.hpp"
 #include "core/math.hpp"
+#include "core/policy.hpp"
 #include "core/vec.cuh"
 #include "core/warp.cuh"
 #include "detail/mma.cuh"
 #include "detail/rank_range.cuh"
-#include "glu_down_gemv.cuh"
 #include "glu_gemv.cuh"
 
 PROX_NAMESPACE_BEGIN
 
 /**
- * @brief A batch-1 GLU part on the tensor cores (detail::GluRowsMma).
- * @tparam Threads threads per block; @tparam Rows channels a block holds at a time (16 a warp at most);
- * @tparam Unroll 64-input steps a warp has in flight per buffer; @tparam MinBlocks resident blocks per SM
+ * @brief A batched GLU GEMV policy (BatchedGluGemvOp) whose rows run on the tensor cores as GluRowsMma, for a
+ * format of one-byte codes (the FP8 formats): the tokens are B's columns (lanes g < tokens load x of token g).
+ * kMma is false: batched_glu_mma_kernel is the native weights' kernel; this one runs in batched_glu_gemv_kernel.
  */
-template <int Threads, int Rows, int Unroll, int MinBlocks>
-struct GluMmaPolicy {
+template <int Tokens, int Threads, int Rows, int MinBlocks>
+struct BatchedGluMmaPolicy {
+  static constexpr int kTokens = Tokens;
   static constexpr int kThreads = Threads;
   static constexpr int kRows = Rows;
-  static constexpr int kUnroll = Unroll;
+  static constexpr int kRowBatch = 1;  // unused (the CUDA-core rows' batch)
   static constexpr int kMinBlocks = MinBlocks;
-  static_assert(Threads % 32 == 0 && Rows % 16 == 0 && Threads / 32 >= Rows / 16, "policy shape");
+  static constexpr bool kMma = false;
+  static_assert(Tokens >= 2 && Tokens <= 8, "token capacity");
+  static_assert(Rows % 16 == 0 && Threads / 32 >= Rows / 16, "policy shape");
   static std::string name() {
-    return "glu_mma_t" + std::to_string(Threads) + "_c" + std::to_string(Rows) + "_u" + std::to_string(Unroll) +
+    return "bglu_tc_b" + std::to_string(Tokens) + "_t" + std::to_string(Threads) + "_c" + std::to_string(Rows) +
            "_m" + std::to_string(MinBlocks);
-  }
-};
-
-/**
- * @brief Policy of a fused Stage 2 whose GLU part runs on the tensor cores (GluMmaPolicy) and whose down part is
- * GluDownGemvPolicy's: the same fields, for glu_down_gemv_kernel.
- */
-template <int Threads, int GluRows, int Tile, int Rows, int Unroll, int MinBlocks>
-struct GluDownGemvMmaPolicy {
-  static constexpr int kThreads = Threads;
-  static constexpr int kTile = Tile;
-  static constexpr int kRows = Rows;
-  static constexpr int kUnroll = Unroll;
-  static constexpr int kMinBlocks = MinBlocks;
-  using Glu = GluMmaPolicy<Threads, GluRows, 1, MinBlocks>;  // one step a buffer: 24 registers of loads
-  static_assert(Tile % 8 == 0 && Rows % 32 == 0, "policy shape");
-  static std::string name() {
-    return "glud_mma_t" + std::to_string(Threads) + "_c" + std::to_string(GluRows) + "_d" + std::to_string(Tile) +
-           "_r" + std::to_string(Rows) + "_u" + std::to_string(Unroll) + "_m" + std::to_string(MinBlocks);
   }
 };
 
 namespace detail {
 
 /**
- * @brief GluRows' contract (run(), Storage, steps_per_row, row_slots) on the tensor cores, one token. Fmt holds
- * 16 one-byte codes a 16-byte piece and converts a pair of them to a pair of T exactly (Fmt::mma_pair<T>).
+ * @brief GluRows' contract (run(), Storage, steps_per_row, row_slots) on the tensor cores, for kTokens <= 8
+ * tokens. Fmt holds 16 one-byte codes a 16-byte piece and converts a pair of them to a pair of T exactly
+ * (Fmt::mma_pair<T>).
  */
-template <int kThreads_, int kRows_, int kUnroll, class T, class Fmt>
+template <int kThreads_, int kRows_, int kUnroll, int kTokens, class T, class Fmt>
 struct GluRowsMma {
   static constexpr int kThreads = kThreads_;
   static constexpr int kRows = kRows_;
@@ -89,10 +78,11 @@ struct GluRowsMma {
   static constexpr int kStep = 64;  // inputs a warp step covers: 4 lanes t x 16
   static_assert(Fmt::kElemsPerVec == 16 && sizeof(typename Fmt::Element) == 1, "16 one-byte codes a piece");
   static_assert(kWarps >= kRows / 16 && kRows % 16 == 0, "a 16-channel group a warp");
+  static_assert(kTokens >= 1 && kTokens <= 8, "the mma's n is 8 tokens");
 
   struct Storage {
     int ch[kRows];
-    float part[kWarps][2][kRows];  // [d_model slice][gate, up][row]
+    float part[kWarps][2][kTokens][kRows];  // [d_model slice][gate, up][token][row]
   };
   //! Warp steps over one row of d_model inputs (the row split over no warps).
   PROX_HOST_DEVICE static constexpr int steps_per_row(int d_model) { return ceil_div(d_model, kStep); }
@@ -101,8 +91,8 @@ struct GluRowsMma {
 
   template <class Store>
   PROX_DEVICE static PROX_FORCEINLINE void run(const T* x, int d_model, int d_ff, const typename Fmt::Matrix& gate,
-                                               const typename Fmt::Matrix& up, const std::uint32_t* mask, int,
-                                               const GluRange& range, Storage& st, Store&& store) {
+                                               const typename Fmt::Matrix& up, const std::uint32_t* mask,
+                                               int tokens_in, const GluRange& range, Storage& st, Store&& store) {
     const int tid = static_cast<int>(threadIdx.x);
     const int lane = lane_id();
     const int warp = warp_id();
@@ -113,7 +103,9 @@ struct GluRowsMma {
     const std::size_t ld = static_cast<std::size_t>(d_model);
     const auto* wg = Fmt::data(gate);
     const auto* wu = Fmt::data(up);
-    const bool x_lane = g == 0;  // column 0 of B: token 0; the other columns are zero
+    const int tokens = kTokens == 1 ? 1 : tokens_in;
+    const bool x_lane = g < tokens;  // column g of B: token g; the other columns are zero
+    const T* xg = x + static_cast<std::size_t>(x_lane ? g : 0) * ld;
 #pragma unroll 1
     for (int sub = range.lo; sub < range.hi; sub += kRows) {  // block-uniform rounds of at most kRows rows
       const int count = min(kRows, range.hi - sub);
@@ -159,8 +151,8 @@ struct GluRowsMma {
             d.w[u][1] = ld_stream_16(wg + off_b + s * kStep, in && ok_b);
             d.w[u][2] = ld_stream_16(wu + off_a + s * kStep, in && ok_a);
             d.w[u][3] = ld_stream_16(wu + off_b + s * kStep, in && ok_b);
-            d.x[u][0] = ld_cached_16(x + k, in && x_lane);
-            d.x[u][1] = ld_cached_16(x + k + 8, in && x_lane);
+            d.x[u][0] = ld_cached_16(xg + k, in && x_lane);
+            d.x[u][1] = ld_cached_16(xg + k + 8, in && x_lane);
             if constexpr (Fmt::kPieceScales) {
               const int q = k / 16;  // the piece; its scale is its 128-column block's
               d.sc[u][0] = in && ok_a ? Fmt::piece_scale(gate, ja, q, d_model) : 0.0f;
@@ -214,35 +206,47 @@ struct GluRowsMma {
           if (it + 2 < steps) load_step(it + 2, b0);
           if (it + 1 < steps) compute_step(b1);
         }
-        if (t == 0) {  // column 0: token 0
 #pragma unroll
-          for (int m = 0; m < 2; ++m) {
-            if (ok_a) st.part[kh][m][ra] = c[m][0];
-            if (ok_b) st.part[kh][m][rb] = c[m][2];
+        for (int m = 0; m < 2; ++m) {  // columns 2t and 2t + 1: tokens 2t and 2t + 1
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int b = 2 * t + h;
+            if (b < tokens) {
+              if (ok_a) st.part[kh][m][b][ra] = c[m][h];
+              if (ok_b) st.part[kh][m][b][rb] = c[m][2 + h];
+            }
           }
         }
       }
       __syncthreads();
-      for (int r = tid; r < count; r += kThreads) {
+      for (int i = tid; i < count * tokens; i += kThreads) {
+        const int b = i / count;
+        const int r = i % count;
         float gs = 0.0f;
         float us = 0.0f;
         for (int w = 0; w < split; ++w) {  // in slice order: deterministic
-          gs += st.part[w][0][r];
-          us += st.part[w][1][r];
+          gs += st.part[w][0][b][r];
+          us += st.part[w][1][b][r];
         }
         const int j = st.ch[r];
-        store(0, j, Fmt::glu_out(gate, j, gs), Fmt::glu_out(up, j, us));
+        store(b, j, Fmt::glu_out(gate, j, gs), Fmt::glu_out(up, j, us));
       }
       __syncthreads();  // st is reused by the next round
     }
   }
 };
 
-//! The GLU rows of a GluMmaPolicy.
-template <int Threads, int Rows, int Unroll, int MinBlocks, class T, class Fmt>
-struct GluRowsFor<GluMmaPolicy<Threads, Rows, Unroll, MinBlocks>, T, Fmt> {
-  using type = GluRowsMma<Threads, Rows, Unroll, T, Fmt>;
+//! The GLU rows of a BatchedGluMmaPolicy (the batched GLU GEMV's CUDA-core kernel runs them).
+template <int Tokens, int Threads, int Rows, int MinBlocks, class T, class Fmt>
+struct BatchedGluRowsFor<BatchedGluMmaPolicy<Tokens, Threads, Rows, MinBlocks>, T, Fmt> {
+  using type = GluRowsMma<Threads, Rows, 1, Tokens, T, Fmt>;
 };
+
+//! Whether a batched GLU policy's rows run on the tensor cores as GluRowsMma.
+template <class P>
+struct IsTensorCoreRows : std::false_type {};
+template <int B, int Th, int R, int M>
+struct IsTensorCoreRows<BatchedGluMmaPolicy<B, Th, R, M>> : std::true_type {};
 
 }  // namespace detail
 
