@@ -135,7 +135,7 @@ struct GluRowsMma {
         }
         struct Plain {
           uint4 w[kU][4];  // [step][gate row a, gate row b, up row a, up row b]
-          uint4 x[kU][2];  // 16 inputs of x (lanes g = 0)
+          uint4 x[kU][2];  // 16 inputs of token g's x (lanes g < tokens)
         };
         struct Scaled : Plain {
           float sc[kU][4];  // the step's block scales, as w
@@ -154,11 +154,14 @@ struct GluRowsMma {
             d.x[u][0] = ld_cached_16(xg + k, in && x_lane);
             d.x[u][1] = ld_cached_16(xg + k + 8, in && x_lane);
             if constexpr (Fmt::kPieceScales) {
-              const int q = k / 16;  // the piece; its scale is its 128-column block's
-              d.sc[u][0] = in && ok_a ? Fmt::piece_scale(gate, ja, q, d_model) : 0.0f;
-              d.sc[u][1] = in && ok_b ? Fmt::piece_scale(gate, jb, q, d_model) : 0.0f;
-              d.sc[u][2] = in && ok_a ? Fmt::piece_scale(up, ja, q, d_model) : 0.0f;
-              d.sc[u][3] = in && ok_b ? Fmt::piece_scale(up, jb, q, d_model) : 0.0f;
+              // The step's 128-column block, the same for every lane: the fragment's sums mix the four lanes t'
+              // inputs, so a lane past d_model (a partial last step) must scale them as the others do.
+              const bool live = s < s1;
+              const int q = (s * kStep) / 16;
+              d.sc[u][0] = live && ok_a ? Fmt::piece_scale(gate, ja, q, d_model) : 0.0f;
+              d.sc[u][1] = live && ok_b ? Fmt::piece_scale(gate, jb, q, d_model) : 0.0f;
+              d.sc[u][2] = live && ok_a ? Fmt::piece_scale(up, ja, q, d_model) : 0.0f;
+              d.sc[u][3] = live && ok_b ? Fmt::piece_scale(up, jb, q, d_model) : 0.0f;
             }
           }
         };
