@@ -245,7 +245,7 @@ TEST_CASE("FP8 fused Stage 2: the default is the candidate with the fewest GLU s
   CHECK(pick(NatOp{}, 5120) == 1);
 }
 
-TEST_CASE("FP8 batched GLU: the default is the tensor-core candidate at every capacity", "[tuning][fp8]") {
+TEST_CASE("FP8 batched GLU: the default is the tensor-core candidate, except B = 2 on rows up to 4096", "[tuning][fp8]") {
   prox::DeviceInfo d{};
   d.sm_count = 132;
   const auto pick = [&](auto op, int K) {
@@ -264,10 +264,11 @@ TEST_CASE("FP8 batched GLU: the default is the tensor-core candidate at every ca
   using Ch2 = prox::BatchedGluGemvOp<__nv_bfloat16, prox::SiLU, 2, prox::Fp8ChannelWeights>;
   using Bl4 = prox::BatchedGluGemvOp<__half, prox::SiLU, 4, prox::Fp8BlockWeights>;
   using Ch8 = prox::BatchedGluGemvOp<__half, prox::GeluTanh, 8, prox::Fp8ChannelWeights>;
-  for (int K : {16, 2048, 4096, 5120}) {
-    CHECK(tensor_cores(Ch2{}, pick(Ch2{}, K)));
+  for (int K : {16, 2048, 4096, 5120, 8192}) {
     CHECK(tensor_cores(Bl4{}, pick(Bl4{}, K)));
     CHECK(tensor_cores(Ch8{}, pick(Ch8{}, K)));
+    // Capacity 2: the CUDA cores up to 4096 inputs a row, the tensor cores above.
+    CHECK(tensor_cores(Ch2{}, pick(Ch2{}, K)) == (K > 4096));
   }
   CHECK_FALSE(tensor_cores(Ch2{}, 0));  // the CUDA-core candidate stays in the list, first
   // The native batched GLU keeps its rule (no tensor-core rows of this kind in its list).

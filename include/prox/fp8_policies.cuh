@@ -96,15 +96,22 @@ template <int Tokens, fp8::ScaleLayout L>
 struct BatchedGluPoliciesFor<Tokens, Fp8Weights<L>> {
   using type = PolicyList<BatchedGluPolicy<Tokens, 256, 64, 1>, BatchedGluMmaPolicy<Tokens, 256, Tokens == 8 ? 64 : 128, 2>>;
 };
-//! FP8 batched GLU: the tensor-core candidate (BatchedGluMmaPolicy, glu_mma.cuh).
+//! FP8 batched GLU: the tensor-core candidate (BatchedGluMmaPolicy, glu_mma.cuh), except at capacity 2 on rows of
+//! up to 4096 inputs, which keep the CUDA cores. Measured on the H200 (prox_batch_bench, bf16, e = 40-70 %, both
+//! scale layouts; docs/history.md): the tensor cores made the FFN 13-16 % faster at B = 4 and 35-40 % at B = 8 on
+//! Qwen3-8B, 26-31 % and 48-51 % on 14B and 32B, and at B = 2 5-13 % faster on 14B and 32B but 1-4.5 % slower on 8B.
 template <class T, class Act, int B, fp8::ScaleLayout L>
 int default_policy(BatchedGluGemvOp<T, Act, B, Fp8Weights<L>>, const DeviceInfo&,
-                   const BatchedGluGemvArgs<T, Fp8Weights<L>>&) noexcept {
-  int found = 0;
+                   const BatchedGluGemvArgs<T, Fp8Weights<L>>& a) noexcept {
+  int tc = -1;
+  int cuda_cores = -1;
   for_each_policy<typename BatchedGluGemvOp<T, Act, B, Fp8Weights<L>>::Policies>([&](auto p, int i) {
-    if (found == 0 && detail::IsTensorCoreRows<decltype(p)>::value) found = i;
+    int& slot = detail::IsTensorCoreRows<decltype(p)>::value ? tc : cuda_cores;
+    if (slot < 0) slot = i;
   });
-  return found;
+  const bool keep_cuda_cores = B == 2 && a.d_model <= 4096;
+  if (tc >= 0 && !(keep_cuda_cores && cuda_cores >= 0)) return tc;
+  return cuda_cores >= 0 ? cuda_cores : 0;
 }
 //! Batched down GEMV: 128-column tiles (one column block) at one block per SM: at 2 blocks (128 registers) the
 //! native candidates spilled with FP8's 16 outputs per thread and token (sm_90a, before TileReducer's halving
