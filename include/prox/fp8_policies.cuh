@@ -4,9 +4,10 @@
 //! name and their row of the tuning cache's policy table: the FP8 keys differ in their weights field only.
 //! Batch 1 starts from the native lists with 16 weights per 16-byte piece (a GLU step then covers twice the
 //! inputs, a down-GEMV thread 16 outputs); the fused lists were swept on the H100 (docs/benchmarks.md, "FP8
-//! e4m3 Stage-2 weights"). The batched lists are untuned starting points: one block of 256 threads per SM (255
-//! registers), since a thread holds twice the x pieces (GLU) or twice the accumulators (down) of the native
-//! kernels, which run at 128 registers and 2 blocks; measured on the H100 they trail (a) at B = 4.
+//! e4m3 Stage-2 weights"). Batched, the GLU runs on the tensor cores (glu_mma.cuh) but at capacity 2 on rows of
+//! up to 4096 inputs; the batched down and fused lists are untuned starting points: one block of 256 threads per
+//! SM (255 registers), since a thread holds twice the accumulators (down) of the native kernels, which run at 128
+//! registers and 2 blocks.
 #pragma once
 
 #include "batched_down.cuh"
@@ -91,7 +92,8 @@ struct ProxyGemvPoliciesFor<Fp8ProxyWeights> {
 };
 
 // ---------------------------------------------------------------- batched (CUDA cores; not tuned)
-//! Batched GLU GEMV: the native CUDA-core shapes at one block per SM (capacity 8 too: no tensor cores).
+//! Batched GLU GEMV: the native CUDA-core shape at one block per SM, and the rows on the tensor cores (glu_mma.cuh,
+//! 2 blocks of 256 threads; 64 rows a round at capacity 8, where 128 would take 66 KB of static shared memory).
 template <int Tokens, fp8::ScaleLayout L>
 struct BatchedGluPoliciesFor<Tokens, Fp8Weights<L>> {
   using type = PolicyList<BatchedGluPolicy<Tokens, 256, 64, 1>, BatchedGluMmaPolicy<Tokens, 256, Tokens == 8 ? 64 : 128, 2>>;
