@@ -100,8 +100,8 @@ struct BatchedGluPoliciesFor<Tokens, Fp8Weights<L>> {
 };
 //! FP8 batched GLU: the tensor-core candidate (BatchedGluMmaPolicy, glu_mma.cuh), except at capacity 2 on rows of
 //! up to 4096 inputs, which keep the CUDA cores. Measured on the H200 (prox_batch_bench, bf16, e = 40-70 %, both
-//! scale layouts; docs/history.md): the tensor cores made the FFN 13-16 % faster at B = 4 and 35-40 % at B = 8 on
-//! Qwen3-8B, 26-31 % and 48-51 % on 14B and 32B, and at B = 2 5-13 % faster on 14B and 32B but 1-4.5 % slower on 8B.
+//! scale layouts; docs/history.md): the tensor cores made the FFN 14-16 % faster at B = 4 and 36-40 % at B = 8 on
+//! Qwen3-8B, 27-32 % and 48-52 % on 14B and 32B, and at B = 2 6-13 % faster on 14B and 32B but 1-4.5 % slower on 8B.
 template <class T, class Act, int B, fp8::ScaleLayout L>
 int default_policy(BatchedGluGemvOp<T, Act, B, Fp8Weights<L>>, const DeviceInfo&,
                    const BatchedGluGemvArgs<T, Fp8Weights<L>>& a) noexcept {
