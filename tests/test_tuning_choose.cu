@@ -51,6 +51,17 @@ std::vector<pt::Key> keys_of(pt::OpList<Ops...>, int d_model, int d_ff, double d
   return {pt::op_key<Ops>(d_model, d_ff, density)...};
 }
 
+//! The default candidate of op on a 132-SM device for d_model K, d_ff 12288 (the op's default_policy rule).
+template <class Op>
+int pick(Op op, int K) {
+  prox::DeviceInfo d{};
+  d.sm_count = 132;
+  typename Op::Args a{};
+  a.d_model = K;
+  a.d_ff = 12288;
+  return prox::default_policy(op, d, a);
+}
+
 }  // namespace
 
 TEST_CASE("tuning choose: every registry op over f16/bf16 x SiLU/GeluTanh keys as the cache files do", "[tuning]") {
@@ -221,14 +232,6 @@ TEST_CASE("tuning choose: open_cache reads a file by its path without the tuning
 }
 
 TEST_CASE("FP8 fused Stage 2: the default is the candidate with the fewest GLU steps a row", "[tuning][fp8]") {
-  prox::DeviceInfo d{};
-  d.sm_count = 132;
-  const auto pick = [&](auto op, int K) {
-    typename decltype(op)::Args a{};
-    a.d_model = K;
-    a.d_ff = 12288;
-    return prox::default_policy(op, d, a);
-  };
   using ChOp = prox::GluDownGemvOp<__half, prox::SiLU, prox::Fp8ChannelWeights>;
   using BlOp = prox::GluDownGemvOp<__nv_bfloat16, prox::SiLU, prox::Fp8BlockWeights>;
   using NatOp = prox::GluDownGemvOp<__half, prox::SiLU>;
@@ -246,14 +249,6 @@ TEST_CASE("FP8 fused Stage 2: the default is the candidate with the fewest GLU s
 }
 
 TEST_CASE("FP8 batched GLU: the default is the tensor-core candidate, except B = 2 on rows up to 4096", "[tuning][fp8]") {
-  prox::DeviceInfo d{};
-  d.sm_count = 132;
-  const auto pick = [&](auto op, int K) {
-    typename decltype(op)::Args a{};
-    a.d_model = K;
-    a.d_ff = 12288;
-    return prox::default_policy(op, d, a);
-  };
   const auto tensor_cores = [](auto op, int i) {
     bool tc = false;
     prox::for_each_policy<typename decltype(op)::Policies>([&](auto p, int j) {
