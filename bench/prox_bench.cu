@@ -1041,16 +1041,20 @@ void bench_fp8(benchmark::State& st, const std::string& name, FfnShape shape, Fp
       return;
     }
     auto& p = set.plans(ctx, kind == Fp8Bench::kEmpty ? -1 : e_pct, policy);
-    if (kind == Fp8Bench::kEmpty) {  // no byte of weights read: the two kernels' fixed cost
-      GraphReplay empty(g.stream, ctx.launches, [&](int i, cudaStream_t s) {
-        PROX_BENCH_PROX(p.ffns[i % set.copies].run(ctx.layer.token(i % ctx.layer.tokens()), ctx.y.template as<T>(),
-                                                   p.ws.get(), p.ws_bytes, s));
-      });
-      const Timing t = prox_bench::run_loop(st, empty, g_opt.warmup);
-      set_counters(st, name, ctx, t, io);
+    const auto ffn_launch = [&](int i, cudaStream_t s) {
+      PROX_BENCH_PROX(p.ffns[i % set.copies].run(ctx.layer.token(i % ctx.layer.tokens()), ctx.y.template as<T>(),
+                                                 p.ws.get(), p.ws_bytes, s));
+    };
+    const auto plan_counters = [&] {
       st.counters["s1"] = p.report.s1;
       st.counters["s2"] = p.report.s2;
       st.SetLabel(prox::fp8::to_string(L));
+    };
+    if (kind == Fp8Bench::kEmpty) {  // no byte of weights read: the two kernels' fixed cost
+      GraphReplay empty(g.stream, ctx.launches, ffn_launch);
+      const Timing t = prox_bench::run_loop(st, empty, g_opt.warmup);
+      set_counters(st, name, ctx, t, io);
+      plan_counters();
       return;
     }
     if (kind == Fp8Bench::kStage2) {  // the fused Stage 2 alone, each token on the channel set its FFN selected
@@ -1060,15 +1064,10 @@ void bench_fp8(benchmark::State& st, const std::string& name, FfnShape shape, Fp
       const Timing t = prox_bench::run_loop(st, stage2, g_opt.warmup);
       set_counters(st, name, ctx, t, 3.0 * p.sel_mean * K + set.fp8.scale_bytes() + io);
       st.counters["e_target"] = e_pct / 100.0;
-      st.counters["s1"] = p.report.s1;
-      st.counters["s2"] = p.report.s2;
-      st.SetLabel(prox::fp8::to_string(L));
+      plan_counters();
       return;
     }
-    GraphReplay prox_g(g.stream, ctx.launches, [&](int i, cudaStream_t s) {
-      PROX_BENCH_PROX(p.ffns[i % set.copies].run(ctx.layer.token(i % ctx.layer.tokens()), ctx.y.template as<T>(),
-                                                 p.ws.get(), p.ws_bytes, s));
-    });
+    GraphReplay prox_g(g.stream, ctx.launches, ffn_launch);
     const PairedTiming pt = prox_bench::run_paired_loop(st, prox_g, dense, g_opt.warmup);
     // Bytes: Stage 1 (INT4 proxies of the kept rows), the selected rows of the three FP8 matrices (1 byte a
     // weight) and their scales (counted whole: at most 2 % of them), x and y.
@@ -1076,8 +1075,7 @@ void bench_fp8(benchmark::State& st, const std::string& name, FfnShape shape, Fp
                          3.0 * p.sel_mean * K + set.fp8.scale_bytes() + io;
     set_counters(st, name, ctx, pt.prox, bytes);
     st.counters["e_target"] = e_pct / 100.0;
-    st.counters["s1"] = p.report.s1;
-    st.counters["s2"] = p.report.s2;
+    plan_counters();
     st.counters["e_hat"] = p.report.effective;
     st.counters["fp8_dense_us"] = pt.dense.median_s * 1e6;                  // (b)
     st.counters["speedup_vs_fp8_dense"] = pt.ratio.median_s;
@@ -1088,7 +1086,6 @@ void bench_fp8(benchmark::State& st, const std::string& name, FfnShape shape, Fp
       st.counters["bf16_dense_us"] = bf16->second * 1e6;
       st.counters["speedup_vs_bf16_dense"] = bf16->second / pt.prox.median_s;
     }
-    st.SetLabel(prox::fp8::to_string(L));
   } catch (const std::exception& e) {
     report_error(st, name, e);
   }

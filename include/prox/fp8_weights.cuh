@@ -127,11 +127,10 @@ struct Fp8Weights {
   //! values).
   template <class T>
   PROX_DEVICE static PROX_FORCEINLINE std::uint32_t mma_pair(std::uint32_t codes) {
-    const __half2 h = fp8::e4m3x2_to_half2(codes);
     if constexpr (std::is_same_v<T, __half>) {
-      return pair_bits(h);
+      return pair_bits(fp8::e4m3x2_to_half2(codes));
     } else {
-      const float2 f = __half22float2(h);
+      const float2 f = fp8::e4m3x2_to_float2(codes);
       return pair_bits(__floats2bfloat162_rn(f.x, f.y));
     }
   }

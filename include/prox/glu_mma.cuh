@@ -51,7 +51,6 @@ struct BatchedGluMmaPolicy {
   static constexpr int kTokens = Tokens;
   static constexpr int kThreads = Threads;
   static constexpr int kRows = Rows;
-  static constexpr int kRowBatch = 1;  // unused (the CUDA-core rows' batch)
   static constexpr int kMinBlocks = MinBlocks;
   static constexpr bool kMma = false;
   static_assert(Tokens >= 2 && Tokens <= 8, "token capacity");
@@ -65,45 +64,38 @@ struct BatchedGluMmaPolicy {
 namespace detail {
 
 /**
- * @brief GluRows' contract (run(), Storage, steps_per_row, row_slots) on the tensor cores, for kTokens <= 8
- * tokens. Fmt holds 16 one-byte codes a 16-byte piece and converts a pair of them to a pair of T exactly
- * (Fmt::mma_pair<T>).
+ * @brief The batched GLU rows (GluRows' run() and Storage, as batched_glu_gemv_kernel calls them) on the tensor
+ * cores, for 2 to 8 tokens. Fmt holds 16 one-byte codes a 16-byte piece and converts a pair of them to a pair of
+ * T exactly (Fmt::mma_pair<T>). One 64-input step a register buffer (24 registers of loads), two buffers.
  */
-template <int kThreads_, int kRows_, int kUnroll, int kTokens, class T, class Fmt>
+template <int kThreads_, int kRows_, int kTokens, class T, class Fmt>
 struct GluRowsMma {
   static constexpr int kThreads = kThreads_;
   static constexpr int kRows = kRows_;
   static constexpr int kWarps = kThreads / kWarpSize;
-  static constexpr int kU = kUnroll;
   static constexpr int kStep = 64;  // inputs a warp step covers: 4 lanes t x 16
   static_assert(Fmt::kElemsPerVec == 16 && sizeof(typename Fmt::Element) == 1, "16 one-byte codes a piece");
   static_assert(kWarps >= kRows / 16 && kRows % 16 == 0, "a 16-channel group a warp");
-  static_assert(kTokens >= 1 && kTokens <= 8, "the mma's n is 8 tokens");
+  static_assert(kTokens >= 2 && kTokens <= 8, "the mma's n is 8 tokens");
 
   struct Storage {
     int ch[kRows];
     float part[kWarps][2][kTokens][kRows];  // [d_model slice][gate, up][token][row]
   };
-  //! Warp steps over one row of d_model inputs (the row split over no warps).
-  PROX_HOST_DEVICE static constexpr int steps_per_row(int d_model) { return ceil_div(d_model, kStep); }
-  //! Load slots of one row: its steps x the 4 lanes t that load a piece of it.
-  PROX_HOST_DEVICE static constexpr long row_slots(int d_model) { return static_cast<long>(steps_per_row(d_model)) * 4; }
-
   template <class Store>
   PROX_DEVICE static PROX_FORCEINLINE void run(const T* x, int d_model, int d_ff, const typename Fmt::Matrix& gate,
                                                const typename Fmt::Matrix& up, const std::uint32_t* mask,
-                                               int tokens_in, const GluRange& range, Storage& st, Store&& store) {
+                                               int tokens, const GluRange& range, Storage& st, Store&& store) {
     const int tid = static_cast<int>(threadIdx.x);
     const int lane = lane_id();
     const int warp = warp_id();
     const int g = lane >> 2;
     const int t = lane & 3;
     const int n_words = d_ff / kWarpSize;
-    const int ksteps = steps_per_row(d_model);
+    const int ksteps = ceil_div(d_model, kStep);
     const std::size_t ld = static_cast<std::size_t>(d_model);
     const auto* wg = Fmt::data(gate);
     const auto* wu = Fmt::data(up);
-    const int tokens = kTokens == 1 ? 1 : tokens_in;
     const bool x_lane = g < tokens;  // column g of B: token g; the other columns are zero
     const T* xg = x + static_cast<std::size_t>(x_lane ? g : 0) * ld;
 #pragma unroll 1
@@ -111,6 +103,7 @@ struct GluRowsMma {
       const int count = min(kRows, range.hi - sub);
       gather_rank_range<kThreads>(mask, n_words, range.offset, sub, sub + count, st.ch);
       __syncthreads();
+      // As batched_glu_mma_kernel: 16-channel groups over the warps, the warps left over splitting d_model.
       const int groups = (count + 15) / 16;
       const int split = kWarps / groups;  // warps a group's row is split over
       const int cg = warp % groups;
@@ -134,71 +127,67 @@ struct GluRowsMma {
           for (int e = 0; e < 4; ++e) c[m][e] = 0.0f;
         }
         struct Plain {
-          uint4 w[kU][4];  // [step][gate row a, gate row b, up row a, up row b]
-          uint4 x[kU][2];  // 16 inputs of token g's x (lanes g < tokens)
+          uint4 w[4];  // gate row a, gate row b, up row a, up row b
+          uint4 x[2];  // 16 inputs of token g's x (lanes g < tokens)
         };
         struct Scaled : Plain {
-          float sc[kU][4];  // the step's block scales, as w
+          float sc[4];  // the step's block scales, as w
         };
         using Step = std::conditional_t<Fmt::kPieceScales, Scaled, Plain>;
         const auto load_step = [&](int it, Step& d) {
-#pragma unroll
-          for (int u = 0; u < kU; ++u) {
-            const int s = s0 + it * kU + u;
-            const int k = s * kStep + 16 * t;
-            const bool in = s < s1 && k < d_model;
-            d.w[u][0] = ld_stream_16(wg + off_a + s * kStep, in && ok_a);
-            d.w[u][1] = ld_stream_16(wg + off_b + s * kStep, in && ok_b);
-            d.w[u][2] = ld_stream_16(wu + off_a + s * kStep, in && ok_a);
-            d.w[u][3] = ld_stream_16(wu + off_b + s * kStep, in && ok_b);
-            d.x[u][0] = ld_cached_16(xg + k, in && x_lane);
-            d.x[u][1] = ld_cached_16(xg + k + 8, in && x_lane);
-            if constexpr (Fmt::kPieceScales) {
-              // The step's 128-column block, the same for every lane: the fragment's sums mix the four lanes t'
-              // inputs, so a lane past d_model (a partial last step) must scale them as the others do.
-              const bool live = s < s1;
-              const int q = (s * kStep) / 16;
-              d.sc[u][0] = live && ok_a ? Fmt::piece_scale(gate, ja, q, d_model) : 0.0f;
-              d.sc[u][1] = live && ok_b ? Fmt::piece_scale(gate, jb, q, d_model) : 0.0f;
-              d.sc[u][2] = live && ok_a ? Fmt::piece_scale(up, ja, q, d_model) : 0.0f;
-              d.sc[u][3] = live && ok_b ? Fmt::piece_scale(up, jb, q, d_model) : 0.0f;
-            }
+          const int s = s0 + it;
+          const int k = s * kStep + 16 * t;
+          const bool in = s < s1 && k < d_model;
+          d.w[0] = ld_stream_16(wg + off_a + s * kStep, in && ok_a);
+          d.w[1] = ld_stream_16(wg + off_b + s * kStep, in && ok_b);
+          d.w[2] = ld_stream_16(wu + off_a + s * kStep, in && ok_a);
+          d.w[3] = ld_stream_16(wu + off_b + s * kStep, in && ok_b);
+          d.x[0] = ld_cached_16(xg + k, in && x_lane);
+          d.x[1] = ld_cached_16(xg + k + 8, in && x_lane);
+          if constexpr (Fmt::kPieceScales) {
+            // The step's 128-column block, the same for every lane: the fragment's sums mix the four lanes t'
+            // inputs, so a lane past d_model (a partial last step) must scale them as the others do.
+            const bool live = s < s1;
+            const int q = (s * kStep) / 16;
+            d.sc[0] = live && ok_a ? Fmt::piece_scale(gate, ja, q, d_model) : 0.0f;
+            d.sc[1] = live && ok_b ? Fmt::piece_scale(gate, jb, q, d_model) : 0.0f;
+            d.sc[2] = live && ok_a ? Fmt::piece_scale(up, ja, q, d_model) : 0.0f;
+            d.sc[3] = live && ok_b ? Fmt::piece_scale(up, jb, q, d_model) : 0.0f;
           }
         };
         const auto word = [](const uint4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; };
         const auto compute_step = [&](const Step& d) {
 #pragma unroll
-          for (int u = 0; u < kU; ++u) {
+          for (int m = 0; m < 2; ++m) {
+            const uint4& wa = d.w[2 * m];
+            const uint4& wb = d.w[2 * m + 1];
+            const auto four = [&](float(&acc)[4]) {
 #pragma unroll
-            for (int m = 0; m < 2; ++m) {
-              const uint4& wa = d.w[u][2 * m];
-              const uint4& wb = d.w[u][2 * m + 1];
-              const auto four = [&](float(&acc)[4]) {
-#pragma unroll
-                for (int i = 0; i < 4; ++i) {
-                  const std::uint32_t qa = word(wa, i);
-                  const std::uint32_t qb = word(wb, i);
-                  const std::uint32_t xlo = i < 2 ? word(d.x[u][0], 2 * i) : word(d.x[u][1], 2 * i - 4);
-                  const std::uint32_t xhi = i < 2 ? word(d.x[u][0], 2 * i + 1) : word(d.x[u][1], 2 * i - 3);
-                  mma_16816_bits<T>(acc, Fmt::template mma_pair<T>(qa), Fmt::template mma_pair<T>(qb),
-                                    Fmt::template mma_pair<T>(qa >> 16), Fmt::template mma_pair<T>(qb >> 16), xlo,
-                                    xhi);
-                }
-              };
-              if constexpr (!Fmt::kPieceScales) {
-                four(c[m]);
-              } else {
-                float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                four(p);
-                c[m][0] = fmaf(p[0], d.sc[u][2 * m], c[m][0]);
-                c[m][1] = fmaf(p[1], d.sc[u][2 * m], c[m][1]);
-                c[m][2] = fmaf(p[2], d.sc[u][2 * m + 1], c[m][2]);
-                c[m][3] = fmaf(p[3], d.sc[u][2 * m + 1], c[m][3]);
+              for (int i = 0; i < 4; ++i) {
+                const std::uint32_t qa = word(wa, i);
+                const std::uint32_t qb = word(wb, i);
+                const std::uint32_t xlo = i < 2 ? word(d.x[0], 2 * i) : word(d.x[1], 2 * i - 4);
+                const std::uint32_t xhi = i < 2 ? word(d.x[0], 2 * i + 1) : word(d.x[1], 2 * i - 3);
+                mma_16816_bits<T>(acc, Fmt::template mma_pair<T>(qa), Fmt::template mma_pair<T>(qb),
+                                  Fmt::template mma_pair<T>(qa >> 16), Fmt::template mma_pair<T>(qb >> 16), xlo, xhi);
               }
+            };
+            if constexpr (!Fmt::kPieceScales) {
+              four(c[m]);
+            } else {
+              float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+              four(p);
+              c[m][0] = fmaf(p[0], d.sc[2 * m], c[m][0]);
+              c[m][1] = fmaf(p[1], d.sc[2 * m], c[m][1]);
+              c[m][2] = fmaf(p[2], d.sc[2 * m + 1], c[m][2]);
+              c[m][3] = fmaf(p[3], d.sc[2 * m + 1], c[m][3]);
             }
           }
         };
-        const int steps = (s1 - s0 + kU - 1) / kU;
+        // Two register buffers: the loads of step it + 1 are issued before the arithmetic of step it. The same
+        // loop (and group split) as batched_glu_mma_kernel's, written out: through a shared helper the native
+        // kernel's SASS changed (1722 -> 1818 instructions at capacity 8, sm_90a), which would need a GPU A/B.
+        const int steps = s1 - s0;
         Step b0;
         Step b1;
         if (steps > 0) load_step(0, b0);
@@ -242,7 +231,7 @@ struct GluRowsMma {
 //! The GLU rows of a BatchedGluMmaPolicy (the batched GLU GEMV's CUDA-core kernel runs them).
 template <int Tokens, int Threads, int Rows, int MinBlocks, class T, class Fmt>
 struct BatchedGluRowsFor<BatchedGluMmaPolicy<Tokens, Threads, Rows, MinBlocks>, T, Fmt> {
-  using type = GluRowsMma<Threads, Rows, 1, Tokens, T, Fmt>;
+  using type = GluRowsMma<Threads, Rows, Tokens, T, Fmt>;
 };
 
 //! Whether a batched GLU policy's rows run on the tensor cores as GluRowsMma.
