@@ -186,6 +186,7 @@ def _bench_main(rank, world, port, out):
                             "--repeats", "1", "--ffn-iters", "2", "--calib-tokens", "16", "--e", "0.5,0.7",
                             "--check", "--out", out])
     assert rc == 0
+    tp_cases.exit_worker()
 
 
 def test_bench_tp_cpu_smoke(tmp_path):
