@@ -475,10 +475,13 @@ def main(argv=None) -> int:
         os.environ.setdefault(k, "0" if k == "NCCL_NVLS_ENABLE" else "1")                   # off unless set
     backend = args.backend or ("nccl" if args.device == "cuda" else "gloo")
     kw = {"device_id": torch.device("cuda", torch.cuda.current_device())} if backend == "nccl" else {}
-    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=300), **kw)
-    group = dist.group.WORLD
+    # torch._dynamo first: imported after init_process_group, it takes references to the default group that
+    # destroy_process_group() does not release (torch 2.11), so the group's threads outlive it and a gloo worker
+    # thread can abort the process at interpreter exit (SIGABRT; docs/history.md, round at d66344c)
     torch._dynamo.config.cache_size_limit = 64
     torch._dynamo.config.accumulated_cache_size_limit = 512
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=300), **kw)
+    group = dist.group.WORLD
     rank = dist.get_rank()
     cuda = args.device == "cuda"
     results = {"device": torch.cuda.get_device_name() if cuda else platform.processor() or "cpu",

@@ -580,6 +580,8 @@ def gloo_main(rank: int, world: int, port: int, tmp: str, names, out_path: str) 
     its results as JSON to out_path + f".{rank}"."""
     import datetime
     import json
+    import importlib
+    importlib.import_module("torch._dynamo")  # before the group: see exit_worker
     torch.set_num_threads(1)
     local_only()
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
@@ -595,13 +597,15 @@ def gloo_main(rank: int, world: int, port: int, tmp: str, names, out_path: str) 
 
 
 def exit_worker() -> None:
-    """End a spawned gloo worker that has written its results, without interpreter finalization. The gloo
-    process group outlives destroy_process_group() while anything holds it (the layers of the cases do), and its
-    worker thread may drop the last reference to a finished collective's tensors after the main thread has
-    moved on: when that happens during finalization, taking the GIL ends the thread inside a noexcept
-    destructor and std::terminate aborts the process (SIGABRT, "terminate called without an active
-    exception"; about 1 run in 15 on 2 cores; pytorch/pytorch#190489). os._exit skips finalization; the results
-    are already on disk."""
+    """End a spawned gloo worker that has written its results, without interpreter finalization. Imported after
+    init_process_group, torch._dynamo (torch.compile, which the cases use) takes references to the default
+    group that destroy_process_group() does not release (torch 2.11), so the group's worker thread outlives it
+    and may drop the last reference to a finished collective's tensors during finalization: taking the GIL then
+    ends the thread inside a noexcept destructor and std::terminate aborts the process (SIGABRT, "terminate
+    called without an active exception"; about 1 run in 15 on 2 cores; pytorch/pytorch#190489). gloo_main
+    imports torch._dynamo before the group, which lets destroy free it; os._exit also skips finalization, so a
+    worker whose results are on disk cannot abort whatever else holds a group. bench_tp.main imports it first
+    too."""
     import sys
     sys.stdout.flush()
     sys.stderr.flush()
