@@ -477,7 +477,8 @@ def main(argv=None) -> int:
     kw = {"device_id": torch.device("cuda", torch.cuda.current_device())} if backend == "nccl" else {}
     # torch._dynamo first: imported after init_process_group, it takes references to the default group that
     # destroy_process_group() does not release (torch 2.11), so the group's threads outlive it and a gloo worker
-    # thread can abort the process at interpreter exit (SIGABRT; docs/history.md, round at d66344c)
+    # thread can abort the process at interpreter exit (SIGABRT). This removes that holder, not every one
+    # (docs/history.md, round at d66344c)
     torch._dynamo.config.cache_size_limit = 64
     torch._dynamo.config.accumulated_cache_size_limit = 512
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=300), **kw)

@@ -13,6 +13,7 @@ import traceback
 from dataclasses import dataclass, field
 
 import torch
+import torch._dynamo  # noqa: F401  (before any process group: see exit_worker)
 import torch.distributed as dist
 import torch.nn as nn
 
@@ -580,8 +581,6 @@ def gloo_main(rank: int, world: int, port: int, tmp: str, names, out_path: str) 
     its results as JSON to out_path + f".{rank}"."""
     import datetime
     import json
-    import importlib
-    importlib.import_module("torch._dynamo")  # before the group: see exit_worker
     torch.set_num_threads(1)
     local_only()
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
@@ -602,10 +601,10 @@ def exit_worker() -> None:
     group that destroy_process_group() does not release (torch 2.11), so the group's worker thread outlives it
     and may drop the last reference to a finished collective's tensors during finalization: taking the GIL then
     ends the thread inside a noexcept destructor and std::terminate aborts the process (SIGABRT, "terminate
-    called without an active exception"; about 1 run in 15 on 2 cores; pytorch/pytorch#190489). gloo_main
-    imports torch._dynamo before the group, which lets destroy free it; os._exit also skips finalization, so a
-    worker whose results are on disk cannot abort whatever else holds a group. bench_tp.main imports it first
-    too."""
+    called without an active exception"; about 1 run in 15 on 2 cores; pytorch/pytorch#190489). This module
+    imports torch._dynamo before any group, which takes that holder away, but not every one: without os._exit
+    the 2-rank cases still aborted once in 22 and 24 runs. os._exit skips finalization, so a worker whose
+    results are on disk cannot abort, whatever holds its group."""
     import sys
     sys.stdout.flush()
     sys.stderr.flush()
