@@ -39,9 +39,42 @@ fi
 echo "prox python: dependencies ready ($((SECONDS - start)) s)"
 
 t=$SECONDS
-# sm_80 + sm_90a, as the CMake build; one translation unit per entry of setup.py's LAYER_TYPES (generated)
-TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-8.0;9.0a}" MAX_JOBS="${PROX_JOBS:-$(nproc)}" \
-  "${pip[@]}" --no-build-isolation --no-deps ./python
+# sm_80 + sm_90a, as the CMake build; one translation unit per entry of setup.py's LAYER_TYPES (generated), plus
+# csrc's own .cu files and bindings.cpp. The build is long and pip is silent while it runs, so say what it builds
+# and about how long it takes, and print each unit as ninja finishes it (pip -v; the whole output goes to a log).
+# The estimate: 15 s of CPU per unit and architecture, from 418 s (user + sys) for 14 units x 2 architectures
+# (TORCH_CUDA_ARCH_LIST=8.0;9.0a MAX_JOBS=1 on the 2-core build machine at c11d97e), spread over the jobs, and
+# no less than the slowest unit (an FP8 one: about 40 s for the two, docs/python.md).
+archs="${TORCH_CUDA_ARCH_LIST:-8.0;9.0a}"
+jobs="${PROX_JOBS:-$(nproc)}"
+units="$("$py" scripts/python_build_units.py)"
+IFS='; ' read -r -a arch_list <<< "$archs"
+workers=$((jobs < units ? jobs : units))
+seconds=$((15 * units * ${#arch_list[@]} / (workers > 0 ? workers : 1)))
+seconds=$((seconds > 20 * ${#arch_list[@]} ? seconds : 20 * ${#arch_list[@]}))
+estimate=$(((seconds + 3) / 6))  # tenths of a minute
+mkdir -p "$dir"
+log="$dir/python-build.log"
+echo "prox python: building prox._C: $units translation units for $archs, $jobs at a time (about" \
+     "$((estimate / 10)).$((estimate % 10)) min on idle cores, longer while other jobs share them); full output: $log"
+progress() {  # ninja's "[k/N] <command ... unit -o ...>" -> "[k/N] unit (seconds since the build began)"; the link
+  local line step
+  while IFS= read -r line; do
+    if [[ "$line" =~ ^[[:space:]]*\[([0-9]+/[0-9]+)\]\  ]]; then  # pip -v may indent it
+      step="${BASH_REMATCH[1]}"
+      [[ "$line" =~ ([^\ /]+\.(cu|cpp))\ -o\  ]] || continue
+      echo "prox python:   [$step] ${BASH_REMATCH[1]} ($((SECONDS - t)) s)"
+    elif [[ "$line" == *" -shared "* ]]; then
+      echo "prox python:   linking ($((SECONDS - t)) s)"
+    fi
+  done
+}
+if ! TORCH_CUDA_ARCH_LIST="$archs" MAX_JOBS="$jobs" "$py" -m pip install -v --disable-pip-version-check \
+    --no-build-isolation --no-deps ./python 2>&1 | tee "$log" | progress; then
+  echo "prox python: building prox._C failed; the end of $log:" >&2
+  tail -n 40 "$log" >&2
+  exit 1
+fi
 echo "prox python: extension built and installed ($((SECONDS - t)) s)"
 
 # The import loads the extension (registers torch.ops.prox.*) and checks the ops a CPU can run.

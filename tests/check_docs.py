@@ -14,6 +14,13 @@
    (parseable XML, root element <svg>), and every SVG under docs/img is linked from somewhere. The
    bytes are not compared: they depend on the matplotlib version that drew them, and the numbers they
    show are the ones checked in 1.
+4. Provenance: every stored JSON under docs/data that has a "commit" field names one (not ""), and every
+   shell script README.md or docs/*.md names (a path ending in .sh; a bare name is looked up in scripts/ and
+   tests/) is in the repository.
+5. The Python step: README.md quotes how many translation units the extension's build compiles, and it is
+   the number scripts/python_build_units.py counts from python/setup.py (a new format or activation changes
+   it, and the build time quoted beside it). docs/python.md's "The N units (M layer types" is held to the same.
+6. The stored tuning cache: docs/tuning.md quotes the policy hash that docs/data/prox-tune-h100.tsv records.
 
 Tolerance: a printed number matches a value if they differ by at most 0.5 % of the value or one unit in
 the last printed digit, whichever is larger (so "42.5" matches 42.55, and "2.65" matches 2.66).
@@ -24,6 +31,7 @@ Usage: python3 tests/check_docs.py [--root DIR]   (exit 0: in sync; 1: lists eve
 
 import argparse
 import glob
+import json
 import os
 import re
 import sys
@@ -34,6 +42,8 @@ SECTION_RE = re.compile(r"<!-- BEGIN prox-report:(\w+) -->\n(.*?)<!-- END prox-r
 # A number standing on its own: not part of a word, a hash, a name such as Qwen3-8B or sm_90, or a version.
 NUMBER_RE = re.compile(r"(?<![\w.])\d+(?:\.\d+)?(?!\w|\.\d)")
 IMAGE_RE = re.compile(r"!\[[^\]]*\]\(([^)\s]+\.svg)\)")
+# A shell script a document names: a path or bare name ending in .sh.
+SCRIPT_RE = re.compile(r"(?<![\w./-])([\w./-]*\w\.sh)\b")
 
 
 def sections(text):
@@ -177,6 +187,57 @@ def check_plots(root, errors):
             errors.append(f"{os.path.relpath(path, root)}: no document links it (stale plot?)")
 
 
+def check_provenance(root, errors):
+    for path in sorted(glob.glob(os.path.join(root, "docs", "data", "*.json"))):
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+        if isinstance(data, dict) and data.get("commit", None) == "":
+            errors.append(f"{os.path.relpath(path, root)}: \"commit\" is empty (fill it in where the docs or git "
+                          "history make it certain, and say where it came from)")
+    for doc in [os.path.join(root, "README.md")] + sorted(glob.glob(os.path.join(root, "docs", "*.md"))):
+        with open(doc, encoding="utf-8") as f:
+            names = set(SCRIPT_RE.findall(f.read()))
+        for name in sorted(names):
+            places = [name] if "/" in name else [os.path.join("scripts", name), os.path.join("tests", name)]
+            if not any(os.path.isfile(os.path.join(root, p)) for p in places):
+                errors.append(f"{os.path.relpath(doc, root)}: cites {name}, which is not in the repository "
+                              "(give the command itself)")
+
+
+def check_python_step(root, errors):
+    sys.path.insert(0, os.path.join(root, "scripts"))
+    import python_build_units  # noqa: E402  (scripts/python_build_units.py: what scripts/python.sh prints)
+
+    units = python_build_units.count(root)
+    layer_types = len(python_build_units.layer_types(root))
+    with open(os.path.join(root, "README.md"), encoding="utf-8") as f:
+        quoted = re.findall(r"(\d+)\s+translation\s+units", f.read())
+    if not quoted:
+        errors.append("README.md: the Python step does not say how many translation units the extension's build "
+                      f"compiles ({units} today, scripts/python_build_units.py)")
+    for n in quoted:
+        if int(n) != units:
+            errors.append(f"README.md: the Python step quotes {n} translation units; the build compiles {units} "
+                          "(scripts/python_build_units.py): re-measure the build time quoted beside it")
+    with open(os.path.join(root, "docs", "python.md"), encoding="utf-8") as f:
+        for n, m in re.findall(r"The (\d+) units \((\d+) layer types", f.read()):
+            if (int(n), int(m)) != (units, layer_types):
+                errors.append(f"docs/python.md: 'The {n} units ({m} layer types'; the build compiles {units} units, "
+                              f"{layer_types} of them layer types (scripts/python_build_units.py)")
+
+
+def check_tuning_cache(root, errors):
+    with open(os.path.join(root, "docs", "data", "prox-tune-h100.tsv"), encoding="utf-8") as f:
+        m = re.search(r"^# policy_hash\t([0-9a-f]{16})$", f.read(), re.M)
+    with open(os.path.join(root, "docs", "tuning.md"), encoding="utf-8") as f:
+        tuning = f.read()
+    if m is None:
+        errors.append("docs/data/prox-tune-h100.tsv: no '# policy_hash' line")
+    elif f"`{m.group(1)}`" not in tuning:
+        errors.append(f"docs/tuning.md: does not quote the stored cache's policy hash `{m.group(1)}` "
+                      "(docs/data/prox-tune-h100.tsv)")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--root", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
@@ -194,12 +255,17 @@ def main():
     check_benchmarks_md(root, report, [run], alpha, fixed, batch, errors)
     check_readme(root, report, run, errors)
     check_plots(root, errors)
+    check_provenance(root, errors)
+    check_python_step(root, errors)
+    check_tuning_cache(root, errors)
     for e in errors:
         print(f"check_docs: {e}")
     if errors:
         print(f"check_docs: {len(errors)} difference(s); re-run bench/report.py or fix the quoted figures")
         return 1
-    print("check_docs: docs/benchmarks.md and README.md match docs/data; every linked SVG plot is an SVG")
+    print("check_docs: docs/benchmarks.md and README.md match docs/data; every linked SVG plot is an SVG; every "
+          "stored run names its commit and every cited script exists; the Python step's unit count and the stored "
+          "cache's policy hash are the ones quoted")
     return 0
 
 

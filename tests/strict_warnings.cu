@@ -19,17 +19,23 @@
 namespace prox_strict_warnings {
 
 using Ffn = prox::SparseFfn<__half, prox::SiLU, prox::Int4Weights>;
+using Fp8Ffn = prox::SparseFfn<__nv_bfloat16, prox::SiLU, prox::Int4Weights, prox::Fp8BlockWeights>;
 
-//! References the calibration templates and the run-time tuning cache (choose<Ffn>, open_cache) so
-//! they are compiled (never called); the measuring tuner is the prox_tuning library's (tools/tuning).
-prox::Status tools(Ffn& ffn, const Ffn::Weights& w, const prox::calib::LayerCalibrationArgs<__half>& a,
-                   prox::calib::ThresholdCalibrator& cal, const std::string& cache_file, cudaStream_t stream) {
+//! References the calibration templates and the run-time tuning cache (choose<Ffn>, open_cache; choose on an
+//! FP8 layer's keys too) so they are compiled (never called); the measuring tuner is the prox_tuning
+//! library's (tools/tuning).
+prox::Status tools(Ffn& ffn, const Ffn::Weights& w, Fp8Ffn& fp8_ffn, const Fp8Ffn::Weights& fp8_w,
+                   const prox::calib::LayerCalibrationArgs<__half>& a, prox::calib::ThresholdCalibrator& cal,
+                   const std::string& cache_file, cudaStream_t stream) {
   prox::calib::LayerCalibration lc;
   PROX_RETURN_IF_ERROR(prox::calib::calibrate_layer(ffn, w, a, cal, stream, &lc));
   std::unique_ptr<prox::tuning::Cache> cache;
   prox::tuning::CacheOptions o;
   o.path = cache_file;
   PROX_RETURN_IF_ERROR(prox::tuning::open_cache(&cache, o));
+  Fp8Ffn::PlanOptions fp8_opts;
+  PROX_RETURN_IF_ERROR(prox::tuning::choose<Fp8Ffn>(*cache, fp8_ffn.config(), 0.5, 0.3, &fp8_opts, stream));
+  PROX_RETURN_IF_ERROR(fp8_ffn.plan(fp8_ffn.config(), fp8_w, fp8_opts));
   Ffn::PlanOptions opts;
   PROX_RETURN_IF_ERROR(prox::tuning::choose<Ffn>(*cache, ffn.config(), 0.5, 0.3, &opts, stream));
   return ffn.plan(ffn.config(), w, opts);
