@@ -111,7 +111,7 @@ def test_device_check_scales_names_the_first_bad():
 @pytest.mark.parametrize("target", [(0.1, 0.7), (0.7, 0.77)])
 def test_fp8_ffn_matches_float64_reference(shape, dtype, act, layout, target):
     ffn = planned(shape, layout, dtype, act)
-    assert ffn.layer_tensors().format == fp8.FORMAT_OF[layout]
+    assert ffn.layer_tensors().format == prox.formats.fp8_format(layout).name
     torch.manual_seed(1)
     for _ in range(2):
         x = torch.randn(shape[0], device="cuda").to(dtype)
@@ -250,7 +250,7 @@ def tiny_fp8(layout, module, dtype=torch.bfloat16, layers=2, seed=0):
                                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
     torch.manual_seed(seed)
     m = transformers.LlamaForCausalLM(cfg).to(device="cuda", dtype=dtype).eval()
-    fp8.quantize_mlps(m, layout, module)
+    prox.quantize_mlps(m, layout, module)
     return m
 
 
@@ -262,7 +262,7 @@ def test_sparse_mlp_fp8_op_vs_reference_and_prefill(layout, module, dtype):
     x = torch.randn(1, 12, 256, device="cuda", dtype=dtype)
     with torch.no_grad():
         sp = prox.SparseMLP.from_mlp(mlp, dtype=dtype, keep_down=True)
-        assert sp.format == fp8.FORMAT_OF[layout] and sp.backend_in_use() == "op"
+        assert sp.format == prox.formats.fp8_format(layout).name and sp.backend_in_use() == "op"
         wg, wu, wdt = sp.exact_weights(torch.float64)
         want = ((torch.nn.functional.silu(x.double() @ wg.t()) * (x.double() @ wu.t())) @ wdt)
         assert torch.allclose(sp(x).double(), want, rtol=1e-2, atol=1e-3)  # prefill: dense FP8 in float32

@@ -197,8 +197,8 @@ def case_engine_layouts(ctx: Ctx) -> dict:
     merged = pd.sparse_mlp_from_shards(gate_up=gu, down=wd, d_ff=ctx.d_ff, tp=ctx.group, tau_x=0.3, tau_s=0.01,
                                        options=ctx.options)
     assert merged.gate_proj.weight.data_ptr() == gu.data_ptr()  # a view: the engine's weight, not a copy
-    sep = pd.sparse_mlp_from_shards(pd._linear(mlp.gate_proj.weight[lo:hi]), pd._linear(mlp.up_proj.weight[lo:hi]),
-                                    pd._linear(wd), d_ff=ctx.d_ff, tp=ctx.group, tau_x=0.3, tau_s=0.01,
+    sep = pd.sparse_mlp_from_shards(prox.formats.linear_module(mlp.gate_proj.weight[lo:hi]), prox.formats.linear_module(mlp.up_proj.weight[lo:hi]),
+                                    prox.formats.linear_module(wd), d_ff=ctx.d_ff, tp=ctx.group, tau_x=0.3, tau_s=0.01,
                                     options=ctx.options)
     ref = pd.shard_mlp(mlp, ctx.group, tau_x=0.3, tau_s=0.01, options=ctx.options)
     x = inputs(ctx, seed=7, tokens=1)
@@ -241,7 +241,7 @@ def case_communicators(ctx: Ctx) -> dict:
         assert torch.equal(local, shard.forward_local(x))
         pd.set_communicator([shard], old)
         assert torch.equal(shard(x), want)
-        via_obj = pd.sparse_mlp_from_shards(shard.gate_proj, shard.up_proj, pd._linear(shard.down_t.t().contiguous()),
+        via_obj = pd.sparse_mlp_from_shards(shard.gate_proj, shard.up_proj, prox.formats.linear_module(shard.down_t.t().contiguous()),
                                             d_ff=ctx.d_ff, tp=Mine(), tau_x=0.2, tau_s=0.01, options=ctx.options)
         assert torch.equal(via_obj(x), want)
     return {}
@@ -446,7 +446,7 @@ def bad_input_cases(ctx: Ctx) -> dict:
 
     def bias_one_rank():
         wg, wu, wd = shards()
-        lin = pd._linear(wg)
+        lin = prox.formats.linear_module(wg)
         if r == 1:
             lin.bias = nn.Parameter(torch.zeros(n, device=dev, dtype=dt))
         pd.sparse_mlp_from_shards(lin, wu, wd, d_ff=ctx.d_ff, tp=g)
