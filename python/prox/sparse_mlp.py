@@ -585,12 +585,14 @@ class SparseMLP(nn.Module):
 
     def dense(self, x: torch.Tensor) -> torch.Tensor:
         """The dense MLP on the same weights (prefill): the format's prefill (prox.formats; ``prefill_gemm``), in
-        x's dtype."""
+        x's dtype, on the modules' own weight tensors."""
         down = None
         if self.keep_down:
             lin = self._linear("down_proj")
-            down = (lin.weight, self.fmt.normalized_scale(lin.scales, self.d_model, self.d_ff, "down_proj's scales"))
-        return self.fmt.prefill(x, self.layer_tensors(), self.act, down, self.prefill_gemm)
+            down = (self.down_proj.weight, self.fmt.normalized_scale(lin.scales, self.d_model, self.d_ff,
+                                                                     "down_proj's scales"))
+        layer = self.layer_tensors()._replace(w_gate=self.gate_proj.weight, w_up=self.up_proj.weight)
+        return self.fmt.prefill(x, layer, self.act, down, self.prefill_gemm)
 
     def dense_kernel(self, x: torch.Tensor) -> torch.Tensor:
         """The dense FFN of one token through the layer's own fused Stage-2 kernel, every channel selected, no
