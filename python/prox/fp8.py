@@ -325,8 +325,8 @@ def linear_info(module: nn.Module, name: str = "linear") -> Optional[Fp8Weight]:
             raise ValueError(f"prox: {name} has block_size (128, 128) but {name}.{scale_name} has shape "
                              f"{tuple(s.shape)} (expected [{blocks(rows)}, {blocks(cols)}])")
         layout = "block128"
-    elif s.numel() == 1 and rows > 1:
-        layout = None  # per tensor: expanded to the MLP's layout
+    elif s.numel() == 1 and rows > 1 and tuple(s.shape) != (blocks(rows), blocks(cols)):
+        layout = None  # per tensor: expanded to the MLP's layout (a [1, 1] grid of one block stays a block)
     else:
         layout = infer_layout(s, rows, cols, name=f"{name}.{scale_name}")
     return Fp8Weight(w.detach(), s.detach(), scale_name, layout)
