@@ -40,8 +40,8 @@ BLOCK = 128
 LAYOUTS = ("channel", "block128")
 #: prox::fp8::kLayoutTag: the tag of prox-made FP8 tensors (W_down^T and its scales).
 LAYOUT_TAG = "prox-fp8-e4m3-v1"
-#: Rows dequantize() computes at once (a multiple of BLOCK): its float32 temporaries hold 2048 rows (32 MiB on a
-#: Qwen3-8B-shaped [12288, 4096] matrix), never the whole matrix.
+#: Rows dequantize() computes at once (a multiple of BLOCK): its float32 temporary holds 2048 rows of codes (32 MiB
+#: on a Qwen3-8B-shaped [12288, 4096] matrix), never the whole matrix.
 DEQUANT_ROWS = 16 * BLOCK
 #: Smallest scale quantize writes (FLT_MIN: an all-zero row or block keeps a normal scale > 0).
 MIN_SCALE = 1.17549435082228750797e-38
@@ -72,30 +72,40 @@ def scale_shape(layout: str, rows: int, cols: int, transposed: bool = False) -> 
 def _expanded(scales: torch.Tensor, layout: str, rows: int, cols: int, transposed: bool, r0: int = 0,
               r1: Optional[int] = None) -> torch.Tensor:
     """Each element's scale, float32 [r1 - r0, cols] for the rows [r0, r1) of a [rows, cols] matrix (a broadcast
-    view where possible; r0 a multiple of BLOCK for block scales)."""
+    view per channel; r0 a multiple of BLOCK for block scales)."""
     r1 = rows if r1 is None else min(r1, rows)
-    s = scales.to(torch.float32)
     if layout == "block128":
-        s = s.reshape(blocks(rows), blocks(cols))[r0 // BLOCK:blocks(r1)]
-        return s.repeat_interleave(BLOCK, 0)[:r1 - r0].repeat_interleave(BLOCK, 1)[:, :cols]
-    s = s.reshape(-1)
+        return _block_row_scales(scales, rows, cols, r0, r1).repeat_interleave(BLOCK, 0)[:r1 - r0]
+    s = scales.to(torch.float32).reshape(-1)
     return s[None, :].expand(r1 - r0, cols) if transposed else s[r0:r1, None].expand(r1 - r0, cols)
+
+
+def _block_row_scales(scales: torch.Tensor, rows: int, cols: int, r0: int, r1: int) -> torch.Tensor:
+    """The block scales of the block rows covering [r0, r1), expanded along the columns: float32 [blocks, cols]."""
+    s = scales.to(torch.float32).reshape(blocks(rows), blocks(cols))[r0 // BLOCK:blocks(r1)]
+    return s.repeat_interleave(BLOCK, 1)[:, :cols]
 
 
 def dequantize(q: torch.Tensor, scales: torch.Tensor, layout: Optional[str] = None, dtype=torch.float32,
                transposed: bool = False) -> torch.Tensor:
     """The dequantized matrix e4m3(q) * scale in ``dtype`` (float32: the product rounded once, prox::fp8::
     dequant_value; float64: exact, the tests' reference; float16 / bfloat16: the float32 product rounded to
-    ``dtype``), computed DEQUANT_ROWS rows at a time, so that no float32 temporary of the whole matrix is made.
-    ``transposed``: q is W_down^T [d_ff, d_model] and the per-channel scales are per column. ``layout`` None:
-    inferred from the scales' shape."""
+    ``dtype``), computed DEQUANT_ROWS rows at a time with the scales broadcast, so that its only large temporary is
+    one chunk of the codes in float32, never the whole matrix. ``transposed``: q is W_down^T [d_ff, d_model] and
+    the per-channel scales are per column. ``layout`` None: inferred from the scales' shape."""
     rows, cols = (int(v) for v in q.shape)
     layout = layout or infer_layout(scales, rows, cols, transposed=transposed)
     work = torch.float64 if dtype == torch.float64 else torch.float32
     out = torch.empty((rows, cols), dtype=dtype, device=q.device)
     for r in range(0, rows, DEQUANT_ROWS):
-        part = _expanded(scales, layout, rows, cols, transposed, r, r + DEQUANT_ROWS).to(work)
-        out[r:r + DEQUANT_ROWS] = q[r:r + DEQUANT_ROWS].to(work) * part
+        r1 = min(r + DEQUANT_ROWS, rows)
+        qc, oc = q[r:r1].to(work), out[r:r1]
+        if layout == "block128" and (r1 - r) % BLOCK == 0:  # [blocks, 128, cols] x [blocks, 1, cols]
+            nb = (r1 - r) // BLOCK
+            s = _block_row_scales(scales, rows, cols, r, r1).to(work)[:, None, :]
+            torch.mul(qc.view(nb, BLOCK, cols), s, out=oc.view(nb, BLOCK, cols))  # rounded once, to dtype
+        else:
+            torch.mul(qc, _expanded(scales, layout, rows, cols, transposed, r, r1).to(work), out=oc)
     return out
 
 
