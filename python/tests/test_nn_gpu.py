@@ -94,7 +94,9 @@ def test_batch_of_three_tokens(kind, dtype):
         assert torch.equal(sp(x9), sp.dense(x9))  # more than 8 tokens: prefill
         ws1 = prox.new_workspace(256, 768)  # a given workspace for one token: batches follow prefill
         sp1 = prox.SparseMLP.from_mlp(mlp, keep_down=True, tau_x=0.5, tau_s=0.01, workspace=ws1)
-        assert not sp1._batches(x.reshape(3, 256)) and torch.equal(sp1(x), sp1.dense(x))
+        assert sp1.capacity() == 1 and sp1._batch_rows(x, 3) == 0 and torch.equal(sp1(x), sp1.dense(x))
+        steps = x.reshape(3, 1, 256)  # a decode batch of 3 sequences: Prox in calls of 1 (what the workspace holds)
+        assert torch.equal(sp1(steps), torch.cat([sp1(steps[b:b + 1]) for b in range(3)]))
 
 
 def test_sparsify_on_gpu_realized_sparsity_and_roundtrip(tmp_path):
