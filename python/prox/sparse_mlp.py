@@ -29,17 +29,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from . import _ops, formats, layer_ops, reference
-from ._ops import LayerTensors, PlanOptions
+from ._ops import PlanOptions
 from .formats import OP_DTYPES
+from .mlp_weights import MlpWeights
 from .planned import sparsity_report as counters_report
-from .thresholds import layer_fingerprint
 from .workspace import DEFAULT_POOL, WorkspacePool, raw_stream
-
-#: Buffers that stay float32 whatever dtype the module is converted to (model.half(), .to(bf16)).
-_FLOAT32_BUFFERS = ("scale_gate", "scale_up", "thresholds", "w_gate_scale", "w_up_scale", "w_down_t_scale",
-                    "down_scale")
-_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
-
 
 def detect_act(act_fn) -> str:
     """'silu' or 'gelu_tanh' for an MLP's activation module/function, by evaluating it (names differ
@@ -59,18 +53,6 @@ def detect_act(act_fn) -> str:
     raise ValueError(f"prox: unsupported MLP activation {act_fn!r} (prox implements SiLU and tanh-GELU)")
 
 
-def keep_codes(fn, protected=frozenset()):
-    """Module._apply's fn, except that weight codes (prox.formats.holds_codes: FP8), and the tensors whose id is in
-    ``protected`` (their float32 scales), keep their dtype (model.half() / .to(bfloat16) would convert the codes and
-    round the scales): they only follow the device."""
-    def apply(t):
-        if not formats.holds_codes(t) and id(t) not in protected:
-            return fn(t)
-        probe = fn(t.new_empty(0))
-        return fn(t) if probe.dtype == t.dtype else t.to(device=probe.device)
-    return apply
-
-
 _WARNED: set = set()
 
 
@@ -86,8 +68,8 @@ def is_decode_batch(x: torch.Tensor) -> bool:
     return x.dim() >= 3 and x.shape[-2] == 1 and x.numel() > x.shape[-1]
 
 
-class SparseMLP(nn.Module):
-    """Prox for one gated MLP.
+class SparseMLP(MlpWeights):
+    """Prox for one gated MLP: an MlpWeights (the weights and their derived state, prox.mlp_weights) that runs.
 
     Args:
         gate_proj, up_proj: the linear modules (kept, and shared with the dense path): nn.Linear, or an FP8
@@ -132,48 +114,26 @@ class SparseMLP(nn.Module):
     shard and gives it a ``tp`` (its TPState); forward() then all-reduces y once.
     """
 
+    FLOAT32_BUFFERS = MlpWeights.FLOAT32_BUFFERS + ("thresholds",)
+    RUNTIME_BUFFERS = ("workspace",)
+
     def __init__(self, gate_proj: nn.Module, up_proj: nn.Module, down_proj: nn.Module, act: str = "silu", *,
                  backend: str = "auto", prefill: str = "dense", keep_down: bool = False, tau_x: float = 0.0,
                  tau_s: float = 0.0, options: PlanOptions = PlanOptions(), workspace: Optional[torch.Tensor] = None,
                  workspace_pool: Optional[WorkspacePool] = None, track_sparsity: bool = False,
                  batched: bool = True, dtype: Optional[torch.dtype] = None, prefill_gemm: str = "auto"):
-        super().__init__()
-        self.tp = None  # a shard's TPState (prox.distributed sets it)
         if backend not in ("auto", "op", "torch"):
             raise ValueError(f"prox: backend must be 'auto', 'op' or 'torch', got {backend!r}")
         if prefill not in ("dense", "sparse"):
             raise ValueError(f"prox: prefill must be 'dense' or 'sparse', got {prefill!r}")
-        if prefill_gemm not in ("auto", "dequantized"):
-            raise ValueError(f"prox: prefill_gemm must be 'auto' or 'dequantized', got {prefill_gemm!r}")
         if not isinstance(options, PlanOptions):
             raise TypeError(f"prox: options must be a prox.PlanOptions, got {type(options).__name__}")
         _ops.act_code(act)
-        for name, lin in (("gate_proj", gate_proj), ("up_proj", up_proj), ("down_proj", down_proj)):
-            if not isinstance(getattr(lin, "weight", None), torch.Tensor) or lin.weight.dim() != 2:
-                raise TypeError(f"prox: {name} must be a linear layer with a 2-D weight (nn.Linear)")
-            if getattr(lin, "bias", None) is not None:
-                raise ValueError(f"prox: {name} has a bias; Prox computes bias-free gated MLPs (Llama, Qwen, "
-                                 "Mistral, Gemma), and a bias would be left out of the result")
-        #: the Stage-2 weight format (prox.formats): the one that reads all three projections
-        self.fmt, lins = formats.of_mlp({"gate_proj": gate_proj, "up_proj": up_proj, "down_proj": down_proj})
-        self._scale_names = tuple(lins[n].scale_name for n in _PROJECTIONS)
-        w = gate_proj.weight
-        self._act_dtype = self.fmt.act_dtype(w.dtype, dtype, op_only=False)
-        self.d_ff, self.d_model = (int(v) for v in w.shape)
-        if self.d_model % 8 or self.d_ff % 32:
-            raise ValueError(f"prox: d_model must be a multiple of 8 and d_ff of 32, got ({self.d_model}, {self.d_ff})")
-        if tuple(up_proj.weight.shape) != (self.d_ff, self.d_model) or \
-                tuple(down_proj.weight.shape) != (self.d_model, self.d_ff):
-            raise ValueError(f"prox: gate_proj {tuple(w.shape)}, up_proj {tuple(up_proj.weight.shape)} and down_proj "
-                             f"{tuple(down_proj.weight.shape)} do not form a gated MLP ([d_ff, d_model] twice, then "
-                             "[d_model, d_ff])")
-        if up_proj.weight.dtype != w.dtype or down_proj.weight.dtype != w.dtype or \
-                up_proj.weight.device != w.device or down_proj.weight.device != w.device:
-            raise ValueError("prox: gate_proj, up_proj and down_proj must share one dtype and device")
-        self.act = act
+        super().__init__(gate_proj, up_proj, down_proj, act, keep_down=keep_down, dtype=dtype,
+                         prefill_gemm=prefill_gemm)
+        self.tp = None  # a shard's TPState (prox.distributed sets it)
         self.backend = backend
         self.prefill = prefill
-        self.prefill_gemm = prefill_gemm
         self.batched = bool(batched)
         # Workspace bytes for 1..MAX_TOKENS tokens (a plain tuple: torch.compile traces it).
         self._ws_sizes = _ops._workspace_sizes(self.d_model, self.d_ff) if _ops.available() else None
@@ -183,42 +143,18 @@ class SparseMLP(nn.Module):
         self.options = options
         self._options = options.encode()
         self.act_code = _ops.act_code(act)
-        self.gate_proj = gate_proj
-        self.up_proj = up_proj
-        self.keep_down = keep_down
-        # A module slot even when W_down is dropped: its state-dict key ("down_proj.weight") is ours to save
-        # and load (from down_t), not an unexpected one.
-        self.register_module("down_proj", down_proj if keep_down else None)
-        # W_down dropped: its own scales (a format with scales) stay, the state dict saves them with W_down.
-        self.register_buffer("down_scale", None if keep_down else lins["down_proj"].scales, persistent=False)
-        with torch.no_grad():
-            down_t, down_t_scale = self.fmt.down_t(down_proj.weight, lins["down_proj"].scales, "down_proj",
-                                                   "down_proj's scales")
-            pg, sg, pu, su = self._proxies()
-            gs, us = self._stage2_scales()
-        self.register_buffer("down_t", down_t, persistent=False)
-        self.register_buffer("w_down_t_scale", down_t_scale, persistent=False)
-        self.register_buffer("w_gate_scale", gs, persistent=False)
-        self.register_buffer("w_up_scale", us, persistent=False)
-        self.register_buffer("proxy_gate", pg, persistent=False)
-        self.register_buffer("scale_gate", sg, persistent=False)
-        self.register_buffer("proxy_up", pu, persistent=False)
-        self.register_buffer("scale_up", su, persistent=False)
+        device = gate_proj.weight.device
         self.register_buffer("thresholds", torch.tensor([float(tau_x), float(tau_s)], dtype=torch.float32,
-                                                        device=w.device), persistent=False)
-        self.register_buffer("counters", torch.zeros(4, dtype=torch.int64, device=w.device) if track_sparsity
+                                                        device=device), persistent=False)
+        self.register_buffer("counters", torch.zeros(4, dtype=torch.int64, device=device) if track_sparsity
                              else None, persistent=False)
         # A given workspace is used as given; otherwise the pool's workspace of the current stream, re-taken
         # in forward() when the stream changes (_bind_workspace()).
         self._pool = None if workspace is not None else (workspace_pool if workspace_pool is not None else DEFAULT_POOL)
         self._ws_stream = None
         self.register_buffer("workspace", workspace, persistent=False)
-        self._q_cache = None  # unpacked proxies for the torch backend
-        self._fingerprint = None  # (weight versions, thresholds.layer_fingerprint), computed when asked for
         self._plan_pins: list = []  # plan-cache pins of plan()
-        self._derived_from = self._weight_versions()
         self._after_move()
-        self.register_load_state_dict_post_hook(SparseMLP._after_load)
 
     @classmethod
     def from_mlp(cls, mlp: nn.Module, act: Optional[str] = None, **kw) -> "SparseMLP":
@@ -235,178 +171,16 @@ class SparseMLP(nn.Module):
                 f"dtype={self.act_dtype}{tp}")
 
     @property
-    def format(self) -> str:
-        """The Stage-2 weight format's name (prox.FORMATS)."""
-        return self.fmt.name
-
-    @property
-    def layout(self) -> Optional[str]:
-        """FP8: the scale layout ("channel", "block128"); None for the native format."""
-        return self.fmt.layout
-
-    @property
     def d_ff_full(self) -> int:
         """The full layer's d_ff (d_ff times the TP degree for a shard): what a thresholds file records."""
         return self.d_ff if self.tp is None else self.tp.d_ff
 
-    @property
-    def act_dtype(self) -> torch.dtype:
-        """The activation dtype (x, y): the weights' for fp16/bf16 weights, the one given for FP8 projections."""
-        return self.gate_proj.weight.dtype if self.fmt.weights_set_dtype else self._act_dtype
-
-    @property
-    def alpha(self) -> float:
-        """The allocation's alpha for this layer's weight format (prox.formats)."""
-        return self.fmt.alpha
-
-    # ------------------------------------------------------------ derived state (asked of the format)
-
-    def _linear(self, name: str) -> formats.Linear:
-        lin = self.fmt.linear(getattr(self, name), name)
-        if lin is None:
-            raise TypeError(f"prox: {name} no longer holds {self.format} weights (its weight is "
-                            f"{getattr(getattr(self, name), 'weight', None).dtype}): build a new SparseMLP")
-        return lin
-
-    def _proxies(self) -> tuple:
-        """(packed, scales) of W_gate's and W_up's INT4 proxies, from the current weights."""
-        out = []
-        for name in ("gate_proj", "up_proj"):
-            lin = self._linear(name)
-            out += self.fmt.proxy(lin.weight, lin.scales, name)
-        return tuple(out)
-
-    def _stage2_scales(self) -> tuple:
-        """W_gate's and W_up's scales as the op reads them, each checked (None, None for a format without)."""
-        return tuple(self.fmt.stage2_scale(self._linear(n).scales, self.d_ff, self.d_model, f"{n}'s scales")
-                     for n in ("gate_proj", "up_proj"))
-
-    def _scale_tensors(self) -> list:
-        """The projections' own scale tensors (none for a format without scales): W_down's is down_scale when
-        W_down is dropped."""
-        out = []
-        for name, attr in zip(_PROJECTIONS, self._scale_names):
-            if attr is not None:
-                mod = getattr(self, name) if name != "down_proj" or self.keep_down else None
-                out.append(getattr(mod, attr) if mod is not None else self.down_scale)
-        return out
-
-    def _weight_versions(self) -> tuple:
-        """The version counters of the weights the derived state comes from (bumped by in-place writes; None
-        for inference tensors, which have none), their scales included."""
-        ws = [self.gate_proj.weight, self.up_proj.weight, self.down_proj.weight if self.keep_down else self.down_t]
-        ws += self._scale_tensors()
-        return tuple(None if w.is_inference() else w._version for w in ws)
-
-    def exact_weights(self, dtype=None) -> tuple:
-        """(W_gate, W_up, W_down^T) as Stage 2 computes with them: the fp16/bf16 weights (converted to ``dtype``
-        when given), or an FP8 layer's dequantized weights (prox.fp8.dequantize, float32 by default)."""
-        return self.fmt.exact_weights(self.layer_tensors(), dtype)
-
-    @torch.no_grad()
-    def refresh(self) -> None:
-        """Re-derive the proxies (and W_down^T with keep_down=True) from the current weights. In place where
-        the shape, dtype and device are unchanged, so plans and CUDA graphs captured before see the new
-        values; not during capture (packing synchronizes). load_state_dict() calls it; call it after any
-        other in-place change of the weights (a LoRA merge, a weight update through .data)."""
-        pg, sg, pu, su = self._proxies()
-        fresh = {"proxy_gate": pg, "scale_gate": sg, "proxy_up": pu, "scale_up": su}
-        if self.keep_down:
-            lin = self._linear("down_proj")
-            fresh["down_t"], fresh["w_down_t_scale"] = self.fmt.down_t(lin.weight, lin.scales, "down_proj",
-                                                                       "down_proj's scales")
-        else:
-            fresh["w_down_t_scale"] = self.fmt.down_t_scale(self.down_scale, self.d_model, self.d_ff,
-                                                            "down_proj's scales")
-        fresh["w_gate_scale"], fresh["w_up_scale"] = self._stage2_scales()
-        for k, t in fresh.items():
-            old = self._buffers[k]
-            if t is not None and old is not None and old.shape == t.shape and old.dtype == t.dtype and \
-                    old.device == t.device and (torch.is_inference_mode_enabled() or not old.is_inference()):
-                old.copy_(t)
-            else:
-                self._buffers[k] = t
-        self._q_cache = None
-        self._fingerprint = None
-        self._derived_from = self._weight_versions()
-        self._after_move()
-
-    def _check_fresh(self) -> None:
-        if self._weight_versions() != self._derived_from:
-            raise RuntimeError("prox: this SparseMLP's weights changed in place after its proxies (and W_down^T) "
-                               "were derived: call refresh() (prox.nn.refresh(model) for every layer) before "
-                               "running it")
-
-    @staticmethod
-    def _after_load(module, incompatible_keys) -> None:
-        module.refresh()
-
-    def _save_to_state_dict(self, destination, prefix, keep_vars):
-        super()._save_to_state_dict(destination, prefix, keep_vars)
-        if not self.keep_down:  # W_down lives only as down_t: save it as the dense MLP's down_proj.weight
-            wd = self.down_t.t().contiguous()
-            destination[prefix + "down_proj.weight"] = wd if keep_vars else wd.detach()
-            if self.down_scale is not None:  # and its scales as they were given
-                destination[prefix + "down_proj." + self._scale_names[2]] = self.down_scale
-
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                              error_msgs):
-        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                                      error_msgs)
-        if self.keep_down:
-            return  # down_proj loads itself
-        key = prefix + "down_proj.weight"
-        if key not in state_dict:
-            if strict:
-                missing_keys.append(key)
-            return
-        v = state_dict[key]
-        if tuple(v.shape) != (self.d_model, self.d_ff):
-            error_msgs.append(f"size mismatch for {key}: copying a param with shape {tuple(v.shape)}, the "
-                              f"parameter in current model is {(self.d_model, self.d_ff)}")
-            return
-        sv = None
-        if self.down_scale is not None:  # codes with scales load as they are (a cast would change their meaning)
-            if v.dtype != self.down_t.dtype:
-                error_msgs.append(f"dtype mismatch for {key}: {v.dtype}, the layer's W_down is {self.down_t.dtype}")
-                return
-            skey = prefix + "down_proj." + self._scale_names[2]
-            if skey not in state_dict:
-                if strict:
-                    missing_keys.append(skey)
-                return
-            sv = state_dict[skey]
-            if tuple(sv.shape) != tuple(self.down_scale.shape):
-                error_msgs.append(f"size mismatch for {skey}: copying a param with shape {tuple(sv.shape)}, the "
-                                  f"parameter in current model is {tuple(self.down_scale.shape)}")
-                return
-        with torch.no_grad():
-            if local_metadata.get("assign_to_params_buffers", False):
-                self._buffers["down_t"] = v.t().contiguous()
-                if sv is not None:
-                    self._buffers["down_scale"] = sv
-            else:
-                self.down_t.copy_(v.t())
-                if sv is not None:
-                    self.down_scale.copy_(sv)
+    # ------------------------------------------------------------ the op's readiness, thresholds, counters
 
     def fingerprint(self) -> dict:
         """The weights' fingerprint (prox.thresholds.layer_fingerprint), computed once per weight version. A
         tensor-parallel shard gives its full layer's (its TPState's: a collective)."""
-        if self.tp is not None:
-            return self.tp.fingerprint(self)
-        v = self._weight_versions()
-        if self._fingerprint is None or self._fingerprint[0] != v or self._fingerprint[2] != self.down_t.data_ptr():
-            dtype, wg, wu, wd = self.fingerprint_matrices()
-            fp = layer_fingerprint(wg, wu, wd)
-            fp["dtype"] = dtype
-            self._fingerprint = (v, fp, self.down_t.data_ptr())
-        return self._fingerprint[1]
-
-    def fingerprint_matrices(self) -> tuple:
-        """(dtype name, W_gate, W_up, W_down in nn.Linear layout) as the format fingerprints them (an FP8 layer's
-        dequantized weights)."""
-        return self.fmt.fingerprint_matrices(self.layer_tensors(), self.down_proj.weight if self.keep_down else None)
+        return self.local_fingerprint() if self.tp is None else self.tp.fingerprint(self)
 
     def _after_move(self) -> None:
         """After construction, a move or a refresh: whether the op can run these weights, the tensors checked
@@ -439,45 +213,17 @@ class SparseMLP(nn.Module):
                     f"({self.fmt.dtype_hint()})")
         return "no workspace"
 
-    # ------------------------------------------------------------ state
-
-    def _apply(self, fn, recurse=True):
-        protected = frozenset(id(s) for s in self._scale_tensors())  # the projections' scales keep their dtype
-        # model.half() / .to(torch.bfloat16) must not round the float32 scales and thresholds.
-        keep = {k: self._buffers.pop(k) for k in _FLOAT32_BUFFERS}
-        # The workspace is derived state, not a tensor to convert: fn(workspace) would copy a shared
-        # workspace (uninitialized on a new device). A given one is kept while it is on the module's device,
-        # dropped otherwise; the pool's is re-taken at the next call.
-        ws = self._buffers.pop("workspace")
-        dtype = self.gate_proj.weight.dtype
-        if not self.fmt.weights_set_dtype:  # the activation dtype follows a conversion, the weights stay
-            act = fn(torch.empty(0, dtype=self._act_dtype)).dtype
-            if act in OP_DTYPES + (torch.float32,):
-                self._act_dtype = act
-        fn = keep_codes(fn, protected)
-        super()._apply(fn, recurse)
-        for k, t in keep.items():
-            if t is None:
-                self._buffers[k] = None
-                continue
-            moved = fn(t)
-            self._buffers[k] = moved if moved.dtype == t.dtype else t.to(device=moved.device)
-        device = self.down_t.device
+    def _restore_runtime(self, runtime: dict, device: torch.device) -> None:
+        # The workspace is derived state, not a tensor to convert: fn(workspace) would copy a shared workspace
+        # (uninitialized on a new device). A given one is kept while it is on the module's device, dropped
+        # otherwise; the pool's is re-taken at the next call.
+        ws = runtime["workspace"]
         if self._pool is not None:
             ws = None
             self._ws_stream = None
         elif ws is not None and ws.device != device:
             ws = None
         self._buffers["workspace"] = ws
-        self._q_cache = None
-        self._fingerprint = None
-        if self.gate_proj.weight.dtype != dtype and device.type != "meta":
-            self.refresh()  # proxies of the weights as converted (a rounding can move a scale)
-        else:
-            self._derived_from = self._weight_versions()
-            if device.type != "meta":
-                self._after_move()
-        return self
 
     def set_thresholds(self, tau_x: float, tau_s: float) -> None:
         """New thresholds, written into the device tensor every run reads (no re-plan, no re-capture)."""
@@ -517,24 +263,7 @@ class SparseMLP(nn.Module):
             raise RuntimeError("prox: build the SparseMLP with track_sparsity=True to count")
         return counters_report(self.counters, self.d_model, self.d_ff, self.alpha)
 
-    def memory_bytes(self) -> dict:
-        """Bytes of what this layer adds to the dense MLP (proxies, scales, W_down^T), and of what it keeps."""
-        nb = lambda t: 0 if t is None else t.numel() * t.element_size()  # noqa: E731
-        extra = {"proxies": nb(self.proxy_gate) + nb(self.proxy_up), "scales": nb(self.scale_gate) + nb(self.scale_up),
-                 "w_down_t": nb(self.down_t) + nb(self.w_down_t_scale) if self.keep_down else 0}
-        # the dense MLP: its weights and their scales (W_down's as W_down^T's)
-        dense = nb(self.gate_proj.weight) + nb(self.up_proj.weight) + nb(self.down_t)
-        dense += nb(self.w_gate_scale) + nb(self.w_up_scale) + nb(self.w_down_t_scale)
-        return {**extra, "extra_total": sum(extra.values()), "dense_mlp": dense}
-
     # ------------------------------------------------------------ forward
-
-    def layer_tensors(self) -> LayerTensors:
-        """The layer's tensors by name, as the op reads them (the ops' ``layer`` list is its ``tensors()``)."""
-        return LayerTensors(w_gate=self.gate_proj.weight.detach(), w_up=self.up_proj.weight.detach(),
-                            w_down_t=self.down_t, proxy_gate=self.proxy_gate, scale_gate=self.scale_gate,
-                            proxy_up=self.proxy_up, scale_up=self.scale_up, w_gate_scale=self.w_gate_scale,
-                            w_up_scale=self.w_up_scale, w_down_t_scale=self.w_down_t_scale, format=self.format)
 
     def backend_in_use(self) -> str:
         """"op" or "torch": what a decode step of this layer runs now (its weights' dtype and device)."""
@@ -583,17 +312,6 @@ class SparseMLP(nn.Module):
             self._buffers["workspace"] = self._pool.get(self.d_model, self.d_ff, device)
             self._ws_stream = s
 
-    def dense(self, x: torch.Tensor) -> torch.Tensor:
-        """The dense MLP on the same weights (prefill): the format's prefill (prox.formats; ``prefill_gemm``), in
-        x's dtype, on the modules' own weight tensors."""
-        down = None
-        if self.keep_down:
-            lin = self._linear("down_proj")
-            down = (self.down_proj.weight, self.fmt.normalized_scale(lin.scales, self.d_model, self.d_ff,
-                                                                     "down_proj's scales"))
-        layer = self.layer_tensors()._replace(w_gate=self.gate_proj.weight, w_up=self.up_proj.weight)
-        return self.fmt.prefill(x, layer, self.act, down, self.prefill_gemm)
-
     def dense_kernel(self, x: torch.Tensor) -> torch.Tensor:
         """The dense FFN of one token through the layer's own fused Stage-2 kernel, every channel selected, no
         Stage 1 (torch.ops.prox.dense_ffn; its first call plans and allocates outside capture): prox's dense
@@ -603,11 +321,6 @@ class SparseMLP(nn.Module):
         layer, fmt = _ops.layer_args(self.layer_tensors())
         return torch.ops.prox.dense_ffn(x.reshape(-1, self.d_model), layer, fmt, self.thresholds, self.act_code,
                                         self._options).reshape(x.shape)
-
-    def _q(self):
-        if self._q_cache is None or self._q_cache[0].device != self.proxy_gate.device:
-            self._q_cache = (reference.unpack_int4(self.proxy_gate), reference.unpack_int4(self.proxy_up))
-        return self._q_cache
 
     def sparse_reference(self, x2: torch.Tensor) -> torch.Tensor:
         """Prox on every row of x2 [tokens, d_model] through the torch reference (fp32 math)."""

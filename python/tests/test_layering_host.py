@@ -19,7 +19,7 @@ FLOORS = [
     ["fp8"],                          # FP8 e4m3 numerics
     ["formats"],                      # the Stage-2 weight formats (the registry)
     ["planned", "workspace"],         # PlannedFfn; the workspace pool
-    ["sparse_mlp"],                   # SparseMLP
+    ["mlp_weights", "sparse_mlp"],    # a gated MLP's weights and derived state; SparseMLP, which runs it
     ["nn"],                           # model walkers (find, swap, restore, report)
     ["distributed"],                  # tensor parallelism: shards and wraps what is below
     ["sparsify"],                     # model calibration
