@@ -358,7 +358,8 @@ def _layer_info(layer) -> dict:
     w = layer.layer_tensors().w_gate
     th = layer.thresholds.detach().float().cpu().tolist()
     return {"d_model": int(layer.d_model), "d_ff_local": int(layer.d_ff), "format": layer.format,
-            "dtype": str(w.dtype), "device": w.device.type, "act": layer.act, "thresholds": (float(th[0]), float(th[1]))}
+            "dtype": str(w.dtype), "device": w.device.type, "act": layer.act,
+            "thresholds": (float(th[0]), float(th[1]))}
 
 
 def _check_consistent(infos: list, d_ff: int) -> None:

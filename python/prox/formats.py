@@ -487,6 +487,7 @@ def of_weights(w_gate: torch.Tensor, w_gate_scale: Optional[torch.Tensor]) -> Fo
     for f in REGISTRY:
         if f.reads_weights(w_gate, w_gate_scale):
             return f
-    raise ValueError(f"prox: no weight format reads w_gate ({w_gate.dtype}) with w_gate_scale "
-                     f"{None if w_gate_scale is None else tuple(w_gate_scale.shape)}: FP8 weights need w_gate_scale and "
-                     "w_up_scale (and w_down_scale or w_down_t_scale): the dequantized weight is q * scale")
+    shape = None if w_gate_scale is None else tuple(w_gate_scale.shape)
+    raise ValueError(f"prox: no weight format reads w_gate ({w_gate.dtype}) with w_gate_scale {shape}: FP8 weights "
+                     "need w_gate_scale and w_up_scale (and w_down_scale or w_down_t_scale): the dequantized weight "
+                     "is q * scale")

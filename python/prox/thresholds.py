@@ -34,6 +34,8 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
+import torch
+
 from .allocation import ALPHA
 
 FORMAT = "prox-thresholds"
@@ -54,7 +56,6 @@ def matrix_fingerprint(w, full: Optional[tuple] = None, at: tuple = (0, 0), as_t
     first row and column) gives the whole matrix's sample positions, 0.0 for those outside the block, and the
     block's sums: summed over the blocks, these are the whole matrix's fingerprint (prox.distributed.
     fingerprints). as_tensor: the float64 [2 + FINGERPRINT_SAMPLES] values on w's device, not read."""
-    import torch
     rows, cols = (int(v) for v in (full or w.shape))
     n = rows * cols
     idx = torch.tensor([((2 * k + 1) * n) // (2 * FINGERPRINT_SAMPLES) for k in range(FINGERPRINT_SAMPLES)],
@@ -226,6 +227,6 @@ def find_config(configs: list, e: float, split: str = "paper") -> ThresholdConfi
             return c
     have = ", ".join(f"(e={c.e}, {c.split})" for c in configs)
     raise MissingThresholds(f"prox: the thresholds hold no config for e={e}, split={split!r}; they hold "
-                            f"{have or 'none'}. Ask for one of those, or calibrate this one (cfg = prox.sparsify(model, "
-                            f"{e}, calibration_ids, split={split!r})) and add it to the file (prox.save_thresholds(path, "
-                            "cfg) keeps the file's other configs)")
+                            f"{have or 'none'}. Ask for one of those, or calibrate this one (cfg = "
+                            f"prox.sparsify(model, {e}, calibration_ids, split={split!r})) and add it to the file "
+                            "(prox.save_thresholds(path, cfg) keeps the file's other configs)")

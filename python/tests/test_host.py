@@ -260,10 +260,10 @@ def test_thresholds_file_roundtrip(tmp_path):
     assert got.layers == cfg.layers and got.calibration == cfg.calibration and got.model == "m"
     assert got.int4_layout == prox.thresholds.INT4_LAYOUT
     assert got.layers[0].tau_x == 0.123456789 and got.layers[0].tau_s == math.inf
-    with pytest.raises(ValueError, match=r"the thresholds hold no config for e=0.6, split='paper'; they hold \(e=0.5, "
-                                         r"paper\), \(e=0.7, search\)\. Ask for one of those, or calibrate this one "
-                                         r"\(cfg = prox.sparsify\(model, 0.6, calibration_ids, split='paper'\)\) and add "
-                                         r"it to the file"):
+    with pytest.raises(ValueError, match=r"the thresholds hold no config for e=0.6, split='paper'; they hold "
+                                         r"\(e=0.5, paper\), \(e=0.7, search\)\. Ask for one of those, or "
+                                         r"calibrate this one \(cfg = prox.sparsify\(model, 0.6, calibration_ids, "
+                                         r"split='paper'\)\) and add it to the file"):
         prox.find_config(back, 0.6)
     path.write_text(json.dumps({"format": "other"}))
     with pytest.raises(ValueError):
