@@ -17,16 +17,17 @@ from ._ops import (ACTS, FORMATS, LAYER_SLOTS, MAX_TOKENS, PLAN_FLAGS, FfnOutput
                    new_workspace, pack_int4, plan_cache_capacity, plan_cache_pinned, plan_cache_size,
                    set_plan_cache_capacity, transpose, workspace_bytes, workspace_dirty, workspace_header_bytes,
                    workspace_tokens)
-from .allocation import (ALPHA, FP8_ALPHA, StageSparsity, allocate_sparsity, alpha_for, effective_sparsity,
-                         max_effective_sparsity, split_candidates)
+from .allocation import (ALPHA, StageSparsity, allocate_sparsity, effective_sparsity, max_effective_sparsity,
+                         split_candidates)
 from .calibration import Calibrator, LayerThresholds, ThresholdResult, calibrate_layer, quantile_threshold
-from .nn import (SparseMLP, WorkspacePool, find_mlps, free_workspaces, memory_report, refresh, set_mode, swap_mlps,
-                 workspace_pool)
+from .formats import FP8_ALPHA, alpha_for
+from .nn import (SparseMLP, WorkspacePool, find_mlps, free_workspaces, memory_report, quantize_mlps, refresh, set_mode,
+                 swap_mlps, workspace_pool)
 from .planned import PlannedFfn, new_counters, sparsity_report as counters_report
 from .sparsify import apply_thresholds, sparsify, sparsity_report
 from .thresholds import LayerRecord, ThresholdConfig, find_config, load_thresholds, save_thresholds
 from .fp8 import Fp8Linear
-from . import distributed, fp8, reference
+from . import distributed, formats, fp8, reference
 
 __version__ = "0.1.0"
 
@@ -36,10 +37,10 @@ __all__ = [
     "PlannedFfn", "SparseMLP", "StageSparsity", "ThresholdConfig", "ThresholdResult", "WorkspacePool",
     "allocate_sparsity", "allocate_sparsity_native", "alpha_for", "apply_thresholds", "calibrate_layer", "check_layer",
     "check_workspace", "clear_plan_cache", "counters_report", "cuda_unavailable_reason", "effective_sparsity",
-    "find_config", "find_mlps", "fp8", "free_workspaces", "initialize_workspace", "int4_layout", "load_thresholds",
+    "find_config", "find_mlps", "formats", "fp8", "free_workspaces", "initialize_workspace", "int4_layout", "load_thresholds",
     "max_effective_sparsity", "memory_report", "new_counters", "new_workspace", "ops_available",
     "ops_import_error", "pack_int4", "plan_cache_capacity", "plan_cache_pinned", "plan_cache_size", "distributed",
-    "quantile_threshold", "reference", "refresh", "save_thresholds", "set_mode", "set_plan_cache_capacity",
+    "quantile_threshold", "quantize_mlps", "reference", "refresh", "save_thresholds", "set_mode", "set_plan_cache_capacity",
     "sparsify", "sparsity_report", "split_candidates", "swap_mlps", "transpose", "workspace_bytes",
     "workspace_dirty", "workspace_header_bytes", "workspace_pool", "workspace_tokens",
 ]

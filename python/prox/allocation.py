@@ -10,18 +10,7 @@ import math
 from dataclasses import dataclass
 
 ALPHA = 1.0 / 3.0  #: cost of an INT4 proxy projection relative to a dense one (the paper's alpha)
-#: alpha for FP8 e4m3 Stage-2 weights: the cost of an INT4 proxy projection relative to an FP8 one. An INT4 proxy
-#: reads half an FP8 projection's bytes (0.5 is the byte ratio), and prox_alpha --fp8=1 measured 0.531-0.594 on
-#: Qwen3-8B and 0.462-0.553 on 14B at input sparsity 0-70 % (H100, commit 3b84009, --quick;
-#: docs/data/alpha-fp8-h100.json): 0.5 lies inside that range.
-FP8_ALPHA = 0.5
-
-
-def alpha_for(fmt: str) -> float:
-    """The allocation's alpha for a Stage-2 weight format (prox.FORMATS): FP8_ALPHA for the FP8 formats, ALPHA
-    (the paper's, fp16/bf16 weights) otherwise. e stays the fraction of the dense FFN's cost (in that format)
-    that Prox saves."""
-    return FP8_ALPHA if fmt.startswith("fp8") else ALPHA
+#: (Each Stage-2 weight format has its own alpha: prox.formats, alpha_for.)
 S_REF = 0.7  #: Stage-2 anchor sparsity
 S1_MIN = 0.0
 S1_MAX = 0.7

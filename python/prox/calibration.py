@@ -206,16 +206,16 @@ def calibrate_layer(x: torch.Tensor, s1: float, s2: float,
     every input sample; then s~ = proxy_values(x_chunk, tau_x) (Stage 1 in values mode: the CUDA op or
     prox.reference.proxy_values) and tau_s = quantile of |s~| at s2.
 
-    tp: a sharded layer's prox.distributed.TPState (SparseMLP.tp): x is the replicated input (tau_x is computed
-    on every rank and checked equal across ranks), proxy_values gives this rank's channels, and tau_s is the
-    quantile over all d_ff channels (proxy_threshold): TP=1's thresholds, exactly. Every rank calls it."""
+    tp: a sharded layer's TPState (SparseMLP.tp, prox.distributed): x is the replicated input (tau_x is computed
+    on every rank and checked equal across ranks: tp.check_replicated), proxy_values gives this rank's channels,
+    and tau_s is the quantile over all d_ff channels (proxy_threshold): TP=1's thresholds, exactly. Every rank
+    calls it."""
     x2 = x.reshape(-1, x.shape[-1])
     cal = Calibrator(capacity, seed)
     cal.add(x2)
     rx = cal.finalize(s1)
     if tp is not None:
-        from .distributed import check_replicated
-        check_replicated(rx.tau, tp.group, "tau_x (the quantile of |x|)")
+        tp.check_replicated(rx.tau, "tau_x (the quantile of |x|)")
     rs = proxy_threshold(x2, rx.tau, s2, proxy_values, capacity=capacity, seed=seed, token_chunk=token_chunk,
                          tp=tp)
     return LayerThresholds(rx.tau, rs.tau, s1, s2, rx.realized, rs.realized, x2.shape[0], rx.reachable and rs.reachable)
@@ -229,20 +229,19 @@ def proxy_threshold(x2: torch.Tensor, tau_x: float, s2: float,
 
     With tp (a sharded layer's TPState), proxy_values gives this rank's channels [tokens, d_ff / TP]: each
     rank's calibrator takes its values at the positions they hold in the full layer's stream (token t, channel
-    j at t d_ff + j), and the calibrators are merged across ranks (prox.distributed.all_merge: one all-gather of
-    at most ``capacity`` samples per rank). The merged reservoir is the one TP=1 holds for the same s~ values,
+    j at t d_ff + j: tp.positions), and the calibrators are merged across ranks (tp.merge, prox.distributed.
+    all_merge: one all-gather of at most ``capacity`` samples per rank). The merged reservoir is the one TP=1 holds for the same s~ values,
     so tau_s is TP=1's exactly (given s~ bit-identical per channel, as a shard computes it)."""
     cal = Calibrator(capacity, seed)
     if tp is None:
         for t0 in range(0, x2.shape[0], token_chunk):
             cal.add(proxy_values(x2[t0:t0 + token_chunk], tau_x))
         return cal.finalize(s2)
-    from .distributed import agreed, all_merge
-    with agreed(tp.group):  # a rank whose Stage 1 fails must not leave the others in the merge
+    with tp.agreed():  # a rank whose Stage 1 fails must not leave the others in the merge
         for t0 in range(0, x2.shape[0], token_chunk):
             s = proxy_values(x2[t0:t0 + token_chunk], tau_x)
             if s.dim() != 2 or s.shape[1] != tp.local_d_ff:
                 raise ValueError(f"prox: proxy_values gave {tuple(s.shape)}, expected [tokens, {tp.local_d_ff}]")
             cal.add(s, positions=tp.positions(t0, s.shape[0], s.device))
-    all_merge(cal, tp.group)
+    tp.merge(cal)
     return cal.finalize(s2)

@@ -31,17 +31,20 @@ so no rank is left waiting in a collective.
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import glob
 import math
-import os
-import sys
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Optional
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+
+from . import formats
+from .calibration import Calibrator
+from .nccl import NCCL_DTYPES, NCCL_IN_PROGRESS, NCCL_SUM, NcclLibrary, find_libnccl
+from .nn import SparseMLP, detect_act, find_mlps, is_gated_mlp, model_pool, set_submodule
+from .planned import PlannedFfn
+from .thresholds import matrix_fingerprint
 
 __all__ = [
     "NcclCommunicator", "NoOpCommunicator", "TorchCommunicator", "CallableCommunicator", "TPState", "agree",
@@ -49,96 +52,6 @@ __all__ = [
     "fingerprints", "planned_ffn_from_shards", "set_communicator", "shard_mlp", "shard_mlps",
     "sparse_mlp_from_shards",
 ]
-
-# ---------------------------------------------------------------- libnccl through ctypes
-
-#: ncclDataType_t of the torch dtypes an all-reduce takes (nccl.h)
-NCCL_DTYPES = {torch.int8: 0, torch.uint8: 1, torch.int32: 2, torch.int64: 4, torch.float16: 6, torch.float32: 7,
-               torch.float64: 8, torch.bfloat16: 9}
-_NCCL_SUM = 0
-_NCCL_IN_PROGRESS = 7  # ncclInProgress: a non-blocking communicator's normal answer
-
-
-class _NcclUniqueId(ctypes.Structure):
-    _fields_ = [("internal", ctypes.c_byte * 128)]
-
-
-def find_libnccl() -> str:
-    """The libnccl to load: $PROX_NCCL_LIBRARY; else the libnccl this process has already mapped (torch's own,
-    so one NCCL serves both); else an nvidia-nccl wheel's on sys.path; else the system's, by soname."""
-    env = os.environ.get("PROX_NCCL_LIBRARY")
-    if env:
-        return env
-    try:
-        with open("/proc/self/maps") as f:
-            for line in f:
-                parts = line.split(None, 5)
-                if len(parts) == 6 and os.path.basename(parts[5].strip()).startswith("libnccl.so"):
-                    return parts[5].strip()
-    except OSError:
-        pass
-    for d in sys.path:
-        found = sorted(glob.glob(os.path.join(d, "nvidia", "nccl", "lib", "libnccl.so*")))
-        if found:
-            return found[0]
-    return "libnccl.so.2"
-
-
-class NcclLibrary:
-    """The few NCCL entry points a decode step's all-reduce needs, bound through ctypes (as vLLM's
-    pynccl_wrapper binds them): no compiled code, and the NCCL torch already loaded."""
-
-    _loaded: dict = {}
-
-    def __init__(self, path: Optional[str] = None):
-        self.path = path or find_libnccl()
-        try:
-            lib = ctypes.CDLL(self.path)
-        except OSError as exc:
-            raise RuntimeError(f"prox: cannot load libnccl ({self.path}): {exc}; set PROX_NCCL_LIBRARY") from exc
-        vp, i = ctypes.c_void_p, ctypes.c_int
-        lib.ncclGetErrorString.restype = ctypes.c_char_p
-        lib.ncclGetErrorString.argtypes = [i]
-        lib.ncclGetVersion.argtypes = [ctypes.POINTER(i)]
-        lib.ncclGetUniqueId.argtypes = [ctypes.POINTER(_NcclUniqueId)]
-        lib.ncclCommInitRank.argtypes = [ctypes.POINTER(vp), i, _NcclUniqueId, i]
-        lib.ncclAllReduce.argtypes = [vp, vp, ctypes.c_size_t, i, i, vp, vp]
-        lib.ncclCommDestroy.argtypes = [vp]
-        self.lib = lib
-        self.all_reduce = lib.ncclAllReduce  # the hot path calls it directly
-
-    @classmethod
-    def get(cls, path: Optional[str] = None) -> "NcclLibrary":
-        key = path or find_libnccl()
-        if key not in cls._loaded:
-            cls._loaded[key] = cls(key)
-        return cls._loaded[key]
-
-    def check(self, r: int, what: str) -> None:
-        if r != 0 and r != _NCCL_IN_PROGRESS:
-            raise RuntimeError(f"prox: {what} failed: NCCL error {r}: {self.lib.ncclGetErrorString(r).decode()}")
-
-    def version(self) -> str:
-        v = ctypes.c_int()
-        self.check(self.lib.ncclGetVersion(ctypes.byref(v)), "ncclGetVersion")
-        code = v.value  # major * 10000 + minor * 100 + patch since NCCL 2.9
-        return f"{code // 10000}.{code // 100 % 100}.{code % 100}"
-
-    def unique_id(self) -> bytes:
-        uid = _NcclUniqueId()
-        self.check(self.lib.ncclGetUniqueId(ctypes.byref(uid)), "ncclGetUniqueId")
-        return bytes(ctypes.string_at(ctypes.addressof(uid), 128))
-
-    def comm_init_rank(self, world: int, uid: bytes, rank: int) -> ctypes.c_void_p:
-        u = _NcclUniqueId()
-        ctypes.memmove(ctypes.addressof(u), uid, 128)
-        comm = ctypes.c_void_p()
-        self.check(self.lib.ncclCommInitRank(ctypes.byref(comm), world, u, rank), "ncclCommInitRank")
-        return comm
-
-    def comm_destroy(self, comm: ctypes.c_void_p) -> None:
-        self.check(self.lib.ncclCommDestroy(comm), "ncclCommDestroy")
-
 
 # ---------------------------------------------------------------- setup collectives and error agreement
 
@@ -320,8 +233,8 @@ class NcclCommunicator:
         if self.comm is None:
             raise RuntimeError("prox: this NcclCommunicator is closed")
         stream = torch.cuda.current_stream(self.device).cuda_stream
-        r = self.lib.all_reduce(t.data_ptr(), t.data_ptr(), t.numel(), dt, _NCCL_SUM, self._ptr, stream)
-        if r != 0 and r != _NCCL_IN_PROGRESS:
+        r = self.lib.all_reduce(t.data_ptr(), t.data_ptr(), t.numel(), dt, NCCL_SUM, self._ptr, stream)
+        if r != 0 and r != NCCL_IN_PROGRESS:
             self.lib.check(r, "ncclAllReduce")
         return t
 
@@ -402,6 +315,22 @@ class TPState:
         self.comm.all_reduce_(t)
         return t
 
+    def agreed(self):
+        """agreed() on this layer's group: a block whose failure on any rank raises on every rank."""
+        return agreed(self.group)
+
+    def check_replicated(self, value: float, what: str) -> None:
+        """value (a statistic of the replicated x) is the same on every rank; raises on every rank otherwise."""
+        check_replicated(value, self.group, what)
+
+    def merge(self, cal: Calibrator) -> None:
+        """Merge every rank's calibrator into each (all_merge): calibration's cross-rank reservoir."""
+        all_merge(cal, self.group)
+
+    def fingerprint(self, layer) -> dict:
+        """The full layer's fingerprint of a shard (fingerprints(): collective)."""
+        return fingerprints([layer])[0]
+
     def positions(self, first_token: int, tokens: int, device) -> torch.Tensor:
         """Stream positions of this rank's s~ values for tokens [first_token, first_token + tokens): token t's
         channel j sits at t d_ff + j in the full layer's row-major stream (the calibrator's sample priorities)."""
@@ -425,19 +354,23 @@ def _check_tp_shape(d_ff: int, world: int) -> None:
                          f"d_ff = {d_ff} over {world} ranks gives {d_ff / world:g}")
 
 
-def _layer_info(w_gate: torch.Tensor, module) -> dict:
-    th = module.thresholds.detach().float().cpu().tolist()
-    return {"d_model": int(w_gate.shape[1]), "d_ff_local": int(w_gate.shape[0]), "dtype": str(w_gate.dtype),
-            "device": w_gate.device.type, "act": module.act, "thresholds": (float(th[0]), float(th[1]))}
+def _layer_info(layer) -> dict:
+    w = layer.layer_tensors().w_gate
+    th = layer.thresholds.detach().float().cpu().tolist()
+    return {"d_model": int(layer.d_model), "d_ff_local": int(layer.d_ff), "format": layer.format,
+            "dtype": str(w.dtype), "device": w.device.type, "act": layer.act,
+            "thresholds": (float(th[0]), float(th[1]))}
 
 
 def _check_consistent(infos: list, d_ff: int) -> None:
-    """The ranks' shards form one layer: the same d_model, dtype, device kind, activation and thresholds, and
-    d_ff / world channels each. Run identically on every rank (the same infos): every rank raises the same."""
+    """The ranks' shards form one layer: the same d_model, weight format, dtype, device kind, activation and
+    thresholds, and d_ff / world channels each. Run identically on every rank (the same infos): every rank raises
+    the same."""
     world = len(infos)
     first = infos[0]
     for key, what in (("d_model", "d_model"), ("d_ff_local", "channels per shard (gate/up rows)"),
-                      ("dtype", "dtype"), ("device", "device type"), ("act", "activation")):
+                      ("format", "weight format"), ("dtype", "dtype"), ("device", "device type"),
+                      ("act", "activation")):
         vals = [i[key] for i in infos]
         if any(v != vals[0] for v in vals):
             raise ValueError(f"prox: the shards differ across ranks in {what}: "
@@ -451,30 +384,31 @@ def _check_consistent(infos: list, d_ff: int) -> None:
                          + ", ".join(f"rank {r}: (tau_x, tau_s) = {t}" for r, t in enumerate(ths)))
 
 
-def init_sharded(module, tp, d_ff: Optional[int], w_gate: torch.Tensor, build) -> None:
-    """A sharded layer's construction (SparseMLP / PlannedFfn with tp=...): build() (the layer's own checks
-    and derived state on this rank's shard), then one all-gather that agrees on every rank's outcome and checks
-    that the shards form one layer (_check_consistent), then the communicator. Sets module.tp."""
+def _sharded(tp, d_ff: Optional[int], build):
+    """A layer on this rank's shard: build() (the shard's weights and the layer's own checks and derived state, on
+    every rank), then one all-gather that agrees on every rank's outcome and checks that the shards form one layer
+    (_check_consistent), then the communicator. Returns the layer with its TPState (``tp``)."""
     _require_dist()
+    _require_tp(tp)
     group = group_of(tp)
     rank, world = _world(group)
-    err, info = None, None
+    err, info, layer = None, None, None
     try:
         _check_tp_arg(tp)
-        if not isinstance(w_gate, torch.Tensor) or w_gate.dim() != 2:
-            raise ValueError("prox: the gate shard must be a 2-D [d_ff / TP, d_model] tensor")
         _check_tp_shape(d_ff if not isinstance(d_ff, bool) else None, world)
-        if w_gate.shape[0] != d_ff // world:
-            raise ValueError(f"prox: the gate shard has {w_gate.shape[0]} rows, d_ff / TP = {d_ff} / {world} = "
+        layer = build()
+        if layer.d_ff != d_ff // world:
+            raise ValueError(f"prox: the gate shard has {layer.d_ff} rows, d_ff / TP = {d_ff} / {world} = "
                              f"{d_ff // world} (the world size and the shard count disagree)")
-        build()
-        info = _layer_info(w_gate, module)
+        info = _layer_info(layer)
     except Exception as exc:  # noqa: BLE001  (agreed on below, raised on every rank)
         err = exc
     infos = agree(group, err, info)
     _check_consistent(infos, d_ff)
-    comm = communicator(tp, w_gate.device)  # collective for a new NcclCommunicator (with its own agreement)
-    module.tp = TPState(comm, group, rank, world, int(d_ff), rank * (d_ff // world))
+    device = layer.layer_tensors().w_gate.device
+    comm = communicator(tp, device)  # collective for a new NcclCommunicator (with its own agreement)
+    layer.tp = TPState(comm, group, rank, world, int(d_ff), rank * (d_ff // world))
+    return layer
 
 
 # ---------------------------------------------------------------- sharding helpers
@@ -485,35 +419,43 @@ def _require_tp(tp) -> None:
         raise ValueError("prox: give tp: the process group (e.g. dist.group.WORLD) or a communicator")
 
 
-def _weight_of(m, name: str) -> torch.Tensor:
-    """A shard given as a tensor, or as a module with .weight (nn.Linear, an engine's parallel linear); a bias
-    is refused (Prox's MLP has none)."""
+def _linear_of(m, name: str) -> nn.Module:
+    """A shard given as a tensor (wrapped in an nn.Linear, shared), or as a module with .weight (nn.Linear, an FP8
+    linear with its scales, an engine's parallel linear: used as it is); a bias is refused (Prox's MLP has none)."""
     if m is None:
         raise ValueError(f"prox: give {name}")
     if isinstance(m, torch.Tensor):
-        return m.detach()
-    w = getattr(m, "weight", None)
-    if not isinstance(w, torch.Tensor):
+        return formats.linear_module(m.detach())
+    if not isinstance(getattr(m, "weight", None), torch.Tensor):
         raise TypeError(f"prox: {name} must be a tensor or a module with a .weight tensor, got {type(m).__name__}")
     if getattr(m, "bias", None) is not None:
         raise ValueError(f"prox: {name} has a bias; Prox's gated MLP has none")
-    return w.detach()
+    lin = formats.of_mlp({name: m})[1][name]
+    return m if lin.scales is not None else formats.linear_module(lin.weight)  # scales: the module holds them
 
 
-def _linear(w: torch.Tensor) -> nn.Linear:
-    """An nn.Linear around w (shared, not copied)."""
-    lin = nn.Linear(w.shape[1], w.shape[0], bias=False, device="meta")
-    lin.weight = nn.Parameter(w, requires_grad=False)
-    return lin
+def _split_gate_up(gate_up) -> tuple:
+    """The gate and up shards of a merged column-parallel weight [2 d_ff / TP, d_model] (a tensor: views; a module:
+    its format's cuts, an FP8 module's block scales cut on a block boundary or refused)."""
+    lin = _linear_of(gate_up, "gate_up")
+    w = lin.weight
+    if w.dim() != 2 or w.shape[0] % 2:
+        raise ValueError(f"prox: gate_up must be [2 d_ff / TP, d_model], got {tuple(w.shape)}")
+    n = w.shape[0] // 2
+    if isinstance(gate_up, torch.Tensor):
+        return formats.linear_module(w[:n]), formats.linear_module(w[n:])
+    fmt, lins = formats.of_mlp({"gate_up": lin})
+    return (fmt.cut(lins["gate_up"], "gate_up", rows=(0, n)), fmt.cut(lins["gate_up"], "gate_up", rows=(n, 2 * n)))
 
 
 def sparse_mlp_from_shards(gate=None, up=None, down=None, *, d_ff: int, tp, gate_up=None, act: str = "silu", **kw):
     """A SparseMLP on this rank's shards as engines lay them out (column-parallel gate/up, row-parallel down).
 
     Args:
-        gate, up: [d_ff / TP, d_model] (tensors, nn.Linear or any module with .weight; shared, not copied); or
+        gate, up: [d_ff / TP, d_model] (tensors, nn.Linear, FP8 linears with their scales, or any module with
+            .weight; shared, not copied); or
         gate_up: the merged column-parallel weight [2 d_ff / TP, d_model], this rank's gate rows then its up rows
-            (vLLM's MergedColumnParallelLinear); gate and up are views of it.
+            (vLLM's MergedColumnParallelLinear); gate and up are views of it (an FP8 module: its cuts).
         down: the row-parallel down weight [d_model, d_ff / TP] (the columns of W_down for this rank's channels).
             It is transposed into W_down^T and dropped unless keep_down=True.
         d_ff: the full layer's d_ff (= d_ff / TP x world size; checked).
@@ -521,30 +463,22 @@ def sparse_mlp_from_shards(gate=None, up=None, down=None, *, d_ff: int, tp, gate
         act, **kw: SparseMLP's.
     Every rank must call it; bad input raises on every rank.
     """
-    from .nn import SparseMLP
-    _require_dist()
-    _require_tp(tp)
-    group = group_of(tp)
-    with agreed(group):
+    def build():
         if gate_up is not None:
             if gate is not None or up is not None:
                 raise ValueError("prox: give gate and up, or gate_up, not both")
-            gu = _weight_of(gate_up, "gate_up")
-            if gu.dim() != 2 or gu.shape[0] % 2:
-                raise ValueError(f"prox: gate_up must be [2 d_ff / TP, d_model], got {tuple(gu.shape)}")
-            n = gu.shape[0] // 2
-            wg, wu = gu[:n], gu[n:]
+            g, u = _split_gate_up(gate_up)
         else:
-            wg, wu = _weight_of(gate, "gate"), _weight_of(up, "up")
-        wd = _weight_of(down, "down")
-    return SparseMLP(_linear(wg), _linear(wu), _linear(wd), act, tp=tp, d_ff_full=d_ff, **kw)
+            g, u = _linear_of(gate, "gate"), _linear_of(up, "up")
+        return SparseMLP(g, u, _linear_of(down, "down"), act, **kw)
+    return _sharded(tp, d_ff, build)
 
 
 def shard_mlp(mlp: nn.Module, tp, *, act: Optional[str] = None, **kw):
     """This rank's shard of a full gated MLP (every rank holds the whole module) as a SparseMLP: its channel
     block (channel_range) of W_gate and W_up rows (copied, so the full weights can be freed) and of W_down's
-    columns. Every rank must call it."""
-    from .nn import detect_act, is_gated_mlp
+    columns, cut by the weights' format (FP8: with their scales; 128 x 128 block scales only on block boundaries,
+    else a ValueError naming the projection, its shape and the cut). Every rank must call it."""
     _require_dist()
     _require_tp(tp)
     group = group_of(tp)
@@ -552,39 +486,40 @@ def shard_mlp(mlp: nn.Module, tp, *, act: Optional[str] = None, **kw):
     with agreed(group):
         if not is_gated_mlp(mlp):
             raise TypeError(f"prox: {type(mlp).__name__} is not a gated MLP with gate_proj/up_proj/down_proj "
-                            "(bias-free nn.Linear) and act_fn")
-        act = act or detect_act(mlp.act_fn)
-        d_ff = int(mlp.gate_proj.weight.shape[0])
+                            "(bias-free nn.Linear or FP8 linears) and act_fn")
+    d_ff = int(mlp.gate_proj.weight.shape[0])
+
+    def build():
         lo, hi = channel_range(d_ff, rank, world)
+        fmt, lins = formats.of_mlp({n: getattr(mlp, n) for n in ("gate_proj", "up_proj", "down_proj")})
         with torch.no_grad():
-            wg = mlp.gate_proj.weight.detach()[lo:hi].clone()
-            wu = mlp.up_proj.weight.detach()[lo:hi].clone()
-            wd = mlp.down_proj.weight.detach()[:, lo:hi].contiguous()
-    from .nn import SparseMLP
-    return SparseMLP(_linear(wg), _linear(wu), _linear(wd), act, tp=tp, d_ff_full=d_ff, **kw)
+            g = fmt.cut(lins["gate_proj"], "gate_proj", rows=(lo, hi))
+            u = fmt.cut(lins["up_proj"], "up_proj", rows=(lo, hi))
+            d = fmt.cut(lins["down_proj"], "down_proj", cols=(lo, hi))
+        return SparseMLP(g, u, d, act or detect_act(mlp.act_fn), **kw)
+    return _sharded(tp, d_ff, build)
 
 
 def shard_mlps(model: nn.Module, tp, **kw) -> list:
     """Replace every gated MLP of a model (whole on every rank) by this rank's shard (shard_mlp). The rest of the
     model stays replicated: each rank runs it whole, and the MLPs' all-reduce makes their outputs whole again.
     Returns the names. Every rank must call it."""
-    from .nn import SparseMLP, _model_pool, _set_submodule, find_mlps
     if kw.get("workspace") is None and kw.get("workspace_pool") is None:  # the model's own, as swap_mlps()
-        kw["workspace_pool"] = _model_pool(model)
+        kw["workspace_pool"] = model_pool(model)
     names = []
     for name, m in find_mlps(model):
         if not isinstance(m, SparseMLP):
-            _set_submodule(model, name, shard_mlp(m, tp, **kw))
+            set_submodule(model, name, shard_mlp(m, tp, **kw))
             names.append(name)
     return names
 
 
-def planned_ffn_from_shards(w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, *, d_ff: int, tp,
-                            **kw):
+def planned_ffn_from_shards(w_gate: torch.Tensor, w_up: torch.Tensor, w_down: Optional[torch.Tensor] = None, *,
+                            d_ff: int, tp, **kw):
     """A PlannedFfn on this rank's shards: w_gate, w_up [d_ff / TP, d_model], w_down the row-parallel
-    [d_model, d_ff / TP]; run() all-reduces y through the communicator."""
-    from .planned import PlannedFfn
-    return PlannedFfn(w_gate, w_up, w_down, tp=tp, d_ff_full=d_ff, **kw)
+    [d_model, d_ff / TP] (or w_down_t=), FP8 weights with their scales (PlannedFfn's keywords); run() all-reduces y
+    through the communicator. Every rank must call it."""
+    return _sharded(tp, d_ff, lambda: PlannedFfn(w_gate, w_up, w_down, **kw))
 
 
 def set_communicator(modules, comm) -> list:
@@ -638,7 +573,6 @@ def all_merge(cal, group) -> None:
     one calibrator fed all the ranks' samples would hold. One all-gather of at most ``capacity`` (key, value)
     pairs per rank, and one of the counts. The ranks' samples must have disjoint stream positions (TPState.
     positions)."""
-    from .calibration import Calibrator
     rank, world = _world(group)
     dev = cal._vals.device if cal._vals is not None else torch.device("cpu")
     keys = cal._keys if cal._keys is not None else torch.empty(0, dtype=torch.int64, device=dev)
@@ -657,24 +591,23 @@ def all_merge(cal, group) -> None:
     cal.merge(others)
 
 
-def _partial_fingerprint(m) -> torch.Tensor:
+def _partial_fingerprint(m) -> tuple:
     """A shard's part of its full layer's fingerprint (prox.thresholds.layer_fingerprint's numbers for W_gate,
-    W_up and W_down in nn.Linear layout, as matrix_fingerprint gives them for a block): float64 [3, 2 + S] on
-    the device, kept per weight version like SparseMLP's own fingerprint."""
-    from .thresholds import matrix_fingerprint
+    W_up and W_down in nn.Linear layout, as the format fingerprints them, and as matrix_fingerprint gives them for a
+    block): (dtype name, float64 [3, 2 + S] on the device), kept per weight version like SparseMLP's own."""
     tp = m.tp
     key = (m._weight_versions(), m.down_t.data_ptr())
     cached = getattr(m, "_tp_fingerprint", None)
     if cached is not None and cached[0] == key:
         return cached[1]
     with torch.no_grad():
-        wd = m.down_proj.weight if m.keep_down else m.down_t.t()
+        dtype, wg, wu, wd = m.fingerprint_matrices()
         part = torch.stack([
-            matrix_fingerprint(m.gate_proj.weight.detach(), (tp.d_ff, m.d_model), (tp.lo, 0), as_tensor=True),
-            matrix_fingerprint(m.up_proj.weight.detach(), (tp.d_ff, m.d_model), (tp.lo, 0), as_tensor=True),
-            matrix_fingerprint(wd.detach(), (m.d_model, tp.d_ff), (0, tp.lo), as_tensor=True)])
-    m._tp_fingerprint = (key, part)
-    return part
+            matrix_fingerprint(wg, (tp.d_ff, m.d_model), (tp.lo, 0), as_tensor=True),
+            matrix_fingerprint(wu, (tp.d_ff, m.d_model), (tp.lo, 0), as_tensor=True),
+            matrix_fingerprint(wd, (m.d_model, tp.d_ff), (0, tp.lo), as_tensor=True)])
+    m._tp_fingerprint = (key, (dtype, part))
+    return dtype, part
 
 
 def fingerprints(layers) -> list:
@@ -690,9 +623,8 @@ def fingerprints(layers) -> list:
     group = layers[0].tp.group
     parts = None
     with agreed(group):
-        parts = torch.stack([_partial_fingerprint(m).to(layers[0].down_t.device) for m in layers])
-    total = all_reduce_float64(parts, group).cpu().tolist()
+        parts = [_partial_fingerprint(m) for m in layers]
+    total = all_reduce_float64(torch.stack([p.to(layers[0].down_t.device) for _, p in parts]), group).cpu().tolist()
     keys = ("gate", "up", "down")
-    return [{"dtype": str(m.gate_proj.weight.dtype).replace("torch.", ""),
-             **{k: {"sum": v[0], "abs_sum": v[1], "samples": v[2:]} for k, v in zip(keys, rows)}}
-            for m, rows in zip(layers, total)]
+    return [{"dtype": dtype, **{k: {"sum": v[0], "abs_sum": v[1], "samples": v[2:]} for k, v in zip(keys, rows)}}
+            for (dtype, _), rows in zip(parts, total)]

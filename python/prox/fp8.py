@@ -29,7 +29,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from . import _ops
+from . import _ops, reference
 
 E4M3 = torch.float8_e4m3fn
 #: Largest finite e4m3 value.
@@ -38,11 +38,11 @@ E4M3_MAX = 448.0
 BLOCK = 128
 #: The scale layouts, code = position (prox::fp8::ScaleLayout: kPerChannel 0, kBlock128 1).
 LAYOUTS = ("channel", "block128")
-#: The Stage-2 weight format (prox.FORMATS) of each layout.
-FORMAT_OF = {"channel": "fp8_channel", "block128": "fp8_block128"}
-LAYOUT_OF_FORMAT = {v: k for k, v in FORMAT_OF.items()}
 #: prox::fp8::kLayoutTag: the tag of prox-made FP8 tensors (W_down^T and its scales).
 LAYOUT_TAG = "prox-fp8-e4m3-v1"
+#: Rows dequantize() computes at once (a multiple of BLOCK): its float32 temporary holds 2048 rows of codes (32 MiB
+#: on a Qwen3-8B-shaped [12288, 4096] matrix), never the whole matrix.
+DEQUANT_ROWS = 16 * BLOCK
 #: Smallest scale quantize writes (FLT_MIN: an all-zero row or block keeps a normal scale > 0).
 MIN_SCALE = 1.17549435082228750797e-38
 
@@ -52,10 +52,6 @@ def layout_code(layout: str) -> int:
         return LAYOUTS.index(layout)
     except ValueError:
         raise ValueError(f"prox: an FP8 scale layout is one of {LAYOUTS}, got {layout!r}") from None
-
-
-def is_fp8_format(fmt: str) -> bool:
-    return fmt in LAYOUT_OF_FORMAT
 
 
 def blocks(n: int) -> int:
@@ -73,26 +69,44 @@ def scale_shape(layout: str, rows: int, cols: int, transposed: bool = False) -> 
     return (int(cols),) if transposed else (int(rows),)
 
 
-def _expanded(scales: torch.Tensor, layout: str, rows: int, cols: int, transposed: bool) -> torch.Tensor:
-    """Each element's scale, float32 [rows, cols] (a broadcast view where possible)."""
-    s = scales.to(torch.float32)
+def _expanded(scales: torch.Tensor, layout: str, rows: int, cols: int, transposed: bool, r0: int = 0,
+              r1: Optional[int] = None) -> torch.Tensor:
+    """Each element's scale, float32 [r1 - r0, cols] for the rows [r0, r1) of a [rows, cols] matrix (a broadcast
+    view per channel; r0 a multiple of BLOCK for block scales)."""
+    r1 = rows if r1 is None else min(r1, rows)
     if layout == "block128":
-        s = s.reshape(blocks(rows), blocks(cols))
-        return s.repeat_interleave(BLOCK, 0)[:rows].repeat_interleave(BLOCK, 1)[:, :cols]
-    s = s.reshape(-1)
-    return s[None, :].expand(rows, cols) if transposed else s[:, None].expand(rows, cols)
+        return _block_row_scales(scales, rows, cols, r0, r1).repeat_interleave(BLOCK, 0)[:r1 - r0]
+    s = scales.to(torch.float32).reshape(-1)
+    return s[None, :].expand(r1 - r0, cols) if transposed else s[r0:r1, None].expand(r1 - r0, cols)
+
+
+def _block_row_scales(scales: torch.Tensor, rows: int, cols: int, r0: int, r1: int) -> torch.Tensor:
+    """The block scales of the block rows covering [r0, r1), expanded along the columns: float32 [blocks, cols]."""
+    s = scales.to(torch.float32).reshape(blocks(rows), blocks(cols))[r0 // BLOCK:blocks(r1)]
+    return s.repeat_interleave(BLOCK, 1)[:, :cols]
 
 
 def dequantize(q: torch.Tensor, scales: torch.Tensor, layout: Optional[str] = None, dtype=torch.float32,
                transposed: bool = False) -> torch.Tensor:
     """The dequantized matrix e4m3(q) * scale in ``dtype`` (float32: the product rounded once, prox::fp8::
-    dequant_value; float64: exact, the tests' reference). ``transposed``: q is W_down^T [d_ff, d_model] and the
-    per-channel scales are per column. ``layout`` None: inferred from the scales' shape."""
+    dequant_value; float64: exact, the tests' reference; float16 / bfloat16: the float32 product rounded to
+    ``dtype``), computed DEQUANT_ROWS rows at a time with the scales broadcast, so that its only large temporary is
+    one chunk of the codes in float32, never the whole matrix. ``transposed``: q is W_down^T [d_ff, d_model] and
+    the per-channel scales are per column. ``layout`` None: inferred from the scales' shape."""
     rows, cols = (int(v) for v in q.shape)
     layout = layout or infer_layout(scales, rows, cols, transposed=transposed)
     work = torch.float64 if dtype == torch.float64 else torch.float32
-    w = q.to(work) * _expanded(scales, layout, rows, cols, transposed).to(work)
-    return w if w.dtype == dtype else w.to(dtype)
+    out = torch.empty((rows, cols), dtype=dtype, device=q.device)
+    for r in range(0, rows, DEQUANT_ROWS):
+        r1 = min(r + DEQUANT_ROWS, rows)
+        qc, oc = q[r:r1].to(work), out[r:r1]
+        if layout == "block128" and (r1 - r) % BLOCK == 0:  # [blocks, 128, cols] x [blocks, 1, cols]
+            nb = (r1 - r) // BLOCK
+            s = _block_row_scales(scales, rows, cols, r, r1).to(work)[:, None, :]
+            torch.mul(qc.view(nb, BLOCK, cols), s, out=oc.view(nb, BLOCK, cols))  # rounded once, to dtype
+        else:
+            torch.mul(qc, _expanded(scales, layout, rows, cols, transposed, r, r1).to(work), out=oc)
+    return out
 
 
 def infer_layout(scales: torch.Tensor, rows: int, cols: int, transposed: bool = False,
@@ -166,6 +180,23 @@ def quantize(w: torch.Tensor, layout: str) -> tuple[torch.Tensor, torch.Tensor]:
     return quantize_reference(w, layout)
 
 
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Activations [M, K] -> (e4m3 codes, one float32 scale per row [M, 1]): the row-wise (per token) dynamic
+    quantization torch._scaled_mm's row-wise scaling reads (scale = amax / 448, at least 1e-12)."""
+    s = (x.float().abs().amax(-1, keepdim=True) / E4M3_MAX).clamp(min=1e-12)
+    return (x.float() / s).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3), s
+
+
+def quantize_1x128(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Activations [M, K] (K a multiple of 128) -> (e4m3 codes, float32 scales [M, K/128] per row and 128-column
+    group, outer-dim-major as cuBLAS's blockwise FP8 GEMM reads them: BlockWise1x128)."""
+    m, k = x.shape
+    xf = x.float().view(m, k // BLOCK, BLOCK)
+    s = (xf.abs().amax(-1) / E4M3_MAX).clamp(min=1e-12)
+    q = (xf / s[..., None]).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3).view(m, k)
+    return q, s.t().contiguous().t()
+
+
 def transpose_down(q_down: torch.Tensor, scales: torch.Tensor, layout: Optional[str] = None,
                    name: str = "w_down") -> tuple[torch.Tensor, torch.Tensor]:
     """W_down^T and its scales from an FP8 W_down [d_model, d_ff] (nn.Linear): the codes transposed, the
@@ -185,7 +216,6 @@ def pack_int4(q: torch.Tensor, scales: torch.Tensor, layout: Optional[str] = Non
     (prox::fp8::pack_int4_device / _host; bit-identical to int4-packing the float32 dequantized weights, which is
     the torch equivalent without the extension). The scales are checked first (a ValueError naming ``name``).
     Returns (packed int32 [d_model, d_ff/8], scales float32 [d_ff])."""
-    from . import reference
     d_ff, d_model = (int(v) for v in q.shape)
     layout = layout or infer_layout(scales, d_ff, d_model, name=f"{name}'s scales")
     s = normalize_scales(scales, layout, d_ff, d_model, name=f"{name}'s scales")
@@ -305,32 +335,32 @@ def linear_info(module: nn.Module, name: str = "linear") -> Optional[Fp8Weight]:
             raise ValueError(f"prox: {name} has block_size (128, 128) but {name}.{scale_name} has shape "
                              f"{tuple(s.shape)} (expected [{blocks(rows)}, {blocks(cols)}])")
         layout = "block128"
-    elif s.numel() == 1 and rows > 1:
-        layout = None  # per tensor: expanded to the MLP's layout
+    elif s.numel() == 1 and rows > 1 and tuple(s.shape) != (blocks(rows), blocks(cols)):
+        layout = None  # per tensor: expanded to the MLP's layout (a [1, 1] grid of one block stays a block)
     else:
         layout = infer_layout(s, rows, cols, name=f"{name}.{scale_name}")
     return Fp8Weight(w.detach(), s.detach(), scale_name, layout)
 
 
-def is_fp8_linear(module: nn.Module) -> bool:
-    w = getattr(module, "weight", None)
-    return isinstance(w, torch.Tensor) and w.dtype == E4M3
+def default_module(layout: str) -> str:
+    """quantize_linear()'s default ``module`` for a layout: "transformers" for block128 when transformers has its
+    fine-grained FP8Linear (the official Qwen3-*-FP8 checkpoints' class), else "prox"."""
+    layout_code(layout)
+    if layout == "block128":
+        try:
+            import transformers.integrations.finegrained_fp8  # noqa: F401  (optional: the class exists)
+            return "transformers"
+        except ImportError:
+            pass
+    return "prox"
 
 
-def mlp_layout(infos: dict) -> str:
-    """The one scale layout of an MLP's three FP8 projections ({name: Fp8Weight}); per-tensor scales take the
-    others' layout (per channel when all are per tensor). Mixed layouts are refused."""
-    layouts = {i.layout for i in infos.values() if i.layout is not None}
-    if len(layouts) > 1:
-        raise ValueError("prox: " + ", ".join(f"{n} has {i.layout or 'per-tensor'} scales" for n, i in infos.items())
-                         + ": an MLP's three projections must share one FP8 scale layout")
-    return layouts.pop() if layouts else "channel"
-
-
-def quantize_linear(linear: nn.Module, layout: str, module: str = "prox") -> nn.Module:
+def quantize_linear(linear: nn.Module, layout: str, module: Optional[str] = "prox") -> nn.Module:
     """An FP8 copy of a bias-free linear layer (prox's quantization rule): ``module="prox"`` gives an Fp8Linear,
     ``"transformers"`` transformers' FP8Linear (block128 only: ``weight_scale_inv``, block_size (128, 128), the
-    official Qwen3-*-FP8 checkpoints' class; its own forward needs transformers' FP8 kernels, SparseMLP does not)."""
+    official Qwen3-*-FP8 checkpoints' class; its own forward needs transformers' FP8 kernels, SparseMLP does not),
+    None the layout's default (default_module())."""
+    module = default_module(layout) if module is None else module
     if module == "prox":
         return Fp8Linear.from_linear(linear, layout)
     if module != "transformers":
@@ -346,26 +376,3 @@ def quantize_linear(linear: nn.Module, layout: str, module: str = "prox") -> nn.
     m.weight = nn.Parameter(q, requires_grad=False)
     m.weight_scale_inv = nn.Parameter(s, requires_grad=False)
     return m
-
-
-def quantize_mlps(model: nn.Module, layout: str, module: Optional[str] = None) -> list:
-    """Replace every gated MLP's gate_proj, up_proj and down_proj (bias-free nn.Linear) by its FP8 copy in
-    ``layout`` (quantize_linear: prox.Fp8Linear, or for block128 by default transformers' FP8Linear when
-    transformers is installed). The other layers stay as they are. Returns the MLPs' names."""
-    from .nn import find_mlps
-    if module is None:
-        module = "prox"
-        if layout == "block128":
-            try:
-                import transformers.integrations.finegrained_fp8  # noqa: F401
-                module = "transformers"
-            except ImportError:
-                pass
-    names = []
-    for name, mlp in find_mlps(model):
-        for p in ("gate_proj", "up_proj", "down_proj"):
-            lin = getattr(mlp, p)
-            if not is_fp8_linear(lin):
-                setattr(mlp, p, quantize_linear(lin, layout, module))
-        names.append(name)
-    return names

@@ -15,7 +15,7 @@ from typing import Optional
 
 import torch
 
-from . import _ops, fp8
+from . import _ops, formats, layer_ops
 from ._ops import FfnOutputs, LayerTensors, PlanOptions
 from .allocation import ALPHA, effective_sparsity
 
@@ -47,9 +47,6 @@ class PlannedFfn:
         options: PlanOptions.
         max_tokens: the most tokens one run() takes (1..8), what a new workspace is sized for. Batches run the
             plan of as many tokens as the workspace holds; plan() plans it along with the batch-1 plan.
-        tp, d_ff_full: tensor parallelism over d_ff (prox.distributed): the weights are this rank's shard
-            (w_gate, w_up [d_ff_full / TP, d_model], w_down [d_model, d_ff_full / TP] or w_down_t), tp the process
-            group or a communicator; run() all-reduces y once. Every rank constructs it.
 
     FP8 e4m3 weights (docs/fp8-format.md): w_gate, w_up and w_down torch.float8_e4m3fn with their float32 scales
     ``w_gate_scale``, ``w_up_scale`` and ``w_down_scale`` (the checkpoint's ``weight_scale`` / ``weight_scale_inv``:
@@ -58,63 +55,60 @@ class PlannedFfn:
     activation dtype (torch.float16 or torch.bfloat16, required). The scales are checked (finite, > 0: a ValueError
     naming the tensor), W_down^T and its scales come from prox.fp8.transpose_down, the INT4 proxies from
     prox.fp8.pack_int4 (the dequantized weights); ``layer_tensors().format`` is "fp8_channel" or "fp8_block128".
+    What differs between the formats is asked of the layer's format (``fmt``, prox.formats).
+
+    Tensor parallelism over d_ff: prox.distributed.planned_ffn_from_shards builds a PlannedFfn on this rank's shard
+    and gives it a ``tp`` (its TPState); run() then all-reduces y once.
     """
 
     def __init__(self, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: Optional[torch.Tensor] = None, *,
                  w_down_t: Optional[torch.Tensor] = None, act: str = "silu", tau_x: float = 0.0, tau_s: float = 0.0,
                  thresholds: Optional[torch.Tensor] = None, workspace: Optional[torch.Tensor] = None,
-                 proxies=None, options: PlanOptions = PlanOptions(), max_tokens: int = 1, tp=None,
-                 d_ff_full: Optional[int] = None, w_gate_scale: Optional[torch.Tensor] = None,
-                 w_up_scale: Optional[torch.Tensor] = None, w_down_scale: Optional[torch.Tensor] = None,
-                 w_down_t_scale: Optional[torch.Tensor] = None, dtype: Optional[torch.dtype] = None):
-        self.tp = None  # prox.distributed.TPState of a sharded layer
-        self._fp8 = (w_gate_scale, w_up_scale, w_down_scale, w_down_t_scale, dtype)
-        local = (w_gate, w_up, w_down, w_down_t, act, tau_x, tau_s, thresholds, workspace, proxies, options,
-                 max_tokens)
-        if tp is not None and getattr(w_gate, "dtype", None) == fp8.E4M3:
-            raise ValueError("prox: tensor parallelism over FP8 weights is not supported (tp= with FP8 w_gate)")
-        if tp is None:
-            self._init_local(*local)
-        else:  # every rank agrees on errors before the communicator is made (prox.distributed)
-            from .distributed import init_sharded
-            init_sharded(self, tp, d_ff_full, w_gate, lambda: self._init_local(*local))
-
-    def _init_local(self, w_gate, w_up, w_down, w_down_t, act, tau_x, tau_s, thresholds, workspace, proxies, options,
-                    max_tokens):
+                 proxies=None, options: PlanOptions = PlanOptions(), max_tokens: int = 1,
+                 w_gate_scale: Optional[torch.Tensor] = None, w_up_scale: Optional[torch.Tensor] = None,
+                 w_down_scale: Optional[torch.Tensor] = None, w_down_t_scale: Optional[torch.Tensor] = None,
+                 dtype: Optional[torch.dtype] = None):
+        self.tp = None  # a shard's TPState (prox.distributed.planned_ffn_from_shards sets it)
         _ops._require()
-        if w_gate.dim() != 2:
-            raise ValueError(f"prox: w_gate must be [d_ff, d_model], got {tuple(w_gate.shape)}")
-        if w_gate.dtype == fp8.E4M3:
-            return self._init_fp8(w_gate, w_up, w_down, w_down_t, act, tau_x, tau_s, thresholds, workspace, proxies,
-                                  options, max_tokens)
-        if any(t is not None for t in self._fp8[:4]):
-            raise ValueError("prox: FP8 scales were given for float16/bfloat16 weights (w_gate is "
-                             f"{w_gate.dtype}; FP8 weights are torch.float8_e4m3fn)")
-        if self._fp8[4] is not None and self._fp8[4] != w_gate.dtype:
-            raise TypeError(f"prox: dtype {self._fp8[4]} given for {w_gate.dtype} weights: the native format's "
-                            "activation dtype is its weights'")
-        self.format, self.layout = "native", None
-        self.w_gate_scale = self.w_up_scale = self.w_down_t_scale = None
-        if w_gate.dtype not in (torch.float16, torch.bfloat16):
-            raise TypeError(f"prox: weights must be float16 or bfloat16, got {w_gate.dtype}")
-        self._set_shape(w_gate, w_gate.dtype, act, max_tokens, options)
-        _check_weight("w_up", w_up, (self.d_ff, self.d_model), self.dtype, self.device)
+        if not isinstance(w_gate, torch.Tensor) or w_gate.dim() != 2:
+            raise ValueError(f"prox: w_gate must be a [d_ff, d_model] tensor, got {getattr(w_gate, 'shape', w_gate)}")
+        #: the Stage-2 weight format (prox.formats), read from w_gate and its scales
+        self.fmt = formats.of_weights(w_gate, w_gate_scale)
+        self._set_shape(w_gate, self.fmt.act_dtype(w_gate.dtype, dtype, op_only=True), act, max_tokens, options)
+        shape, wdt = (self.d_ff, self.d_model), w_gate.dtype
+        _check_weight("w_up", w_up, shape, wdt, self.device)
         with torch.no_grad():
+            self.w_gate_scale = self.fmt.stage2_scale(w_gate_scale, *shape, "w_gate_scale")
+            self.w_up_scale = self.fmt.stage2_scale(w_up_scale, *shape, "w_up_scale")
             if w_down_t is None:
-                if w_down is None:
-                    raise ValueError("prox: give w_down ([d_model, d_ff]) or w_down_t ([d_ff, d_model])")
-                _check_weight("w_down", w_down, (self.d_model, self.d_ff), self.dtype, self.device)
-                w_down_t = _ops.transpose(w_down.detach().contiguous())
-            _check_weight("w_down_t", w_down_t, (self.d_ff, self.d_model), self.dtype, self.device)
+                if w_down is None or w_down_t_scale is not None:
+                    raise ValueError("prox: give w_down ([d_model, d_ff]; FP8: and w_down_scale) or w_down_t ([d_ff, "
+                                     "d_model]; FP8: and w_down_t_scale, prox.fp8.transpose_down gives both)")
+                _check_weight("w_down", w_down, (self.d_model, self.d_ff), wdt, self.device)
+                w_down_t, w_down_t_scale = self.fmt.down_t(w_down, w_down_scale, "w_down", "w_down_scale")
+            elif w_down_scale is not None:
+                raise ValueError("prox: w_down_scale goes with w_down; w_down_t takes w_down_t_scale")
+            _check_weight("w_down_t", w_down_t, shape, wdt, self.device)
+            self.w_down_t_scale = self.fmt.stage2_scale(w_down_t_scale, *shape, "w_down_t_scale", transposed=True)
             self.w_gate = w_gate.detach()
             self.w_up = w_up.detach()
             self.w_down_t = w_down_t.detach()
             if proxies is None:
-                (self.proxy_gate, self.scale_gate) = _ops.pack_int4(self.w_gate.contiguous())
-                (self.proxy_up, self.scale_up) = _ops.pack_int4(self.w_up.contiguous())
+                (self.proxy_gate, self.scale_gate) = self.fmt.proxy(self.w_gate, self.w_gate_scale, "w_gate")
+                (self.proxy_up, self.scale_up) = self.fmt.proxy(self.w_up, self.w_up_scale, "w_up")
             else:
                 (self.proxy_gate, self.scale_gate), (self.proxy_up, self.scale_up) = proxies
         self._finish(thresholds, workspace, tau_x, tau_s, max_tokens)
+
+    @property
+    def format(self) -> str:
+        """The Stage-2 weight format's name (prox.FORMATS)."""
+        return self.fmt.name
+
+    @property
+    def layout(self) -> Optional[str]:
+        """FP8: the scale layout ("channel", "block128"); None for the native format."""
+        return self.fmt.layout
 
     def _set_shape(self, w_gate, dtype, act, max_tokens, options) -> None:
         """The layer's device, shape, activation dtype, activation and options (both formats)."""
@@ -139,60 +133,12 @@ class PlannedFfn:
         self.workspace = workspace
         # Every tensor checked here, each named (the op checks again on every call, for raw-op callers).
         _ops.check_layer(self.layer_tensors(), self.thresholds, self.workspace, max_tokens=max_tokens,
-                         dtype=self._plan_dtype())
+                         dtype=self.dtype)
         # The plans stay pinned in the extension's plan cache while this object lives (a capture later can
         # always find them); the finalizer releases them.
         self._pins: list = []
-        weakref.finalize(self, _unpin_all, self._pins)
+        weakref.finalize(self, layer_ops.unpin, self._pins)
         self.policies = self.plan()
-
-    def _init_fp8(self, w_gate, w_up, w_down, w_down_t, act, tau_x, tau_s, thresholds, workspace, proxies, options,
-                  max_tokens):
-        w_gate_scale, w_up_scale, w_down_scale, w_down_t_scale, dtype = self._fp8
-        if dtype not in (torch.float16, torch.bfloat16):
-            raise TypeError(f"prox: FP8 weights need dtype=torch.float16 or torch.bfloat16 (the activation dtype), "
-                            f"got {dtype}")
-        self._set_shape(w_gate, dtype, act, max_tokens, options)
-        if w_gate_scale is None or w_up_scale is None:
-            raise ValueError("prox: FP8 weights need w_gate_scale and w_up_scale (and w_down_scale or "
-                             "w_down_t_scale): the dequantized weight is q * scale")
-        _check_weight("w_up", w_up, (self.d_ff, self.d_model), fp8.E4M3, self.device)
-        self.layout = fp8.infer_layout(w_gate_scale, self.d_ff, self.d_model, name="w_gate_scale")
-        self.format = fp8.FORMAT_OF[self.layout]
-        with torch.no_grad():
-            self.w_gate_scale = fp8.normalize_scales(w_gate_scale, self.layout, self.d_ff, self.d_model,
-                                                     name="w_gate_scale")
-            self.w_up_scale = fp8.normalize_scales(w_up_scale, self.layout, self.d_ff, self.d_model, name="w_up_scale")
-            fp8.check_scales(self.w_gate_scale, "w_gate_scale")
-            fp8.check_scales(self.w_up_scale, "w_up_scale")
-            if w_down_t is None:
-                if w_down is None or w_down_scale is None:
-                    raise ValueError("prox: give w_down ([d_model, d_ff]) and w_down_scale, or w_down_t ([d_ff, "
-                                     "d_model]) and w_down_t_scale")
-                _check_weight("w_down", w_down, (self.d_model, self.d_ff), fp8.E4M3, self.device)
-                s = fp8.normalize_scales(w_down_scale, self.layout, self.d_model, self.d_ff, name="w_down_scale")
-                fp8.check_scales(s, "w_down_scale")
-                w_down_t, w_down_t_scale = fp8.transpose_down(w_down.detach(), s, self.layout)
-            elif w_down_t_scale is None:
-                raise ValueError("prox: w_down_t needs w_down_t_scale (prox.fp8.transpose_down gives both)")
-            _check_weight("w_down_t", w_down_t, (self.d_ff, self.d_model), fp8.E4M3, self.device)
-            self.w_down_t_scale = fp8.normalize_scales(w_down_t_scale, self.layout, self.d_ff, self.d_model,
-                                                       transposed=True, name="w_down_t_scale")
-            fp8.check_scales(self.w_down_t_scale, "w_down_t_scale")
-            self.w_gate = w_gate.detach()
-            self.w_up = w_up.detach()
-            self.w_down_t = w_down_t.detach()
-            if proxies is None:
-                (self.proxy_gate, self.scale_gate) = fp8.pack_int4(self.w_gate, self.w_gate_scale, self.layout,
-                                                                   name="w_gate")
-                (self.proxy_up, self.scale_up) = fp8.pack_int4(self.w_up, self.w_up_scale, self.layout, name="w_up")
-            else:
-                (self.proxy_gate, self.scale_gate), (self.proxy_up, self.scale_up) = proxies
-        self._finish(thresholds, workspace, tau_x, tau_s, max_tokens)
-
-    def _plan_dtype(self):
-        """plan_ffn's / check_layer's dtype: the activation dtype of FP8 weights (None: the native weights')."""
-        return self.dtype if self.format != "native" else None
 
     # ------------------------------------------------------------ planning and thresholds
 
@@ -212,24 +158,14 @@ class PlannedFfn:
         """Plan (or find the cached plans of) this layer: batch 1 and, when the workspace holds a batch, the
         batched plan that batches run. Returns the policies chosen [proxy, glu, down, glu_down] (batch 1's).
         Outside graph capture only; the constructor calls it. The plans are pinned while this object lives."""
-        _unpin_all(self._pins)
-        layer, fmt = _ops.layer_args(self.layer_tensors())
-        dt = self._plan_dtype()
-        res = list(torch.ops.prox.plan_ffn(layer, fmt, self.thresholds, self.act_code, self._options, 1, True, dt))
-        self._pins.append(res[4])
-        if self.max_tokens >= 2:
-            self._pins.append(torch.ops.prox.plan_ffn(layer, fmt, self.thresholds, self.act_code, self._options,
-                                                      self.max_tokens, True, dt)[4])
-        return res[:4]
+        layer_ops.unpin(self._pins)
+        return layer_ops.plan(self.layer_tensors(), self.thresholds, self.act_code, self._options, self.dtype,
+                              self.max_tokens, self._pins)
 
     def exact_weights(self, dtype=torch.float32) -> tuple:
         """(W_gate, W_up, W_down^T) as Stage 2 computes with them, in ``dtype``: the weights, or FP8 weights
         dequantized (prox.fp8.dequantize; float64 is exact)."""
-        if self.format == "native":
-            return tuple(w.to(dtype) for w in (self.w_gate, self.w_up, self.w_down_t))
-        return (fp8.dequantize(self.w_gate, self.w_gate_scale, self.layout, dtype),
-                fp8.dequantize(self.w_up, self.w_up_scale, self.layout, dtype),
-                fp8.dequantize(self.w_down_t, self.w_down_t_scale, self.layout, dtype, transposed=True))
+        return self.fmt.exact_weights(self.layer_tensors(), dtype)
 
     def dense(self, x: torch.Tensor) -> torch.Tensor:
         """The dense FFN of one token through this layer's own fused Stage-2 kernel, every channel selected and no
@@ -272,25 +208,8 @@ class PlannedFfn:
         """Stage 1 in values mode: s~ float32 [tokens, d_ff] for x [tokens, d_model] (one launch per token; for
         calibration), under the layer's current tau_x, or under ``tau_x`` when given (the thresholds are written
         for the call and restored after it: calibrate_layer's proxy_values(x, tau_x) callback, as SparseMLP's)."""
-        layer, fmt = _ops.layer_args(self.layer_tensors())
-        if tau_x is None:
-            return torch.ops.prox.proxy_values(x, layer, fmt, self.thresholds, self.workspace, self.act_code,
-                                               self._options)
-        if not float(tau_x) >= 0.0:
-            raise ValueError(f"prox: tau_x must be >= 0, got {tau_x}")
-        saved = self.thresholds.clone()
-        self.thresholds[0].fill_(float(tau_x))
-        try:
-            return torch.ops.prox.proxy_values(x, layer, fmt, self.thresholds, self.workspace, self.act_code,
-                                               self._options)
-        finally:
-            self.thresholds.copy_(saved)
-
-
-def _unpin_all(pins: list) -> None:
-    for h in pins:
-        _ops.unpin_plan(h)
-    pins.clear()
+        return layer_ops.proxy_values(x, self.layer_tensors(), self.thresholds, self.workspace, self.act_code,
+                                      self._options, tau_x)
 
 
 def new_counters(device: torch.device | str = "cuda") -> torch.Tensor:

@@ -22,21 +22,16 @@ from typing import Callable, Optional, Sequence
 import torch
 import torch.nn as nn
 
-from . import reference
+from . import _ops, formats, reference
 from ._ops import PlanOptions
-from .allocation import StageSparsity, alpha_for, allocate_sparsity, split_candidates
+from .allocation import StageSparsity, allocate_sparsity, split_candidates
 from .calibration import (DEFAULT_CAPACITY, DEFAULT_SEED, Calibrator, calibrate_layer, proxy_threshold,
                           quantile_threshold)
-from . import _ops
 from .distributed import agreed, all_reduce_float64, check_same_thresholds, fingerprints as tp_fingerprints
-from .nn import (SparseMLP, _model_pool, _set_submodule, activation_dtype, find_mlps, is_fp8_mlp, mlp_kwargs, set_mode,
+from .nn import (SparseMLP, activation_dtype, find_mlps, mlp_kwargs, model_pool, set_mode, set_submodule,
                  sparse_mlps)
 from .planned import summed_report
 from .thresholds import INT4_LAYOUT, LayerRecord, ThresholdConfig, find_config, fingerprint_mismatch, load_thresholds
-
-
-class _Stop(Exception):
-    pass
 
 
 def _as_sequences(inputs, device) -> list:
@@ -130,20 +125,24 @@ def sparsify(model: nn.Module, e: float, calibration_inputs=None, *, thresholds=
         strict, model_name: apply_thresholds()'s checks of given thresholds; model_name is also recorded in a
             new config.
         alpha: the allocation's alpha (the split of e between the stages and the search's line of equal e);
-            default the weight format's (prox.allocation.alpha_for: ALPHA for fp16/bf16 MLPs, FP8_ALPHA for FP8
+            default the weight format's (prox.formats: ALPHA for fp16/bf16 MLPs, FP8_ALPHA for FP8
             ones, where e is the fraction of the dense FP8 FFN's cost saved). Recorded in the config.
         dtype: FP8 MLPs' activation dtype (SparseMLP's dtype=; default: the model's, activation_dtype()).
     Returns the ThresholdConfig (save it with prox.save_thresholds).
     """
     if split not in (None, "paper", "search"):
         raise ValueError(f"prox: split must be 'paper' or 'search', got {split!r}")
+    if thresholds is None and calibration_inputs is None:
+        raise ValueError("prox: give calibration_inputs (token ids) or thresholds")
     say = progress or (lambda s: None)
     mlps = find_mlps(model)
     if not mlps:
         raise ValueError("prox: no gated MLP (gate_proj/up_proj/down_proj) found in the model")
+    # Every argument is checked here, before the model is touched or run: a bad e or option costs no dense pass.
+    _check_options(backend, prefill, options, capacity, search_tokens, dtype)
     # The model's layers share one workspace pool of their own (never another model's).
     kw = dict(backend=backend, keep_down=keep_down, options=options, track_sparsity=track_sparsity,
-              workspace_pool=_model_pool(model), dtype=dtype)
+              workspace_pool=model_pool(model), dtype=dtype)
     act_dtype = activation_dtype(model)
 
     if thresholds is not None:
@@ -154,30 +153,39 @@ def sparsify(model: nn.Module, e: float, calibration_inputs=None, *, thresholds=
                                  f"asks for e={e}" + (f", split={split!r}" if split is not None else ""))
         else:
             cfg = find_config(load_thresholds(cfg) if not isinstance(cfg, list) else cfg, e, split or "paper")
+        # All or nothing: the SparseMLPs are built and the thresholds checked against them before the first swap,
+        # so a refused file leaves the model as it was.
+        layers = {name: m if isinstance(m, SparseMLP) else
+                  SparseMLP.from_mlp(m, prefill=prefill, **mlp_kwargs(m, kw, act_dtype)) for name, m in mlps}
+        _apply(layers, cfg, strict=strict, model_name=model_name)
         for name, m in mlps:
-            if not isinstance(m, SparseMLP):
-                _set_submodule(model, name, SparseMLP.from_mlp(m, prefill=prefill, **mlp_kwargs(m, kw, act_dtype)))
-        apply_thresholds(model, cfg, strict=strict, model_name=model_name)
+            if layers[name] is not m:
+                set_submodule(model, name, layers[name])
         set_mode(model, prefill=prefill)
         return cfg
     split = split or "paper"
+    if alpha is None:
+        alphas = {formats.of_module(m).alpha for _, m in mlps}
+        if len(alphas) > 1:
+            raise ValueError("prox: the model's MLPs mix weight formats whose default alphas differ "
+                             f"({sorted(alphas)}): give alpha=")
+        alpha = alphas.pop()
+    paper = allocate_sparsity(e, alpha)  # checks e (and alpha)
+    cands = split_candidates(e, alpha, s1_grid=s1_grid) if split == "search" else None
 
-    if calibration_inputs is None:
-        raise ValueError("prox: give calibration_inputs (token ids) or thresholds")
     device = next(model.parameters()).device
     seqs = _as_sequences(calibration_inputs, device)
     layers = [model.get_submodule(n.rpartition(".")[0]) for n, _ in mlps]
     if len({id(layer) for layer in layers}) != len(layers) or any(layer is model for layer in layers):
         raise ValueError("prox: sparsify needs one gated MLP per decoder layer")
 
-    # FP8 MLPs take their dense passes through a SparseMLP's dense path (thresholds 0: the dequantized weights,
-    # weight-only, what Prox then runs against): the checkpoint module's own forward may need kernels that are
-    # not installed (transformers' FP8Linear loads its Triton kernel through the `kernels` package) and
-    # quantizes the activations, which Prox does not.
+    # MLPs whose own forward is not their format's dense MLP (FP8 checkpoint linears: transformers' FP8Linear loads
+    # its Triton kernel through the `kernels` package, which may not be installed) take their dense passes through
+    # a SparseMLP's dense path (thresholds 0: the format's prefill).
     for k, (name, m) in enumerate(mlps):
-        if is_fp8_mlp(m) and not isinstance(m, SparseMLP):
+        if not isinstance(m, SparseMLP) and not formats.of_module(m).module_forward_is_dense:
             sp = SparseMLP.from_mlp(m, prefill="dense", **mlp_kwargs(m, kw, act_dtype))
-            _set_submodule(model, name, sp)
+            set_submodule(model, name, sp)
             mlps[k] = (name, sp)
 
     # 1. One dense forward per sequence captures every layer's call arguments (masks, position embeddings
@@ -211,16 +219,9 @@ def sparsify(model: nn.Module, e: float, calibration_inputs=None, *, thresholds=
     say(f"prox.sparsify: e={e:.2f} split={split}: {len(layers)} layers, {len(seqs)} sequences, {tokens} tokens "
         f"(captured in {time.time() - t0:.1f} s)")
 
-    if alpha is None:
-        alphas = {alpha_for("fp8" if is_fp8_mlp(m) else "native") for _, m in mlps}
-        if len(alphas) > 1:
-            raise ValueError("prox: the model mixes FP8 and fp16/bf16 MLPs, whose default alphas differ: give alpha=")
-        alpha = alphas.pop()
     cfg = ThresholdConfig(e=float(e), split=split, alpha=float(alpha),
                           calibration={"tokens": tokens, "sequences": len(seqs), "capacity": capacity, "seed": seed},
                           model=model_name, int4_layout=_int4_layout())
-    paper = allocate_sparsity(e, alpha)
-    cands = split_candidates(e, alpha, s1_grid=s1_grid) if split == "search" else None
     search_rows = {}
     for li, ((name, mlp), layer) in enumerate(zip(mlps, layers)):
         t1 = time.time()
@@ -249,7 +250,7 @@ def sparsify(model: nn.Module, e: float, calibration_inputs=None, *, thresholds=
         cfg.layers.append(LayerRecord(name, sp.d_model, sp.d_ff_full, sp.act, choice.s1, choice.s2, lt.tau_x,
                                       lt.tau_s, lt.realized_s1, lt.realized_s2, err, sp.fingerprint(), sp.format))
         if sp is not mlp:
-            _set_submodule(model, name, sp)
+            set_submodule(model, name, sp)
         for i in range(len(seqs)):  # this layer's outputs, with its sparse rule: the next layer's inputs
             args, kwargs = _with_hidden(*calls[li][i], hidden[i])
             hidden[i] = _output_hidden(layer(*args, **kwargs))
@@ -262,6 +263,22 @@ def sparsify(model: nn.Module, e: float, calibration_inputs=None, *, thresholds=
     set_mode(model, prefill=prefill)
     model.train(was_training)
     return cfg
+
+
+def _check_options(backend, prefill, options, capacity, search_tokens, dtype) -> None:
+    """sparsify()'s arguments that are checked where they are used only after the dense pass."""
+    if backend not in ("auto", "op", "torch"):
+        raise ValueError(f"prox: backend must be 'auto', 'op' or 'torch', got {backend!r}")
+    if prefill not in ("dense", "sparse"):
+        raise ValueError(f"prox: prefill must be 'dense' or 'sparse', got {prefill!r}")
+    if not isinstance(options, PlanOptions):
+        raise TypeError(f"prox: options must be a prox.PlanOptions, got {type(options).__name__}")
+    if not (isinstance(capacity, int) and capacity >= 1):
+        raise ValueError(f"prox: capacity must be an int >= 1, got {capacity!r}")
+    if not (isinstance(search_tokens, int) and search_tokens >= 1):
+        raise ValueError(f"prox: search_tokens must be an int >= 1, got {search_tokens!r}")
+    if dtype not in (None, torch.float16, torch.bfloat16, torch.float32):
+        raise TypeError(f"prox: dtype must be None, torch.float16, torch.bfloat16 or torch.float32, got {dtype}")
 
 
 def _int4_layout() -> str:
@@ -283,10 +300,15 @@ def apply_thresholds(model: nn.Module, config: ThresholdConfig, *, strict: bool 
     checked with d_ff_full, its fingerprint is the full layer's: prox.distributed.fingerprints, one all-reduce
     for every sharded layer). Every rank agrees on errors, and one all-gather checks that the ranks hold the
     same thresholds afterwards."""
-    recs = config.by_name()
     layers = dict(sparse_mlps(model))
     if not layers:
         raise ValueError("prox: the model has no SparseMLP (sparsify or swap_mlps first)")
+    _apply(layers, config, strict=strict, model_name=model_name)
+
+
+def _apply(layers: dict, config: ThresholdConfig, *, strict: bool, model_name: str) -> None:
+    """apply_thresholds() on SparseMLPs by name ({name: SparseMLP}, in the model or not yet): checked, then set."""
+    recs = config.by_name()
     tp = [m for m in layers.values() if m.tp is not None]
     fps = tp_fingerprints(tp)  # collective (every rank, every sharded layer) before any check can raise
     with agreed(tp[0].tp.group if tp else None, enabled=bool(tp)):

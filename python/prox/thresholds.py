@@ -34,6 +34,8 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
+import torch
+
 from .allocation import ALPHA
 
 FORMAT = "prox-thresholds"
@@ -54,7 +56,6 @@ def matrix_fingerprint(w, full: Optional[tuple] = None, at: tuple = (0, 0), as_t
     first row and column) gives the whole matrix's sample positions, 0.0 for those outside the block, and the
     block's sums: summed over the blocks, these are the whole matrix's fingerprint (prox.distributed.
     fingerprints). as_tensor: the float64 [2 + FINGERPRINT_SAMPLES] values on w's device, not read."""
-    import torch
     rows, cols = (int(v) for v in (full or w.shape))
     n = rows * cols
     idx = torch.tensor([((2 * k + 1) * n) // (2 * FINGERPRINT_SAMPLES) for k in range(FINGERPRINT_SAMPLES)],
@@ -178,14 +179,13 @@ def save_thresholds(path: str | os.PathLike, configs, model: str = "", merge: bo
                     fingerprints=None) -> None:
     """Write configs (a ThresholdConfig or a list). With merge, configs already in the file with another
     (e, split) are kept; a config with the same (e, split) is replaced, and the file's configs must be for the
-    same model (the same fingerprints). ``fingerprints``: a model whose SparseMLPs' fingerprints fill the
-    records that have none (upgrading a version-1 file). Written atomically."""
+    same model (the same fingerprints). ``fingerprints``: a model whose layers' fingerprint() (its SparseMLPs')
+    fill the records that have none (upgrading a version-1 file). Written atomically."""
     if isinstance(configs, ThresholdConfig):
         configs = [configs]
     configs = list(configs)
     if fingerprints is not None:
-        from .nn import sparse_mlps
-        fps = {n: m.fingerprint() for n, m in sparse_mlps(fingerprints)}
+        fps = {n: m.fingerprint() for n, m in fingerprints.named_modules() if callable(getattr(m, "fingerprint", None))}
         for c in configs:
             for r in c.layers:
                 if r.fingerprint is None and r.name in fps:
@@ -215,9 +215,18 @@ def load_thresholds(path: str | os.PathLike) -> list:
         return from_dict(json.load(f))
 
 
+class MissingThresholds(ValueError):
+    """find_config(): the configs hold none for the (e, split) asked for."""
+
+
 def find_config(configs: list, e: float, split: str = "paper") -> ThresholdConfig:
+    """The config of (e, split) among ``configs`` (load_thresholds()'s); a MissingThresholds (a ValueError) that
+    says what they hold and what to do otherwise."""
     for c in configs:
         if abs(c.e - e) < 1e-9 and c.split == split:
             return c
     have = ", ".join(f"(e={c.e}, {c.split})" for c in configs)
-    raise KeyError(f"prox: no thresholds for e={e}, split={split!r} (the file has {have or 'none'})")
+    raise MissingThresholds(f"prox: the thresholds hold no config for e={e}, split={split!r}; they hold "
+                            f"{have or 'none'}. Ask for one of those, or calibrate this one (cfg = "
+                            f"prox.sparsify(model, {e}, calibration_ids, split={split!r})) and add it to the file "
+                            "(prox.save_thresholds(path, cfg) keeps the file's other configs)")

@@ -111,7 +111,7 @@ def test_device_check_scales_names_the_first_bad():
 @pytest.mark.parametrize("target", [(0.1, 0.7), (0.7, 0.77)])
 def test_fp8_ffn_matches_float64_reference(shape, dtype, act, layout, target):
     ffn = planned(shape, layout, dtype, act)
-    assert ffn.layer_tensors().format == fp8.FORMAT_OF[layout]
+    assert ffn.layer_tensors().format == prox.formats.fp8_format(layout).name
     torch.manual_seed(1)
     for _ in range(2):
         x = torch.randn(shape[0], device="cuda").to(dtype)
@@ -250,7 +250,7 @@ def tiny_fp8(layout, module, dtype=torch.bfloat16, layers=2, seed=0):
                                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
     torch.manual_seed(seed)
     m = transformers.LlamaForCausalLM(cfg).to(device="cuda", dtype=dtype).eval()
-    fp8.quantize_mlps(m, layout, module)
+    prox.quantize_mlps(m, layout, module)
     return m
 
 
@@ -262,10 +262,12 @@ def test_sparse_mlp_fp8_op_vs_reference_and_prefill(layout, module, dtype):
     x = torch.randn(1, 12, 256, device="cuda", dtype=dtype)
     with torch.no_grad():
         sp = prox.SparseMLP.from_mlp(mlp, dtype=dtype, keep_down=True)
-        assert sp.format == fp8.FORMAT_OF[layout] and sp.backend_in_use() == "op"
+        assert sp.format == prox.formats.fp8_format(layout).name and sp.backend_in_use() == "op"
         wg, wu, wdt = sp.exact_weights(torch.float64)
         want = ((torch.nn.functional.silu(x.double() @ wg.t()) * (x.double() @ wu.t())) @ wdt)
-        assert torch.allclose(sp(x).double(), want, rtol=1e-2, atol=1e-3)  # prefill: dense FP8 in float32
+        sp.prefill_gemm = "dequantized"  # weight-only: the weights dequantized to x's dtype (test_fp8_prefill_gemm)
+        assert torch.allclose(sp(x).double(), want, rtol=2e-2, atol=2e-3)  # prefill: dense FP8 in x's dtype
+        sp.prefill_gemm = "auto"
         sp.set_thresholds(0.5, 0.01)
         one = sp(x[:, :1])  # decode: the FP8 op
         sp.backend = "torch"
@@ -372,3 +374,75 @@ def test_fp8_opcheck():
     q, s = fp8.quantize(w, "block128")
     _opcheck_fp8(torch.ops.prox.fp8_transpose_down.default, (q, s, 1), test_utils=("test_schema", "test_faketensor"))
     _opcheck_fp8(torch.ops.prox.fp8_pack_int4.default, (q, s, 1), test_utils=("test_schema", "test_faketensor"))
+
+
+def _w8a8_reference(x, sp, layout):
+    """The dense FFN as the FP8 GEMM path computes it, in float64: the activations quantized to e4m3 per token
+    (channel) or per 1 x 128 group (block128) by the same functions, the weights dequantized exactly; g, u and y
+    rounded to x's dtype where _scaled_mm rounds them."""
+    quant = fp8.quantize_rows if layout == "channel" else fp8.quantize_1x128
+    wg, wu, wdt = sp.exact_weights(torch.float64)
+
+    def deq(a):
+        q, s = quant(a)
+        return q.double() * (s.double() if layout == "channel" else s.double().repeat_interleave(128, 1))
+    x2 = x.reshape(-1, x.shape[-1])
+    xq = deq(x2)
+    g, u = (xq @ wg.t()).to(x.dtype), (xq @ wu.t()).to(x.dtype)
+    h = torch.nn.functional.silu(g) * u
+    return (deq(h) @ wdt).reshape(x.shape)
+
+
+@pytest.mark.parametrize("layout,module", [("channel", "prox"), ("block128", "transformers"), ("block128", "prox")])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("keep_down", [False, True])
+def test_fp8_prefill_gemm(layout, module, dtype, keep_down, monkeypatch):
+    """FP8 prefill (512 tokens): "auto" runs gate and up (and W_down, kept) through torch._scaled_mm where torch takes
+    the layout (bfloat16: row-wise scales on sm_89+, 1 x 128 x 128 x 128 blocks on sm_90), within rounding of the
+    W8A8 float64 reference; "dequantized" (and "auto" elsewhere) the weights one matrix at a time in x's dtype,
+    within its rounding of the float64 dense FFN. Neither makes a float32 copy of the weights."""
+    m = tiny_fp8(layout, module, dtype)
+    sp = prox.SparseMLP.from_mlp(m.model.layers[0].mlp, dtype=dtype, keep_down=keep_down, tau_x=0.5, tau_s=0.01)
+    x = torch.randn(1, 512, 256, device="cuda", dtype=dtype)
+    wg, wu, wdt = sp.exact_weights(torch.float64)
+    exact = (torch.nn.functional.silu(x.double() @ wg.t()) * (x.double() @ wu.t())) @ wdt
+    calls = []
+    real = torch._scaled_mm
+    monkeypatch.setattr(torch, "_scaled_mm", lambda *a, **k: (calls.append(a[1].shape), real(*a, **k))[1])
+    with torch.no_grad():
+        sp.prefill_gemm = "dequantized"
+        y = sp(x)
+        assert not calls and y.dtype == dtype
+        assert (y.double() - exact).norm() / exact.norm() < 1e-2
+        sp.prefill_gemm = "auto"
+        y = sp(x)
+    fp8_gemm = sp.fmt.scaled_mm_ok(x[0], 768, 256)
+    assert fp8_gemm == (dtype == torch.bfloat16 and torch.cuda.get_device_capability() >= (9, 0))
+    if fp8_gemm:
+        assert len(calls) == (3 if keep_down else 2)
+        want = _w8a8_reference(x, sp, layout)
+        assert (y.double() - want).norm() / want.norm() < 2e-2
+        assert (y.double() - exact).norm() / exact.norm() < 1e-1  # the activations' e4m3 rounding
+    else:
+        assert not calls and (y.double() - exact).norm() / exact.norm() < 1e-2
+
+
+def test_fp8_prefill_peak_memory():
+    """The dense FP8 prefill of a 4096 x 12288 layer (Qwen3-8B's MLP shape, block scales) holds at most one weight
+    matrix in bfloat16 at a time (about 100 MB), never the three in float32 (about 600 MB)."""
+    mlp = torch.nn.Module()
+    for name, (o, i) in (("gate_proj", (12288, 4096)), ("up_proj", (12288, 4096)), ("down_proj", (4096, 12288))):
+        q, s = fp8.quantize(torch.randn(o, i, device="cuda", dtype=torch.bfloat16) / 64, "block128")
+        setattr(mlp, name, prox.Fp8Linear(q, s))
+    mlp.act_fn = torch.nn.SiLU()
+    sp = prox.SparseMLP.from_mlp(mlp, dtype=torch.bfloat16, prefill_gemm="dequantized")
+    x = torch.randn(512, 4096, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        sp(x)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        sp(x)
+        peak = torch.cuda.max_memory_allocated() - base
+    one_bf16 = 12288 * 4096 * 2
+    assert peak < one_bf16 + 64 * 2 ** 20, peak / 2 ** 20  # one matrix and the chunk temporaries, in MiB

@@ -33,7 +33,7 @@ def _fp8_layer(d_model=64, d_ff=160, layout="block128", seed=0):
     pu, psu = fp8.pack_int4(qu, su, layout)
     return prox.LayerTensors(w_gate=qg, w_up=qu, w_down_t=qdt, proxy_gate=pg, scale_gate=psg, proxy_up=pu,
                              scale_up=psu, w_gate_scale=sg, w_up_scale=su, w_down_t_scale=sdt,
-                             format=fp8.FORMAT_OF[layout])
+                             format=prox.formats.fp8_format(layout).name)
 
 
 # ---------------------------------------------------------------- formats, slots and their checks
@@ -46,7 +46,7 @@ def test_fp8_formats_and_slots_come_from_the_extension():
     assert prox._ops.fp8_layout() == fp8.LAYOUT_TAG
     for layout in LAYOUTS:
         t = _fp8_layer(layout=layout)
-        assert t.format_code() == prox.FORMATS.index(fp8.FORMAT_OF[layout])
+        assert t.format_code() == prox.FORMATS.index(prox.formats.fp8_format(layout).name)
         for dtype in (torch.float16, torch.bfloat16):
             assert prox.check_layer(t, torch.zeros(2), dtype=dtype) == (64, 160)
 
@@ -56,7 +56,7 @@ def test_fp8_formats_and_slots_come_from_the_extension():
 def test_fp8_slot_checks_name_the_slot(layout):
     t = _fp8_layer(layout=layout)
     th = torch.zeros(2)
-    fmt = fp8.FORMAT_OF[layout]
+    fmt = prox.formats.fp8_format(layout).name
     # The activation type: required, float16 or bfloat16.
     with pytest.raises(TypeError, match=f"the {fmt} format's weights are torch.float8_e4m3fn: give the activation "
                                         "dtype"):
@@ -309,14 +309,14 @@ def test_sparse_mlp_on_fp8_linears_cpu(layout, module):
     if module == "transformers":
         pytest.importorskip("transformers")
     m = _tiny_llama(1)
-    fp8.quantize_mlps(m, layout, module)
+    prox.quantize_mlps(m, layout, module)
     mlp = m.model.layers[0].mlp
-    assert prox.nn.is_gated_mlp(mlp) and prox.nn.is_fp8_mlp(mlp)
+    assert prox.nn.is_gated_mlp(mlp) and prox.formats.of_module(mlp) is prox.formats.fp8_format(layout)
     qs = {p: fp8.linear_info(getattr(mlp, p)) for p in ("gate_proj", "up_proj", "down_proj")}
     wg, wu = (fp8.dequantize(qs[p].q, qs[p].normalized(layout)) for p in ("gate_proj", "up_proj"))
     wd = fp8.dequantize(qs["down_proj"].q, qs["down_proj"].normalized(layout))
     sp = prox.SparseMLP.from_mlp(mlp, dtype=torch.float32, track_sparsity=True)
-    assert sp.format == fp8.FORMAT_OF[layout] and sp.layout == layout and sp.act_dtype == torch.float32
+    assert sp.format == prox.formats.fp8_format(layout).name and sp.layout == layout and sp.act_dtype == torch.float32
     assert sp.alpha == prox.FP8_ALPHA and sp.backend_in_use() == "torch" and "format=fp8_" in repr(sp)
     # the proxies are packed from the dequantized weights; W_down^T and its scales transposed
     assert torch.equal(sp.proxy_gate, reference.pack_int4(wg)[0]) and torch.equal(sp.scale_up, reference.pack_int4(wu)[1])
@@ -340,7 +340,7 @@ def test_sparse_mlp_on_fp8_linears_cpu(layout, module):
 
 def test_sparse_mlp_fp8_state_dict_roundtrip_and_dtype_changes():
     m = _tiny_llama(1)
-    fp8.quantize_mlps(m, "block128", "prox")
+    prox.quantize_mlps(m, "block128", "prox")
     mlp = m.model.layers[0].mlp
     sd_dense = {k: v.clone() for k, v in mlp.state_dict().items()}
     sp = prox.SparseMLP.from_mlp(mlp, dtype=torch.float32)  # keep_down=False: W_down lives as W_down^T
@@ -350,7 +350,7 @@ def test_sparse_mlp_fp8_state_dict_roundtrip_and_dtype_changes():
         assert torch.equal(sd[k].view(torch.uint8) if sd[k].dtype == fp8.E4M3 else sd[k],
                            sd_dense[k].view(torch.uint8) if sd_dense[k].dtype == fp8.E4M3 else sd_dense[k]), k
     m2 = _tiny_llama(1, seed=1)
-    fp8.quantize_mlps(m2, "block128", "prox")
+    prox.quantize_mlps(m2, "block128", "prox")
     sp2 = prox.SparseMLP.from_mlp(m2.model.layers[0].mlp, dtype=torch.float32)
     x = torch.randn(1, 1, 64)
     with torch.no_grad():
@@ -377,15 +377,15 @@ def test_sparse_mlp_fp8_refusals():
     m = _tiny_llama(1)
     mlp = m.model.layers[0].mlp
     mlp.gate_proj = prox.Fp8Linear.from_linear(mlp.gate_proj, "channel")
-    with pytest.raises(ValueError, match="gate_proj is FP8, up_proj is not FP8, down_proj is not FP8"):
+    with pytest.raises(ValueError, match="gate_proj is fp8_channel, up_proj is native, down_proj is native: an MLP's "
+                                         "three projections must share one weight format"):
         prox.SparseMLP.from_mlp(mlp)
     mlp.up_proj = prox.Fp8Linear.from_linear(mlp.up_proj, "block128")
     mlp.down_proj = prox.Fp8Linear.from_linear(mlp.down_proj, "block128")
-    with pytest.raises(ValueError, match="must share one FP8 scale layout"):
+    with pytest.raises(ValueError, match="gate_proj is fp8_channel, up_proj is fp8_block128, down_proj is "
+                                         "fp8_block128: an MLP's three projections must share one weight format"):
         prox.SparseMLP.from_mlp(mlp)
     mlp.gate_proj = prox.Fp8Linear.from_linear(_linear(160, 64, 1), "block128")
-    with pytest.raises(ValueError, match="tensor parallelism over FP8 MLPs is not supported"):
-        prox.SparseMLP.from_mlp(mlp, tp=object())
     with pytest.raises(TypeError, match="dtype must be torch.float16, torch.bfloat16 or torch.float32"):
         prox.SparseMLP.from_mlp(mlp, dtype=torch.float64)
     with torch.no_grad():
@@ -400,16 +400,16 @@ def test_sparse_mlp_fp8_refusals():
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_sparsify_fp8_model_records_format_and_alpha(tmp_path, layout):
     m = _tiny_llama(2)
-    fp8.quantize_mlps(m, layout, "prox")
+    prox.quantize_mlps(m, layout, "prox")
     ids = torch.randint(0, 128, (2, 24), generator=torch.Generator().manual_seed(3))
     cfg = prox.sparsify(m, 0.6, ids, track_sparsity=True, model_name="tiny-fp8")
     want = prox.allocate_sparsity(0.6, prox.FP8_ALPHA)
     assert cfg.alpha == prox.FP8_ALPHA and want != prox.allocate_sparsity(0.6)
     for r in cfg.layers:
-        assert r.format == fp8.FORMAT_OF[layout] and (r.s1, r.s2) == pytest.approx((want.s1, want.s2))
+        assert r.format == prox.formats.fp8_format(layout).name and (r.s1, r.s2) == pytest.approx((want.s1, want.s2))
         assert r.realized_s2 == pytest.approx(want.s2, abs=0.03) and r.fingerprint["dtype"] == "float8_e4m3fn"
     for _, sp in prox.nn.sparse_mlps(m):
-        assert sp.format == fp8.FORMAT_OF[layout] and sp.act_dtype == torch.float32
+        assert sp.format == prox.formats.fp8_format(layout).name and sp.act_dtype == torch.float32
     with torch.no_grad():
         prox.set_mode(m, prefill="sparse")
         logits = m(ids).logits
@@ -419,9 +419,9 @@ def test_sparsify_fp8_model_records_format_and_alpha(tmp_path, layout):
     prox.save_thresholds(path, cfg)
     d = json.loads(path.read_text())
     assert d["version"] == 3 and d["configs"][0]["alpha"] == prox.FP8_ALPHA
-    assert {r["format"] for r in d["configs"][0]["layers"]} == {fp8.FORMAT_OF[layout]}
+    assert {r["format"] for r in d["configs"][0]["layers"]} == {prox.formats.fp8_format(layout).name}
     m2 = _tiny_llama(2)
-    fp8.quantize_mlps(m2, layout, "prox")
+    prox.quantize_mlps(m2, layout, "prox")
     prox.sparsify(m2, 0.6, thresholds=path, prefill="sparse", model_name="tiny-fp8")
     with torch.no_grad():
         assert torch.equal(m2(ids).logits, logits)
@@ -431,7 +431,7 @@ def test_sparsify_fp8_model_records_format_and_alpha(tmp_path, layout):
     other = tmp_path / "native.json"
     prox.save_thresholds(other, prox.sparsify(_tiny_llama(2), 0.6, ids))
     m3 = _tiny_llama(2)
-    fp8.quantize_mlps(m3, layout, "prox")
+    prox.quantize_mlps(m3, layout, "prox")
     with pytest.raises(ValueError, match="calibrated on 'native' weights"):
         prox.sparsify(m3, 0.6, thresholds=other)
 
@@ -441,7 +441,7 @@ def test_sparsify_runs_without_the_checkpoints_fp8_kernels():
     sparsify's dense passes go through SparseMLP's dense path (the dequantized weights), never that forward."""
     pytest.importorskip("transformers")
     m = _tiny_llama(2)
-    fp8.quantize_mlps(m, "block128", "transformers")
+    prox.quantize_mlps(m, "block128", "transformers")
     ids = torch.randint(0, 128, (2, 24), generator=torch.Generator().manual_seed(4))
     cfg = prox.sparsify(m, 0.5, ids)
     want = prox.allocate_sparsity(0.5, prox.FP8_ALPHA)

@@ -260,7 +260,10 @@ def test_thresholds_file_roundtrip(tmp_path):
     assert got.layers == cfg.layers and got.calibration == cfg.calibration and got.model == "m"
     assert got.int4_layout == prox.thresholds.INT4_LAYOUT
     assert got.layers[0].tau_x == 0.123456789 and got.layers[0].tau_s == math.inf
-    with pytest.raises(KeyError):
+    with pytest.raises(ValueError, match=r"the thresholds hold no config for e=0.6, split='paper'; they hold "
+                                         r"\(e=0.5, paper\), \(e=0.7, search\)\. Ask for one of those, or "
+                                         r"calibrate this one \(cfg = prox.sparsify\(model, 0.6, calibration_ids, "
+                                         r"split='paper'\)\) and add it to the file"):
         prox.find_config(back, 0.6)
     path.write_text(json.dumps({"format": "other"}))
     with pytest.raises(ValueError):
@@ -318,7 +321,7 @@ def test_sparse_mlp_batched_flag_cpu():
     assert sp.batched and "batched=True" in repr(sp)
     x = torch.randn(1, 3, 64)
     with torch.no_grad():
-        assert not sp._batches(x.reshape(3, 64))
+        assert sp.capacity() == 0 and sp._batch_rows(x, 3) == 0  # no op here: no batch
         assert torch.equal(sp(x), sp.dense(x)) and int(sp.counters[0]) == 0
     prox.set_mode(torch.nn.ModuleList([sp]), batched=False)
     assert not sp.batched

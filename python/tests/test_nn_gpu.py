@@ -94,7 +94,9 @@ def test_batch_of_three_tokens(kind, dtype):
         assert torch.equal(sp(x9), sp.dense(x9))  # more than 8 tokens: prefill
         ws1 = prox.new_workspace(256, 768)  # a given workspace for one token: batches follow prefill
         sp1 = prox.SparseMLP.from_mlp(mlp, keep_down=True, tau_x=0.5, tau_s=0.01, workspace=ws1)
-        assert not sp1._batches(x.reshape(3, 256)) and torch.equal(sp1(x), sp1.dense(x))
+        assert sp1.capacity() == 1 and sp1._batch_rows(x, 3) == 0 and torch.equal(sp1(x), sp1.dense(x))
+        steps = x.reshape(3, 1, 256)  # a decode batch of 3 sequences: Prox in calls of 1 (what the workspace holds)
+        assert torch.equal(sp1(steps), torch.cat([sp1(steps[b:b + 1]) for b in range(3)]))
 
 
 def test_sparsify_on_gpu_realized_sparsity_and_roundtrip(tmp_path):
@@ -181,3 +183,42 @@ def test_sparse_mlp_built_on_cpu_then_moved_to_cuda(convert):
             assert ma._use_op(x.reshape(-1, 256))
             assert torch.equal(ma(x), mb(x))
     assert not prox.workspace_dirty(ws)  # initialized: the runs were sparse, not the exact-dense fallback
+
+
+@pytest.mark.parametrize("batch", [9, 17, 40])
+def test_decode_batches_over_8_rows_run_in_op_calls_of_8(batch):
+    """A decode step of more than 8 sequences (x [B, 1, d_model]) runs Prox through the op in calls of at most 8 rows
+    (the pool's workspace capacity): bit for bit the concatenated calls of 8, each token within rounding of its
+    batch-1 result, every token counted; never the dense MLP. The op itself refuses a call of 9 rows, naming the
+    rule, and a PlannedFfn of capacity 8 with it."""
+    m = tiny("llama", torch.bfloat16)
+    sp = prox.SparseMLP.from_mlp(m.model.layers[0].mlp, tau_x=0.5, tau_s=0.01, track_sparsity=True)
+    assert sp.capacity() == 8
+    x = torch.randn(batch, 1, 256, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        y = sp(x)
+        parts = torch.cat([sp(x[i:i + 8]) for i in range(0, batch, 8)])
+        assert torch.equal(y, parts)
+        for b in range(batch):
+            one = sp(x[b:b + 1]).float()
+            assert (y[b].float() - one).norm() <= 2e-2 * one.norm() + 1e-6
+        assert int(sp.counters[0]) == 3 * batch  # y, the parts, the rows one at a time
+        dense = sp.dense(x)
+        assert (y.float() - dense.float()).norm() > 1e-2 * dense.float().norm()
+    lt = sp.layer_tensors()
+    with pytest.raises(ValueError, match="sparse_ffn runs at most 8 rows: run them in calls of at most 8 tokens"):
+        torch.ops.prox.sparse_ffn(x[:9, 0], lt.tensors(), lt.format_code(), sp.thresholds, sp.workspace, 0,
+                                  sp._options)
+    ffn = prox.PlannedFfn(lt.w_gate, lt.w_up, w_down_t=lt.w_down_t, max_tokens=8)
+    with pytest.raises(ValueError, match="at most 8 rows"):
+        ffn.run(x[:9, 0])
+
+
+def test_a_decode_batch_over_8_rows_is_captured():
+    """A decode batch of 12 (two op calls) is captured in a CUDA graph and replays bit for bit, following the
+    thresholds."""
+    from conftest import assert_replays_follow_thresholds
+    m = tiny("llama", torch.float16)
+    sp = prox.SparseMLP.from_mlp(m.model.layers[0].mlp, tau_x=0.5, tau_s=0.01)
+    sp.plan()
+    assert_replays_follow_thresholds(sp, torch.randn(12, 1, 256, device="cuda", dtype=torch.float16))

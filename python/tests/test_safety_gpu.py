@@ -30,7 +30,7 @@ def test_auto_warns_once_when_the_op_cannot_run(monkeypatch, recwarn):
     monkeypatch.setattr(prox._ops, "_IMPORT_ERROR", ImportError("undefined symbol: _ZN3c10xyz"))
     monkeypatch.setattr(prox._ops, "_IMPORT_REASON", "the compiled extension prox._C exists but could not be loaded "
                         "(ImportError: undefined symbol: _ZN3c10xyz)")
-    monkeypatch.setattr(prox.nn, "_WARNED", set())
+    monkeypatch.setattr(prox.sparse_mlp, "_WARNED", set())
     layers = [prox.SparseMLP(*linears(64, 128, torch.float16, seed=i)) for i in range(3)]
     w = [r for r in recwarn.list if issubclass(r.category, RuntimeWarning) and "torch reference" in str(r.message)]
     assert len(w) == 1 and "undefined symbol" in str(w[0].message)
@@ -46,7 +46,7 @@ def test_mixed_dtypes_and_autocast(recwarn):
         sp(torch.randn(1, 64, device="cuda", dtype=torch.bfloat16))
     # fp32 weights under fp16 autocast: x arrives fp16, the op cannot run fp32 weights: the torch reference
     # runs (one warning at construction), never the op with no workspace.
-    prox.nn._WARNED.clear()
+    prox.sparse_mlp._WARNED.clear()
     lin = linears(64, 128, torch.float32, seed=3)
     sp32 = prox.SparseMLP(*lin, tau_x=0.2, tau_s=0.01)
     assert any("float32" in str(r.message) for r in recwarn.list)

@@ -80,6 +80,15 @@ def test_fingerprint_is_tp_invariant(results):
     assert data[0] == data[1]
 
 
+def test_fp8_shards_both_layouts(results):
+    """FP8 layers at TP = 2, per channel and in 128 x 128 blocks: the shards' codes, scales, proxies and s~ are the
+    full layer's, y within rounding, TP-invariant fingerprints, TP=1's thresholds exactly (tp_cases.case_fp8_shards);
+    a block-128 shard off a block boundary is refused, naming the projection and its shape (the bad inputs)."""
+    data = _ok(results, "fp8_shards")
+    assert data[0] == {k: dict(v, worst_err_over_bound=data[0][k]["worst_err_over_bound"]) for k, v in data[1].items()}
+    assert set(data[0]) == {"channel", "block128"}
+
+
 def test_engine_layouts(results):
     data = _ok(results, "engine_layouts")
     assert data[0]["proxies_bytes_per_rank"] == 2 * 64 * 128 // 2

@@ -11,6 +11,7 @@ import os
 import time
 import traceback
 from dataclasses import dataclass, field
+from typing import Optional
 
 import torch
 import torch._dynamo  # noqa: F401  (before any process group: see exit_worker)
@@ -91,11 +92,13 @@ def full_and_shard(ctx: Ctx, seed: int = 0, tau=(0.0, 0.0)):
     return mlp, full, shard
 
 
-def y_bound(ctx: Ctx, xt, mlp, sel, p_abs, y_full) -> torch.Tensor:
+def y_bound(ctx: Ctx, xt, mlp, sel, p_abs, y_full, weights=None) -> torch.Tensor:
     """How far y after the all-reduce may be from the full layer's y on the same channel set sel (bool [d_ff]),
     elementwise: each is within refs.stage2's fp32 bound of the exact y, plus the rounding to the dtype of the
-    ranks' partial sums (p_abs: sum over ranks of |partial y|), of their sum and of the full y; doubled."""
-    _, _, _, ey = refs.stage2(xt, mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight.t(), sel, "silu")
+    ranks' partial sums (p_abs: sum over ranks of |partial y|), of their sum and of the full y; doubled.
+    ``weights``: (W_gate, W_up, W_down^T) as Stage 2 computes with them (an FP8 layer's dequantized), else mlp's."""
+    wg, wu, wdt = weights or (mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight.t())
+    _, _, _, ey = refs.stage2(xt, wg, wu, wdt, sel, "silu")
     u = STORE[ctx.dtype]
     return 2 * (2 * ey + u * (p_abs.reshape(-1) + 2 * y_full.double().abs().reshape(-1))) + 1e-30
 
@@ -138,6 +141,83 @@ def case_shard_equality(ctx: Ctx) -> dict:
             worst = max(worst, float((err / bound).max()))
     check.done()
     return {"selected_local": selected, "channels_local": int(mask_s.numel()), "worst_err_over_bound": worst}
+
+
+def fp8_mlp(ctx: Ctx, layout: str, seed: int = 0, d_ff: Optional[int] = None) -> GatedMLP:
+    """GatedMLP whose projections are prox.Fp8Linear in ``layout`` (prox's quantization of the same random weights,
+    the same on every rank)."""
+    mlp = GatedMLP(ctx.d_model, d_ff or ctx.d_ff, torch.float32, ctx.device, seed)
+    for p in ("gate_proj", "up_proj", "down_proj"):
+        setattr(mlp, p, prox.Fp8Linear.from_linear(getattr(mlp, p), layout))
+    return mlp
+
+
+def case_fp8_shards(ctx: Ctx) -> dict:
+    """FP8 layers sharded (shard_mlp), per channel and in 128 x 128 blocks: each rank's codes and scales are the full
+    layer's rows (block scales cut on block boundaries), its INT4 proxies and s~ the full layer's on its channels
+    bit for bit, y after the all-reduce within rounding of the full layer's; the fingerprint (of the dequantized
+    weights) is TP-invariant, calibration gives TP=1's thresholds exactly, and merged [gate; up] FP8 shards as an
+    engine holds them (sparse_mlp_from_shards) run what shard_mlp's shard runs."""
+    from prox.thresholds import fingerprint_mismatch
+    lo, hi = pd.channel_range(ctx.d_ff, ctx.rank, ctx.world)
+    x = inputs(ctx, seed=30)
+    check = Checks()
+    out = {}
+    for layout in ("channel", "block128"):
+        mlp = fp8_mlp(ctx, layout, seed=31)
+        kw = dict(dtype=ctx.dtype, options=ctx.options)
+        full0 = prox.SparseMLP.from_mlp(mlp, keep_down=True, **kw)
+        st = prox.allocate_sparsity(0.5, prox.FP8_ALPHA)
+        lt = prox.calibrate_layer(x, st.s1, st.s2, full0.proxy_values)
+        shard0 = pd.shard_mlp(mlp, ctx.group, **kw)
+        lt_tp = prox.calibrate_layer(x, st.s1, st.s2, shard0.proxy_values, tp=shard0.tp)
+        check((lt_tp.tau_x, lt_tp.tau_s) == (lt.tau_x, lt.tau_s), f"{layout}: TP calibration {lt_tp} != {lt}")
+        full = prox.SparseMLP.from_mlp(mlp, keep_down=True, tau_x=lt.tau_x, tau_s=lt.tau_s, **kw)
+        shard = pd.shard_mlp(mlp, ctx.group, tau_x=lt.tau_x, tau_s=lt.tau_s, **kw)
+        b0, b1 = (lo // 128, hi // 128) if layout == "block128" else (lo, hi)
+        check(shard.format == full.format == prox.formats.fp8_format(layout).name, f"{layout}: format")
+        check(torch.equal(shard.gate_proj.weight.view(torch.uint8), mlp.gate_proj.weight[lo:hi].view(torch.uint8)),
+              f"{layout}: the shard's gate codes")
+        check(torch.equal(shard.w_gate_scale, full.w_gate_scale[b0:b1]), f"{layout}: the shard's gate scales")
+        check(torch.equal(shard.down_t.view(torch.uint8), full.down_t[lo:hi].view(torch.uint8)), f"{layout}: W_down^T")
+        check(torch.equal(shard.w_down_t_scale, full.w_down_t_scale[b0:b1] if layout == "block128"
+                          else full.w_down_t_scale), f"{layout}: W_down^T's scales")
+        check(torch.equal(shard.proxy_gate, full.proxy_gate[:, lo // 8:hi // 8]), f"{layout}: the shard's pack")
+        with torch.no_grad():
+            sf = full.proxy_values(x, lt.tau_x)
+            ss = shard.proxy_values(x, lt.tau_x)
+            check(torch.equal(ss, sf[:, lo:hi]), f"{layout}: a shard's s~ must be the full layer's, bit for bit")
+            mask_f = sf.abs() >= lt.tau_s
+            weights = full.exact_weights(torch.float64)
+            worst = 0.0
+            for t in range(min(6, ctx.tokens)):
+                xt = x[t:t + 1]
+                y_tp, y_full = shard(xt), full(xt)
+                p_abs = pd.all_reduce_float64(shard.forward_local(xt).double().abs(), ctx.group)
+                bound = y_bound(ctx, xt, None, mask_f[t], p_abs, y_full, weights)
+                err = (y_tp.double() - y_full.double()).abs().reshape(-1)
+                check(bool((err <= bound).all()), f"{layout} token {t}: y off by {float((err / bound).max()):.2f} x "
+                                                  "the bound")
+                worst = max(worst, float((err / bound).max()))
+        fa, fb = full.fingerprint(), shard.fingerprint()
+        check(fingerprint_mismatch(fa, fb) is None and fa["dtype"] == fb["dtype"] == "float8_e4m3fn",
+              f"{layout}: fingerprints {fa} / {fb}")
+        check(all(fa[k]["samples"] == fb[k]["samples"] for k in ("gate", "up", "down")), f"{layout}: samples")
+        # merged [gate; up] FP8 rows and the row-parallel down as an engine holds them
+        g, u, d = (prox.formats.fp8_format(layout).linear(getattr(mlp, n), n) for n in
+                   ("gate_proj", "up_proj", "down_proj"))
+        fmt = prox.formats.fp8_format(layout)
+        cut = [fmt.cut(g, "gate", rows=(lo, hi)), fmt.cut(u, "up", rows=(lo, hi))]
+        gu = prox.Fp8Linear(torch.cat([c.weight.view(torch.uint8) for c in cut]).view(torch.float8_e4m3fn),
+                            torch.cat([c.weight_scale for c in cut]))
+        merged = pd.sparse_mlp_from_shards(gate_up=gu, down=fmt.cut(d, "down", cols=(lo, hi)), d_ff=ctx.d_ff,
+                                           tp=ctx.group, tau_x=lt.tau_x, tau_s=lt.tau_s, **kw)
+        with torch.no_grad():
+            xt = x[:1]
+            check(torch.equal(merged(xt), shard(xt)), f"{layout}: merged FP8 shards")
+        out[layout] = {"tau": [lt.tau_x, lt.tau_s], "worst_err_over_bound": worst}
+    check.done()
+    return out
 
 
 def case_calibration_exact(ctx: Ctx) -> dict:
@@ -197,9 +277,9 @@ def case_engine_layouts(ctx: Ctx) -> dict:
     merged = pd.sparse_mlp_from_shards(gate_up=gu, down=wd, d_ff=ctx.d_ff, tp=ctx.group, tau_x=0.3, tau_s=0.01,
                                        options=ctx.options)
     assert merged.gate_proj.weight.data_ptr() == gu.data_ptr()  # a view: the engine's weight, not a copy
-    sep = pd.sparse_mlp_from_shards(pd._linear(mlp.gate_proj.weight[lo:hi]), pd._linear(mlp.up_proj.weight[lo:hi]),
-                                    pd._linear(wd), d_ff=ctx.d_ff, tp=ctx.group, tau_x=0.3, tau_s=0.01,
-                                    options=ctx.options)
+    lin = prox.formats.linear_module
+    sep = pd.sparse_mlp_from_shards(lin(mlp.gate_proj.weight[lo:hi]), lin(mlp.up_proj.weight[lo:hi]), lin(wd),
+                                    d_ff=ctx.d_ff, tp=ctx.group, tau_x=0.3, tau_s=0.01, options=ctx.options)
     ref = pd.shard_mlp(mlp, ctx.group, tau_x=0.3, tau_s=0.01, options=ctx.options)
     x = inputs(ctx, seed=7, tokens=1)
     with torch.no_grad():
@@ -241,8 +321,9 @@ def case_communicators(ctx: Ctx) -> dict:
         assert torch.equal(local, shard.forward_local(x))
         pd.set_communicator([shard], old)
         assert torch.equal(shard(x), want)
-        via_obj = pd.sparse_mlp_from_shards(shard.gate_proj, shard.up_proj, pd._linear(shard.down_t.t().contiguous()),
-                                            d_ff=ctx.d_ff, tp=Mine(), tau_x=0.2, tau_s=0.01, options=ctx.options)
+        down = prox.formats.linear_module(shard.down_t.t().contiguous())
+        via_obj = pd.sparse_mlp_from_shards(shard.gate_proj, shard.up_proj, down, d_ff=ctx.d_ff, tp=Mine(), tau_x=0.2,
+                                            tau_s=0.01, options=ctx.options)
         assert torch.equal(via_obj(x), want)
     return {}
 
@@ -446,7 +527,7 @@ def bad_input_cases(ctx: Ctx) -> dict:
 
     def bias_one_rank():
         wg, wu, wd = shards()
-        lin = pd._linear(wg)
+        lin = prox.formats.linear_module(wg)
         if r == 1:
             lin.bias = nn.Parameter(torch.zeros(n, device=dev, dtype=dt))
         pd.sparse_mlp_from_shards(lin, wu, wd, d_ff=ctx.d_ff, tp=g)
@@ -483,8 +564,22 @@ def bad_input_cases(ctx: Ctx) -> dict:
         rec = prox.LayerRecord("mlp", d, n, "silu", 0.1, 0.6, 0.2, 0.01)
         prox.apply_thresholds(mlps, prox.ThresholdConfig(0.5, "paper", [rec]))
 
+    def fp8_block_cut():  # d_ff / TP = 96 channels: a 128 x 128 block straddles two ranks
+        pd.shard_mlp(fp8_mlp(ctx, "block128", seed=40, d_ff=96 * w), g, dtype=dt)
+
+    def fp8_format_differs():  # rank 1's shards are FP8, rank 0's not
+        wg, wu, wd = shards()
+        if r == 1:
+            wg, wu, wd = (prox.Fp8Linear.from_linear(prox.formats.linear_module(t.float()), "channel")
+                          for t in (wg, wu, wd))
+        from_shards(wg, wu, wd, dtype=dt if r == 1 else None)
+
     cases = {
         "dff_rule": (dff_rule, ValueError, "multiple of 32"),
+        "fp8_block_cut": (fp8_block_cut, ValueError, f"rank 0: gate_proj [{96 * w}, {d}] has 128 x 128 block scales: "
+                                                     "its rows [0, 96) do not start and end on a block boundary"),
+        "fp8_format_differs": (fp8_format_differs, ValueError, "the shards differ across ranks in weight format: "
+                                                               "rank 0: native, rank 1: fp8_channel"),
         "dff_rule_shards": (dff_rule_shards, ValueError, "multiple of 32"),
         "thresholds_differ": (thresholds_differ, ValueError, "thresholds differ across ranks"),
         "shard_rows_one_rank": (shard_rows_one_rank, ValueError, "rank 1:"),
@@ -547,6 +642,7 @@ def check_bad_inputs(ctx_or_none, per_rank: list) -> list:
 
 CASES = {
     "shard_equality": case_shard_equality,
+    "fp8_shards": case_fp8_shards,
     "calibration_exact": case_calibration_exact,
     "fingerprint": case_fingerprint,
     "engine_layouts": case_engine_layouts,
