@@ -246,10 +246,10 @@ def main(argv=None) -> int:
     p.add_argument("--layouts", default="channel,block128", help="comma list of " + ", ".join(fp8.LAYOUTS))
     p.add_argument("--iters", type=int, default=200, help="graph replays per cell")
     p.add_argument("--quick", action="store_true", help="50 replays per cell")
-    p.add_argument("--no-compile", dest="compile", action="store_false", help="(a) eager (overstates it)")
-    p.add_argument("--device", default="cuda")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default="bench-ffn-fp8.json")
+    p.add_argument("--no-compile", dest="compile", action="store_false", help="(a) eager, which overstates it (default: compiled)")
+    p.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke test (--shapes tiny)")
+    p.add_argument("--seed", type=int, default=0, help="the random weights' and inputs' seed")
+    p.add_argument("--out", default="bench-ffn-fp8.json", help="JSON results path")
     args = p.parse_args(argv)
     args.shapes = [s for s in args.shapes.split(",") if s]
     args.batches = [int(b) for b in args.batches.split(",") if b]
