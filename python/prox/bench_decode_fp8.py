@@ -16,8 +16,9 @@ bench_decode's bf16 rows measure, so the MLP's share and the Amdahl bound are re
 engine's non-MLP part would be faster, which raises the MLP's share and the bound.
 
 The lean step (bench_decode's: compiled attention block, one CUDA graph per step) runs four MLP variants:
-- dense (a): the dense FP8 FFN through ``torch._scaled_mm``: activations quantized per token (1 x 128 groups with
-  the block-scaled weights, per row with per-channel weights), M padded to 16, gate/up fused in one GEMM, compiled.
+- dense (a): the dense FP8 FFN through ``torch._scaled_mm`` (prox.benchlib.make_scaled_mm, bench_ffn_fp8's (a)
+  too): activations quantized per token (1 x 128 groups with the block-scaled weights, per row with per-channel
+  weights), M padded to 16, gate/up fused in one GEMM, compiled.
   Block scales go to cuBLAS's blockwise FP8 GEMM (sm_90, CUDA 12.9+); where torch refuses them, the weights are
   requantized per channel for this baseline and row-wise scales are used (the JSON says which);
 - dense (b): prox's own FP8 Stage-2 kernel with every channel selected and no Stage 1 (torch.ops.prox.dense_ffn);
