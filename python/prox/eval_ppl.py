@@ -184,8 +184,9 @@ def check_continuation(text: str, prompt: str, words: list) -> None:
 
 class Method(NamedTuple):
     """A row kind: ``apply(run, e)`` sparsifies ``run.model`` for effective sparsity e (calibrating on
-    ``run.calibration`` windows, or from ``run.known`` thresholds) and returns the row's own fields; the caller
-    measures perplexity and the realized sparsity, then puts the dense MLPs back."""
+    ``run.calibration`` windows, or from ``run.known`` thresholds) and returns the row's own fields: "how" (e.g.
+    "calibrated", "loaded") and "mean_ffn_error" (the layers' mean FFN output error on the calibration tokens)
+    at least; the caller measures perplexity and the realized sparsity, then puts the dense MLPs back."""
     label: str
     apply: Callable
 
