@@ -170,6 +170,22 @@ class Format:
         raise NotImplementedError
 
 
+class FormatNamed:
+    """The format's name and layout as a layer reports them (PlannedFfn, SparseMLP's weights: their ``fmt``)."""
+
+    fmt: Format
+
+    @property
+    def format(self) -> str:
+        """The Stage-2 weight format's name (prox.FORMATS)."""
+        return self.fmt.name
+
+    @property
+    def layout(self) -> Optional[str]:
+        """FP8: the scale layout ("channel", "block128"); None for the native format."""
+        return self.fmt.layout
+
+
 class NativeFormat(Format):
     """fp16/bf16 weights: Stage 2 reads them as they are; the INT4 proxies are packed from them."""
 
