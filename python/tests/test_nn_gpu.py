@@ -211,7 +211,7 @@ def test_decode_batches_over_8_rows_run_in_op_calls_of_8(batch):
         torch.ops.prox.sparse_ffn(x[:9, 0], lt.tensors(), lt.format_code(), sp.thresholds, sp.workspace, 0,
                                   sp._options)
     ffn = prox.PlannedFfn(lt.w_gate, lt.w_up, w_down_t=lt.w_down_t, max_tokens=8)
-    with pytest.raises(ValueError, match="at most 8 rows"):
+    with pytest.raises(ValueError, match="at most 8 tokens per call"):
         ffn.run(x[:9, 0])
 
 
