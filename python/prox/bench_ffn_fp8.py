@@ -15,7 +15,7 @@ make a misplaced scale visible to the check. Each layout quantizes them with pro
 in copies, rotated call after call inside one CUDA graph, enough that one pass over them exceeds twice the L2: every
 call reads its weights from HBM, as prox_bench's do. Times are graph replays (CUDA events) divided by the calls.
 
-- (a) ``scaled_mm_us``: prox.bench_decode_fp8's ``scaled_mm_mlp``: the activations quantized to e4m3 per token
+- (a) ``scaled_mm_us``: prox.benchlib's ``scaled_mm_mlp``: the activations quantized to e4m3 per token
   (1 x 128 groups against block scales, one scale per row against per-channel scales), gate/up fused in one GEMM,
   SiLU * up, the down GEMM, M padded to 16 rows. The B tokens sit in a [16, d_model] buffer whose other rows are
   zero, as an engine padding its batch for cuBLAS's FP8 GEMM holds them: cuBLAS runs the same GEMMs for every
@@ -30,7 +30,7 @@ call reads its weights from HBM, as prox_bench's do. Times are graph replays (CU
 - (c) ``fp8_floor_us``: the layout's bytes (3 d_model d_ff codes + its fp32 scales) at the copy bandwidth measured
   in this run (prox_bench's: an eager device-to-device cudaMemcpyAsync of max(4 x L2, 1 GiB), median of 15; GB/s =
   2 bytes / time, read + written), prox_bench's floor.
-- (d) ``bf16_us``: bench_decode's dense_mlp on the bf16 weights (F.linear: cuBLAS; [gate; up] fused), eager (two
+- (d) ``bf16_us``: prox.benchlib's dense_mlp on the bf16 weights (F.linear: cuBLAS; [gate; up] fused), eager (two
   GEMMs, SiLU and the multiply), per shape and batch, the same in every layout's rows.
 
 Before timing, every cell's output is checked against float32 on the dequantized weights of its layout (copy 0 and
@@ -55,8 +55,7 @@ import torch._inductor.config
 
 import prox
 from prox import fp8
-from prox.bench_decode import dense_mlp, git_commit, log, time_graph
-from prox.bench_decode_fp8 import SCALED_MM_ROWS, make_scaled_mm
+from prox.benchlib import SCALED_MM_ROWS, HelpFormatter, dense_mlp, git_commit, log, make_scaled_mm, time_graph
 
 #: (d_model, d_ff) of the released Qwen3 models' config.json, and a small shape for smoke tests.
 SHAPES = {"8b": (4096, 12288), "14b": (5120, 17408), "32b": (5120, 25600), "tiny": (256, 768)}
@@ -240,16 +239,17 @@ def table(results: dict) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m prox.bench_ffn_fp8", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m prox.bench_ffn_fp8", description=__doc__.split("\n\n")[0],
+                                formatter_class=HelpFormatter)
     p.add_argument("--shapes", default="8b,14b,32b", help=f"comma list of {', '.join(SHAPES)}")
     p.add_argument("--batches", default="1,2,4", help=f"tokens per call, each <= {SCALED_MM_ROWS}")
     p.add_argument("--layouts", default="channel,block128", help="comma list of " + ", ".join(fp8.LAYOUTS))
     p.add_argument("--iters", type=int, default=200, help="graph replays per cell")
     p.add_argument("--quick", action="store_true", help="50 replays per cell")
-    p.add_argument("--no-compile", dest="compile", action="store_false", help="(a) eager (overstates it)")
-    p.add_argument("--device", default="cuda")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default="bench-ffn-fp8.json")
+    p.add_argument("--no-compile", dest="compile", action="store_false", help="(a) eager, which overstates it (default: compiled)")
+    p.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke test (--shapes tiny)")
+    p.add_argument("--seed", type=int, default=0, help="the random weights' and inputs' seed")
+    p.add_argument("--out", default="bench-ffn-fp8.json", help="JSON results path")
     args = p.parse_args(argv)
     args.shapes = [s for s in args.shapes.split(",") if s]
     args.batches = [int(b) for b in args.batches.split(",") if b]

@@ -52,8 +52,8 @@ import torch.nn.functional as F
 
 import prox
 from prox import distributed as pd
-from prox.bench_decode import (DTYPES, Runner, amdahl, attention, dense_mlp, git_commit, plot as plot_decode,
-                               rms_norm, time_graph)
+from prox.benchlib import (DTYPES, HelpFormatter, Runner, amdahl, attention, dense_mlp, git_commit,
+                           plot as plot_decode, rms_norm, time_graph, write_plot)
 
 MODELS = {
     # Qwen3-32B (config.json of the released model) and Qwen3-14B
@@ -218,7 +218,7 @@ class TPDecoder:
 
 
 def graph_step(fn, tok, pos, ctx: int, use_graph: bool):
-    """bench_decode's Runner for a TP step: captured with capture_error_mode='thread_local' (NCCL's own threads
+    """benchlib's Runner for a TP step: captured with capture_error_mode='thread_local' (NCCL's own threads
     may call CUDA meanwhile), every rank starting each timed run together (a barrier)."""
     return Runner(fn, tok, pos, ctx, use_graph, before_timing=dist.barrier, capture_error_mode="thread_local")
 
@@ -426,31 +426,32 @@ def run_model(args, name: str, dtype_name: str, group, results: dict, save) -> N
 
 
 def plot(results: dict, path: str) -> None:
-    """bench_decode's plot of these cells (one panel per model and TP degree), with the issue's target."""
+    """benchlib's plot of these cells (one panel per model and TP degree), with the issue's target."""
     plot_decode(results, path, targets={("32b", "tp2"): ([70], [1.6], "target (32B TP=2, H100)")},
                 title=f"prox tensor-parallel batch-1 decode, {results['world']} x")
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="torchrun --nproc-per-node N -m prox.bench_decode --tp N",
-                                description=__doc__.split("\n\n")[0])
+                                description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter)
     p.add_argument("--tp", type=int, required=True, help="tensor-parallel degree (= the number of processes)")
     p.add_argument("--models", default="32b", help="comma list of 32b, 14b, tiny")
-    p.add_argument("--dtypes", default="bf16")
-    p.add_argument("--context", "--contexts", type=int, default=512)
+    p.add_argument("--dtypes", default="bf16", help="comma list of fp16, bf16")
+    p.add_argument("--context", "--contexts", type=int, default=512,
+                   help="tokens in the KV cache before the timed ones")
     p.add_argument("--e", default="0.4,0.5,0.6,0.7", help="effective sparsities")
-    p.add_argument("--new-tokens", type=int, default=128)
-    p.add_argument("--repeats", type=int, default=2)
-    p.add_argument("--ffn-iters", type=int, default=20)
-    p.add_argument("--calib-tokens", type=int, default=64)
-    p.add_argument("--device", default="cuda")
+    p.add_argument("--new-tokens", type=int, default=128, help="decode steps per timed run")
+    p.add_argument("--repeats", type=int, default=2, help="timed runs per measurement (median)")
+    p.add_argument("--ffn-iters", type=int, default=20, help="graph replays of the FFN stack alone")
+    p.add_argument("--calib-tokens", type=int, default=64, help="random tokens of the calibration prefill")
+    p.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke test (gloo, --models tiny)")
     p.add_argument("--backend", default="", help="torch.distributed backend (default: nccl on CUDA, gloo on CPU)")
-    p.add_argument("--no-compile", action="store_true")
+    p.add_argument("--no-compile", action="store_true", help="the step without torch.compile")
     p.add_argument("--check", action="store_true", help="first compare the TP step's logits with the unsharded "
                                                         "step's on a small model (--check-model)")
-    p.add_argument("--check-model", default="tiny")
-    p.add_argument("--out", default="decode-tp.json")
-    p.add_argument("--plot", default="")
+    p.add_argument("--check-model", default="tiny", help="the model --check compares on")
+    p.add_argument("--out", default="decode-tp.json", help="JSON results path")
+    p.add_argument("--plot", default="", help="SVG/PNG path for the plot (default: --out with .svg)")
     args = p.parse_args(argv)
     args.models = [m for m in args.models.split(",") if m]
     args.dtypes = [d for d in args.dtypes.split(",") if d]
@@ -536,12 +537,7 @@ def main(argv=None) -> int:
                     torch.cuda.empty_cache()
         save()
         if rank == 0:
-            path = args.plot or os.path.splitext(args.out)[0] + ".svg"
-            try:
-                plot(results, path)
-                log(f"wrote {args.out} and {path}")
-            except Exception as exc:  # noqa: BLE001
-                log(f"wrote {args.out}; no plot ({exc})")
+            log(write_plot(results, args.out, args.plot, plot))
         ok = True
     finally:
         if cuda:

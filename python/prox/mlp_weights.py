@@ -13,7 +13,7 @@ import torch.nn as nn
 
 from . import formats, reference
 from ._ops import LayerTensors
-from .formats import OP_DTYPES
+from .formats import OP_DTYPES, FormatNamed
 from .thresholds import layer_fingerprint
 
 _PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
@@ -31,7 +31,7 @@ def keep_codes(fn, protected=frozenset()):
     return apply
 
 
-class MlpWeights(nn.Module):
+class MlpWeights(FormatNamed, nn.Module):
     """A gated MLP's linear modules and Prox's derived state of them.
 
     Args:
@@ -102,16 +102,6 @@ class MlpWeights(nn.Module):
         self._fingerprint = None  # (weight versions, thresholds.layer_fingerprint), computed when asked for
         self._derived_from = self._weight_versions()
         self.register_load_state_dict_post_hook(MlpWeights._after_load)
-
-    @property
-    def format(self) -> str:
-        """The Stage-2 weight format's name (prox.FORMATS)."""
-        return self.fmt.name
-
-    @property
-    def layout(self) -> Optional[str]:
-        """FP8: the scale layout ("channel", "block128"); None for the native format."""
-        return self.fmt.layout
 
     @property
     def act_dtype(self) -> torch.dtype:

@@ -16,6 +16,7 @@ from typing import Optional
 import torch
 
 from . import _ops, formats, layer_ops
+from .formats import FormatNamed
 from ._ops import FfnOutputs, LayerTensors, PlanOptions
 from .allocation import ALPHA, effective_sparsity
 
@@ -31,7 +32,7 @@ def _check_weight(name: str, t: torch.Tensor, shape: tuple[int, int], dtype: tor
         raise ValueError(f"prox: {name} is on {t.device}, w_gate on {device}")
 
 
-class PlannedFfn:
+class PlannedFfn(FormatNamed):
     """A planned Prox FFN layer.
 
     Args:
@@ -99,16 +100,6 @@ class PlannedFfn:
             else:
                 (self.proxy_gate, self.scale_gate), (self.proxy_up, self.scale_up) = proxies
         self._finish(thresholds, workspace, tau_x, tau_s, max_tokens)
-
-    @property
-    def format(self) -> str:
-        """The Stage-2 weight format's name (prox.FORMATS)."""
-        return self.fmt.name
-
-    @property
-    def layout(self) -> Optional[str]:
-        """FP8: the scale layout ("channel", "block128"); None for the native format."""
-        return self.fmt.layout
 
     def _set_shape(self, w_gate, dtype, act, max_tokens, options) -> None:
         """The layer's device, shape, activation dtype, activation and options (both formats)."""

@@ -28,13 +28,6 @@ FLOORS = [
 #: The top floor: the tools (benchmarks, evaluation and their library).
 TOOLS = ("bench", "eval_")
 
-#: Imports the py-bench branch of issue 47 removes (bench_decode is both a CLI and the other benchmarks' library
-#: there): allowed here until that merge, which deletes this set (the test fails once an entry is gone).
-PENDING = {("bench_decode", "bench_tp"), ("bench_decode", "bench_decode_fp8")}
-#: Modules the py-bench branch adds (checkpoint loading for the tools and the README's snippet): on their floor here.
-PENDING_MODULES = {"models"}
-
-
 def modules() -> list[str]:
     return sorted(f[:-3] for f in os.listdir(ROOT) if f.endswith(".py"))
 
@@ -80,7 +73,7 @@ def test_every_module_has_a_floor_and_the_floors_exist():
     mods = set(modules())
     for m in mods:
         floor_of(m)
-    missing = [m for names in FLOORS for m in names if m not in mods and m not in PENDING_MODULES]
+    missing = [m for names in FLOORS for m in names if m not in mods]
     assert not missing, f"FLOORS names modules that do not exist: {missing}"
 
 
@@ -95,9 +88,6 @@ def test_no_import_runs_up():
 
 def test_no_import_circle():
     graph = {m: imports(m) - {"__init__"} for m in modules()}
-    for a, b in PENDING:
-        assert b in graph.get(a, ()), f"{a} no longer imports {b}: delete it from PENDING"
-        graph[a] = graph[a] - {b}
     state, stack, circles = {}, [], []
 
     def visit(m):
