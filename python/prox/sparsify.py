@@ -86,7 +86,7 @@ def _search_split(sp: SparseMLP, xs: torch.Tensor, y_dense: torch.Tensor, cands:
 
 @torch.no_grad()
 def sparsify(model: nn.Module, e: float, calibration_inputs=None, *, thresholds=None, split: Optional[str] = None,
-             allocation: str = "uniform", layer_bounds: Optional[tuple] = None, layer_errors=None,
+             allocation: Optional[str] = None, layer_bounds: Optional[tuple] = None, layer_errors=None,
              allocation_tokens: int = 2048, allocation_step: float = LAYER_GRID_STEP,
              s1_grid=None, backend: str = "auto", prefill: str = "dense", keep_down: bool = False,
              capacity: int = DEFAULT_CAPACITY, seed: int = DEFAULT_SEED, search_tokens: int = 4096,
@@ -104,9 +104,10 @@ def sparsify(model: nn.Module, e: float, calibration_inputs=None, *, thresholds=
             ThresholdConfig (its config for (e, split, allocation) is applied; its e, split and allocation must be
             these).
         split: "paper" (allocation rule, the default) or "search" (per-layer split by FFN output error).
-        allocation: how e is spread over the layers: "uniform" (every layer at e, the paper's) or "greedy" (each
-            layer its own e, chosen by its measured model-level error: measure_layer_errors, then
-            prox.allocation.allocate_layers; beyond the paper).
+        allocation: how e is spread over the layers: "uniform" (every layer at e, the paper's; the default) or
+            "greedy" (each layer its own e, chosen by its measured model-level error: measure_layer_errors, then
+            prox.allocation.allocate_layers; beyond the paper). A ThresholdConfig given as thresholds= says its
+            own (checked when this is given).
         layer_bounds: greedy: (lo, hi), the range of every layer's e (default (0, 0.9)).
         layer_errors: greedy: the per-layer errors to allocate by, instead of measuring them: a LayerErrors
             (measure_layer_errors()) or a greedy ThresholdConfig of this model (it records them), e.g. to calibrate
@@ -125,11 +126,11 @@ def sparsify(model: nn.Module, e: float, calibration_inputs=None, *, thresholds=
     """
     if split not in (None, "paper", "search"):
         raise ValueError(f"prox: split must be 'paper' or 'search', got {split!r}")
-    if allocation not in ALLOCATIONS:
+    if allocation not in (None,) + ALLOCATIONS:
         raise ValueError(f"prox: allocation must be one of {', '.join(map(repr, ALLOCATIONS))}, got {allocation!r}")
     if allocation != "greedy" and (layer_bounds is not None or layer_errors is not None):
         raise ValueError("prox: layer_bounds and layer_errors are for allocation='greedy' (this call's allocation is "
-                         f"{allocation!r})")
+                         f"{allocation or 'uniform'!r})")
     if thresholds is None and calibration_inputs is None:
         raise ValueError("prox: give calibration_inputs (token ids) or thresholds")
     say = progress or (lambda s: None)
@@ -146,13 +147,15 @@ def sparsify(model: nn.Module, e: float, calibration_inputs=None, *, thresholds=
     if thresholds is not None:
         cfg = thresholds
         if isinstance(cfg, ThresholdConfig):
-            if abs(cfg.e - e) > 1e-9 or (split is not None and cfg.split != split) or cfg.allocation != allocation:
+            if abs(cfg.e - e) > 1e-9 or (split is not None and cfg.split != split) or \
+                    (allocation is not None and cfg.allocation != allocation):
                 raise ValueError(f"prox: the ThresholdConfig given is for e={cfg.e}, split={cfg.split!r}, allocation="
                                  f"{cfg.allocation!r}; this call asks for e={e}"
-                                 + (f", split={split!r}" if split is not None else "") + f", allocation={allocation!r}")
+                                 + (f", split={split!r}" if split is not None else "")
+                                 + (f", allocation={allocation!r}" if allocation is not None else ""))
         else:
             cfg = find_config(load_thresholds(cfg) if not isinstance(cfg, list) else cfg, e, split or "paper",
-                              allocation)
+                              allocation or "uniform")
         # All or nothing: the SparseMLPs are built and the thresholds checked against them before the first swap,
         # so a refused file leaves the model as it was.
         layers = {name: m if isinstance(m, SparseMLP) else
@@ -163,7 +166,7 @@ def sparsify(model: nn.Module, e: float, calibration_inputs=None, *, thresholds=
                 set_submodule(model, name, layers[name])
         set_mode(model, prefill=prefill)
         return cfg
-    split = split or "paper"
+    split, allocation = split or "paper", allocation or "uniform"
     alpha = _alpha(mlps, alpha)
     allocate_sparsity(e, alpha)  # checks e (and alpha)
     if allocation == "greedy":

@@ -306,7 +306,10 @@ def test_greedy_thresholds_file_round_trip(tmp_path):
                                          r"\(e=0\.62, paper, greedy\), \(e=0\.62, paper\)"):
         prox.sparsify(_tiny(), 0.5, thresholds=str(path), allocation="greedy")
     with pytest.raises(ValueError, match="the ThresholdConfig given is for e=0.62, split='paper', allocation='greedy'"):
-        prox.sparsify(_tiny(), 0.62, thresholds=greedy)  # a greedy config asked for as uniform
+        prox.sparsify(_tiny(), 0.62, thresholds=greedy, allocation="uniform")  # a greedy config asked for as uniform
+    m4 = _tiny()
+    prox.sparsify(m4, 0.62, thresholds=greedy, model_name="tiny")  # a config object says its own allocation
+    assert [s.get_thresholds() for _, s in prox.find_mlps(m4)] == [s.get_thresholds() for _, s in prox.find_mlps(m)]
 
 
 def test_version_3_files_read_as_uniform(tmp_path):
