@@ -225,18 +225,28 @@ def proxy_threshold(x2: torch.Tensor, tau_x: float, s2: float,
                     proxy_values: Callable[[torch.Tensor, float], torch.Tensor], *, capacity: int = DEFAULT_CAPACITY,
                     seed: int = DEFAULT_SEED, token_chunk: int = 1024, tp=None) -> ThresholdResult:
     """calibrate_layer's second step: tau_s = quantile at s2 of |s~| over Stage 1's values under tau_x for the
-    tokens x2 [tokens, d_model], computed token_chunk tokens at a time.
+    tokens x2 [tokens, d_model], computed token_chunk tokens at a time (proxy_calibrator(...).finalize(s2))."""
+    return proxy_calibrator(x2, tau_x, proxy_values, capacity=capacity, seed=seed, token_chunk=token_chunk,
+                            tp=tp).finalize(s2)
+
+
+def proxy_calibrator(x2: torch.Tensor, tau_x: float, proxy_values: Callable[[torch.Tensor, float], torch.Tensor], *,
+                     capacity: int = DEFAULT_CAPACITY, seed: int = DEFAULT_SEED, token_chunk: int = 1024,
+                     tp=None) -> Calibrator:
+    """The calibrator of |s~| over Stage 1's values under tau_x for the tokens x2 [tokens, d_model]: finalize(s2)
+    gives tau_s for any s2 (one pass of Stage 1 serves every s2 of one tau_x).
 
     With tp (a sharded layer's TPState), proxy_values gives this rank's channels [tokens, d_ff / TP]: each
     rank's calibrator takes its values at the positions they hold in the full layer's stream (token t, channel
     j at t d_ff + j: tp.positions), and the calibrators are merged across ranks (tp.merge, prox.distributed.
-    all_merge: one all-gather of at most ``capacity`` samples per rank). The merged reservoir is the one TP=1 holds for the same s~ values,
-    so tau_s is TP=1's exactly (given s~ bit-identical per channel, as a shard computes it)."""
+    all_merge: one all-gather of at most ``capacity`` samples per rank). The merged reservoir is the one TP=1 holds
+    for the same s~ values, so tau_s is TP=1's exactly (given s~ bit-identical per channel, as a shard computes
+    it)."""
     cal = Calibrator(capacity, seed)
     if tp is None:
         for t0 in range(0, x2.shape[0], token_chunk):
             cal.add(proxy_values(x2[t0:t0 + token_chunk], tau_x))
-        return cal.finalize(s2)
+        return cal
     with tp.agreed():  # a rank whose Stage 1 fails must not leave the others in the merge
         for t0 in range(0, x2.shape[0], token_chunk):
             s = proxy_values(x2[t0:t0 + token_chunk], tau_x)
@@ -244,4 +254,4 @@ def proxy_threshold(x2: torch.Tensor, tau_x: float, s2: float,
                 raise ValueError(f"prox: proxy_values gave {tuple(s.shape)}, expected [tokens, {tp.local_d_ff}]")
             cal.add(s, positions=tp.positions(t0, s.shape[0], s.device))
     tp.merge(cal)
-    return cal.finalize(s2)
+    return cal

@@ -3,15 +3,21 @@
 calibrated once. JSON, human-readable, exact (floats are written with Python's round-trip repr; an infinite
 threshold, which keeps nothing, is the string "inf").
 
-    {"format": "prox-thresholds", "version": 3, "int4_layout": "...", "model": "...",
-     "configs": [{"e": 0.5, "split": "paper", "alpha": 0.333..., "calibration": {...},
+    {"format": "prox-thresholds", "version": 4, "int4_layout": "...", "model": "...",
+     "configs": [{"e": 0.5, "split": "paper", "allocation": "uniform", "alpha": 0.333..., "calibration": {...},
                   "layers": [{"name": "model.layers.0.mlp", "d_model": 576, "d_ff": 1536, "act": "silu",
-                              "s1": 0.1, "s2": 0.7, "tau_x": ..., "tau_s": ...,
+                              "e": 0.5, "s1": 0.1, "s2": 0.7, "tau_x": ..., "tau_s": ...,
                               "realized_s1": ..., "realized_s2": ..., "output_error": ...,
                               "fingerprint": {"dtype": "float16", "gate": {...}, "up": {...},
                                               "down": {...}}, "format": "native"}, ...]}]}
 
-Several configs (targets, split rules) can live in one file: a server loads them all and switches a
+A config is for one (e, split, allocation): e is the target effective sparsity, the cost-weighted mean of the
+layers' own e (version 4: each layer records its e; "uniform" gives every layer the config's e, "greedy"
+(prox.sparsify's allocation="greedy") gives each its own, and records the measured per-layer errors it chose them
+by in "calibration"/"allocation"). Files before version 4 are uniform; their layers' e is computed from s1, s2 and
+the config's alpha when read.
+
+Several configs (targets, split rules, allocations) can live in one file: a server loads them all and switches a
 model's sparsity per request with apply_thresholds() (a few device fills; no re-plan, no re-capture).
 
 Thresholds are only valid for the weights they were calibrated on, so each layer records a fingerprint of
@@ -36,11 +42,13 @@ from typing import Optional
 
 import torch
 
-from .allocation import ALPHA
+from .allocation import ALPHA, effective_sparsity
 
 FORMAT = "prox-thresholds"
-VERSION = 3
-VERSIONS_READ = (1, 2, 3)  #: version 1: no fingerprints; versions 1 and 2: no format (native)
+VERSION = 4
+#: version 1: no fingerprints; versions 1 and 2: no format (native); versions 1 to 3: uniform, no per-layer e
+VERSIONS_READ = (1, 2, 3, 4)
+ALLOCATIONS = ("uniform", "greedy")  #: how a config's layers got their e (prox.sparsify's allocation=)
 INT4_LAYOUT = "prox-int4-kmajor-i8-v1"
 FINGERPRINT_SAMPLES = 8
 #: Unit roundoff of each weight dtype (fingerprints compared across dtypes agree within the coarser one's).
@@ -114,6 +122,7 @@ class LayerRecord:
     output_error: Optional[float] = None  #: relative FFN output error ||y - y_dense||^2 / ||y_dense||^2 (calibration)
     fingerprint: Optional[dict] = None  #: layer_fingerprint of the weights calibrated on (None: a version-1 file)
     format: str = "native"  #: the layer's Stage-2 weight format (prox.FORMATS; versions 1 and 2: native)
+    e: Optional[float] = None  #: the layer's target effective sparsity (read from versions 1 to 3: s1, s2's)
 
 
 @dataclass
@@ -125,6 +134,11 @@ class ThresholdConfig:
     calibration: dict = field(default_factory=dict)  #: tokens, capacity, seed, source text, ...
     model: str = ""  #: the model the thresholds are for (the file's "model"; apply_thresholds can check it)
     int4_layout: str = INT4_LAYOUT  #: the INT4 proxy layout calibrated with (the file's)
+    allocation: str = "uniform"  #: "uniform" (every layer at e) or "greedy" (per-layer e, mean e): ALLOCATIONS
+
+    def key(self) -> tuple:
+        """What identifies a config in a file: (e, split, allocation)."""
+        return round(self.e, 9), self.split, self.allocation
 
     def by_name(self) -> dict:
         return {r.name: r for r in self.layers}
@@ -168,19 +182,28 @@ def from_dict(d: dict) -> list:
                          f"{', '.join(map(str, VERSIONS_READ))})")
     configs = []
     for c in d["configs"]:
+        alpha = float(c.get("alpha", ALPHA))
+        allocation = c.get("allocation", "uniform")
+        if allocation not in ALLOCATIONS:
+            raise ValueError(f"prox: thresholds file config (e={c['e']}, {c['split']}): unknown allocation "
+                             f"{allocation!r} (this reads {', '.join(ALLOCATIONS)})")
         layers = [LayerRecord(**{k: _dec(v) for k, v in r.items()}) for r in c["layers"]]
-        configs.append(ThresholdConfig(e=float(c["e"]), split=c["split"], layers=layers,
-                                       alpha=float(c.get("alpha", ALPHA)), calibration=c.get("calibration", {}),
-                                       model=d.get("model", "") or "", int4_layout=d.get("int4_layout", INT4_LAYOUT)))
+        if d["version"] < 4:  # uniform: every layer at the e of its split
+            for r in layers:
+                r.e = effective_sparsity(r.s1, r.s2, alpha)
+        configs.append(ThresholdConfig(e=float(c["e"]), split=c["split"], layers=layers, alpha=alpha,
+                                       calibration=c.get("calibration", {}), model=d.get("model", "") or "",
+                                       int4_layout=d.get("int4_layout", INT4_LAYOUT), allocation=allocation))
     return configs
 
 
 def save_thresholds(path: str | os.PathLike, configs, model: str = "", merge: bool = True,
                     fingerprints=None) -> None:
     """Write configs (a ThresholdConfig or a list). With merge, configs already in the file with another
-    (e, split) are kept; a config with the same (e, split) is replaced, and the file's configs must be for the
-    same model (the same fingerprints). ``fingerprints``: a model whose layers' fingerprint() (its SparseMLPs')
-    fill the records that have none (upgrading a version-1 file). Written atomically."""
+    (e, split, allocation) are kept; a config with the same (e, split, allocation) is replaced, and the file's
+    configs must be for the same model (the same fingerprints). ``fingerprints``: a model whose layers'
+    fingerprint() (its SparseMLPs') fill the records that have none (upgrading a version-1 file). Written
+    atomically."""
     if isinstance(configs, ThresholdConfig):
         configs = [configs]
     configs = list(configs)
@@ -200,9 +223,9 @@ def save_thresholds(path: str | os.PathLike, configs, model: str = "", merge: bo
                 if why:
                     raise ValueError(f"prox: {path} holds thresholds of other weights ({r.name}: {why}): save to "
                                      "another file, or pass merge=False to replace it")
-        keys = {(round(c.e, 9), c.split) for c in configs}
-        configs = [c for c in old if (round(c.e, 9), c.split) not in keys] + configs
-    configs.sort(key=lambda c: (c.split, c.e))
+        keys = {c.key() for c in configs}
+        configs = [c for c in old if c.key() not in keys] + configs
+    configs.sort(key=lambda c: (c.allocation, c.split, c.e))
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "w") as f:
         json.dump(to_dict(configs, model), f, indent=1)
@@ -216,17 +239,23 @@ def load_thresholds(path: str | os.PathLike) -> list:
 
 
 class MissingThresholds(ValueError):
-    """find_config(): the configs hold none for the (e, split) asked for."""
+    """find_config(): the configs hold none for the (e, split, allocation) asked for."""
 
 
-def find_config(configs: list, e: float, split: str = "paper") -> ThresholdConfig:
-    """The config of (e, split) among ``configs`` (load_thresholds()'s); a MissingThresholds (a ValueError) that
-    says what they hold and what to do otherwise."""
+def describe(c: ThresholdConfig) -> str:
+    """A config's key as messages write it: (e=0.5, paper), (e=0.5, paper, greedy)."""
+    return f"(e={c.e}, {c.split}" + (f", {c.allocation})" if c.allocation != "uniform" else ")")
+
+
+def find_config(configs: list, e: float, split: str = "paper", allocation: str = "uniform") -> ThresholdConfig:
+    """The config of (e, split, allocation) among ``configs`` (load_thresholds()'s); a MissingThresholds (a
+    ValueError) that says what they hold and what to do otherwise."""
     for c in configs:
-        if abs(c.e - e) < 1e-9 and c.split == split:
+        if abs(c.e - e) < 1e-9 and c.split == split and c.allocation == allocation:
             return c
-    have = ", ".join(f"(e={c.e}, {c.split})" for c in configs)
-    raise MissingThresholds(f"prox: the thresholds hold no config for e={e}, split={split!r}; they hold "
+    have = ", ".join(describe(c) for c in configs)
+    how = f"split={split!r}" + (f", allocation={allocation!r}" if allocation != "uniform" else "")
+    raise MissingThresholds(f"prox: the thresholds hold no config for e={e}, {how}; they hold "
                             f"{have or 'none'}. Ask for one of those, or calibrate this one (cfg = "
-                            f"prox.sparsify(model, {e}, calibration_ids, split={split!r})) and add it to the file "
+                            f"prox.sparsify(model, {e}, calibration_ids, {how})) and add it to the file "
                             "(prox.save_thresholds(path, cfg) keeps the file's other configs)")

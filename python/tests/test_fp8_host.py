@@ -418,7 +418,7 @@ def test_sparsify_fp8_model_records_format_and_alpha(tmp_path, layout):
     path = tmp_path / "th.json"
     prox.save_thresholds(path, cfg)
     d = json.loads(path.read_text())
-    assert d["version"] == 3 and d["configs"][0]["alpha"] == prox.FP8_ALPHA
+    assert d["version"] == 4 and d["configs"][0]["alpha"] == prox.FP8_ALPHA
     assert {r["format"] for r in d["configs"][0]["layers"]} == {prox.formats.fp8_format(layout).name}
     m2 = _tiny_llama(2)
     prox.quantize_mlps(m2, layout, "prox")

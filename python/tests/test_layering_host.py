@@ -22,7 +22,7 @@ FLOORS = [
     ["mlp_weights", "sparse_mlp"],    # a gated MLP's weights and derived state; SparseMLP, which runs it
     ["nn"],                           # model walkers (find, swap, restore, report)
     ["distributed"],                  # tensor parallelism: shards and wraps what is below
-    ["sparsify"],                     # model calibration
+    ["layerwise", "sparsify"],        # model calibration: layers one at a time, per-layer errors; sparsify
     ["__init__"],                     # the package facade
 ]
 #: The top floor: the tools (benchmarks, evaluation and their library).

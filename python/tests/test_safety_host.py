@@ -223,7 +223,7 @@ def _calibrated(tmp_path, seed=0, name="tiny"):
 def test_thresholds_file_records_fingerprints(tmp_path):
     m, cfg, path = _calibrated(tmp_path)
     d = json.loads(path.read_text())
-    assert d["version"] == prox.thresholds.VERSION == 3 and d["model"] == "tiny"
+    assert d["version"] == prox.thresholds.VERSION == 4 and d["model"] == "tiny"
     fp = d["configs"][0]["layers"][0]["fingerprint"]
     assert fp["dtype"] == "float32" and len(fp["gate"]["samples"]) == prox.thresholds.FINGERPRINT_SAMPLES
     m2 = _tiny_llama(seed=0)
