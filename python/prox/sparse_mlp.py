@@ -68,6 +68,16 @@ def is_decode_batch(x: torch.Tensor) -> bool:
     return x.dim() >= 3 and x.shape[-2] == 1 and x.numel() > x.shape[-1]
 
 
+def check_run_options(backend: str, prefill: str, options: PlanOptions) -> None:
+    """SparseMLP's backend, prefill and options as it takes them (sparsify checks them before its dense pass)."""
+    if backend not in ("auto", "op", "torch"):
+        raise ValueError(f"prox: backend must be 'auto', 'op' or 'torch', got {backend!r}")
+    if prefill not in ("dense", "sparse"):
+        raise ValueError(f"prox: prefill must be 'dense' or 'sparse', got {prefill!r}")
+    if not isinstance(options, PlanOptions):
+        raise TypeError(f"prox: options must be a prox.PlanOptions, got {type(options).__name__}")
+
+
 class SparseMLP(MlpWeights):
     """Prox for one gated MLP: an MlpWeights (the weights and their derived state, prox.mlp_weights) that runs.
 
@@ -122,12 +132,7 @@ class SparseMLP(MlpWeights):
                  tau_s: float = 0.0, options: PlanOptions = PlanOptions(), workspace: Optional[torch.Tensor] = None,
                  workspace_pool: Optional[WorkspacePool] = None, track_sparsity: bool = False,
                  batched: bool = True, dtype: Optional[torch.dtype] = None, prefill_gemm: str = "auto"):
-        if backend not in ("auto", "op", "torch"):
-            raise ValueError(f"prox: backend must be 'auto', 'op' or 'torch', got {backend!r}")
-        if prefill not in ("dense", "sparse"):
-            raise ValueError(f"prox: prefill must be 'dense' or 'sparse', got {prefill!r}")
-        if not isinstance(options, PlanOptions):
-            raise TypeError(f"prox: options must be a prox.PlanOptions, got {type(options).__name__}")
+        check_run_options(backend, prefill, options)
         _ops.act_code(act)
         super().__init__(gate_proj, up_proj, down_proj, act, keep_down=keep_down, dtype=dtype,
                          prefill_gemm=prefill_gemm)

@@ -37,6 +37,7 @@ from .calibration import (DEFAULT_CAPACITY, DEFAULT_SEED, Calibrator, calibrate_
                           quantile_threshold)
 from .distributed import agreed, all_reduce_float64, check_same_thresholds, fingerprints as tp_fingerprints
 from .layerwise import LayerWalk, as_sequences, first_tokens, layer_kl_errors
+from .sparse_mlp import check_run_options
 from .nn import (SparseMLP, activation_dtype, find_mlps, mlp_kwargs, model_pool, set_mode, set_submodule,
                  sparse_mlps)
 from .planned import summed_report
@@ -396,12 +397,7 @@ def _measure(model, mlps, layers, seqs, grid, alpha, tokens, step, kw, act_dtype
 
 def _check_options(backend, prefill, options, capacity, search_tokens, dtype) -> None:
     """sparsify()'s arguments that are checked where they are used only after the dense pass."""
-    if backend not in ("auto", "op", "torch"):
-        raise ValueError(f"prox: backend must be 'auto', 'op' or 'torch', got {backend!r}")
-    if prefill not in ("dense", "sparse"):
-        raise ValueError(f"prox: prefill must be 'dense' or 'sparse', got {prefill!r}")
-    if not isinstance(options, PlanOptions):
-        raise TypeError(f"prox: options must be a prox.PlanOptions, got {type(options).__name__}")
+    check_run_options(backend, prefill, options)
     if not (isinstance(capacity, int) and capacity >= 1):
         raise ValueError(f"prox: capacity must be an int >= 1, got {capacity!r}")
     if not (isinstance(search_tokens, int) and search_tokens >= 1):
