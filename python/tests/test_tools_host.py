@@ -129,6 +129,40 @@ def test_bench_decode_cpu_labels_the_dtype_that_ran(tmp_path, capsys):
     assert "no plot (a smoke test times nothing)" in capsys.readouterr().out
 
 
+def test_bench_decode_greedy_allocation_cpu_smoke(tmp_path, capsys):
+    """--allocation uniform,greedy on the CPU: the greedy thresholds (prox.sparsify(allocation='greedy') on the same
+    random tokens) run in the same steps beside the uniform ones; each e's layer e have the cost-weighted mean e and
+    grow with e, the realized e is near e, the uniform cells keep their fields; greedy without uniform, or with
+    --fp8, is refused."""
+    pytest.importorskip("transformers")
+    import prox
+    from prox import bench_decode
+    out = tmp_path / "decode.json"
+    assert bench_decode.main(["--device", "cpu", "--models", "tiny", "--contexts", "16", "--e", "0.5,0.7",
+                              "--allocation", "uniform,greedy", "--out", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert res["config"]["allocation"] == ["uniform", "greedy"]
+    greedy = res["greedy"]["tiny/fp32"]
+    assert greedy["tokens"] == 64 and greedy["calibration_s"] > 0
+    layer_e = {float(e): v for e, v in greedy["layer_e"].items()}
+    for e, v in layer_e.items():
+        assert len(v) == 2 and prox.allocation.weighted_mean(v) == pytest.approx(e, abs=1e-9)
+    assert all(b >= a - 1e-12 for a, b in zip(layer_e[0.5], layer_e[0.7]))
+    assert sorted(res["cells"]) == ["tiny/fp32/16/hf", "tiny/fp32/16/lean"]
+    for cell in res["cells"].values():
+        assert "error" not in cell, cell.get("error")
+        assert set(cell["prox"]) == set(cell["prox_greedy"]) == {"0.5", "0.7"}
+        for e, v in cell["prox_greedy"].items():
+            assert set(v) == {"realized", "target"} and v["target"] == {"e": float(e), "allocation": "greedy"}
+            assert abs(v["realized"]["effective"] - float(e)) < 0.05
+        assert all(set(v) == {"realized", "target"} for v in cell["prox"].values())
+    assert "greedy allocation calibrated in" in capsys.readouterr().out
+    for bad in (["--allocation", "greedy"], ["--allocation", "uniform,best"],
+                ["--allocation", "uniform,greedy", "--fp8", "block128"]):
+        with pytest.raises(SystemExit):
+            bench_decode.main(["--device", "cpu", "--models", "tiny"] + bad)
+
+
 def test_plot_extra_declared_and_said(tmp_path, monkeypatch):
     tomllib = pytest.importorskip("tomllib")
     with open(os.path.join(ROOT, "python", "pyproject.toml"), "rb") as f:
