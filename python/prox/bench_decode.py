@@ -3,6 +3,7 @@
 
     python -m prox.bench_decode                       # the default sweep (about 6-7 min on an H100)
     python -m prox.bench_decode --models 8b --dtypes bf16 --contexts 512 --steps lean
+    python -m prox.bench_decode --models 8b --dtypes bf16 --contexts 512 --steps lean --allocation uniform,greedy
     torchrun --nproc-per-node 2 -m prox.bench_decode --tp 2 --models 32b   # tensor parallel: prox.bench_tp
     python -m prox.bench_decode --device cpu --models tiny   # a smoke test of the code paths: no timings
     python -m prox.bench_decode --models 8b --fp8 block128   # Qwen3-8B-FP8-shaped: FP8 MLPs (prox.bench_decode_fp8)
@@ -27,7 +28,11 @@ Setup (the same for dense and Prox; only the MLPs differ):
 - thresholds calibrated per layer (the paper's split of e) on the MLP inputs of a 64-token dense prefill of
   random tokens: the timing depends only on the densities, reported as realized during the timed tokens.
   One Prox graph per step serves every e: the thresholds live in device memory and are switched between
-  runs (no re-capture).
+  runs (no re-capture);
+- with --allocation uniform,greedy, also a per-layer allocation at each e (prox.sparsify(allocation="greedy") on
+  the same random tokens: each layer's e chosen by its measured KL of the logits, their cost-weighted mean e,
+  calibrated sequentially), timed in the same graphs after the uniform thresholds ("prox_greedy" beside "prox",
+  with "vs_uniform": the uniform step's time over the greedy one's).
 
 Steps measured:
 - "hf": the transformers model's forward (sdpa attention, static cache), no torch.compile, in a CUDA graph;

@@ -36,10 +36,23 @@ GGUF tokenizers are built by prox.models (SentencePiece vocabularies as the BPE 
 the JSON say which path ran ("tokenizer").
 
 Methods (the table's rows, after the dense one; --methods names them from METHODS, a registry that new rows
-join by one entry): Prox with one e for every layer, split into s1 and s2 by the allocation rule ("prox-paper") or,
-per layer, on the line of equal e by the FFN output error on the calibration tokens ("prox-search",
-prox.sparsify(split="search")). --splits paper,search is the same as --methods prox-paper,prox-search.
-The realized sparsity on the evaluation text is measured with the runtime counters.
+join by one entry), each at every --e, all on the same windows:
+- "prox-paper": Prox with one e for every layer, split into s1 and s2 by the allocation rule;
+- "prox-search": one e for every layer, each layer's split searched on the line of equal e by the FFN output error on
+  the calibration tokens (prox.sparsify(split="search"));
+- "prox-greedy": each layer its own e, their mean (weighted by the layers' FFN cost) e, chosen by each layer's
+  measured KL divergence of the logits (prox.sparsify(allocation="greedy"), the paper's split of each layer's e);
+- "teal-uniform", "teal-greedy": TEAL-style input sparsity (prox.eval_teal: x into gate/up and s into down skip
+  their entries of small magnitude, each projection at the layer's e, thresholds calibrated sequentially), every
+  layer at e or each its own by the same KL measurement and allocator as prox-greedy. Its e, the fraction of the
+  dense FFN's weight bytes and FLOPs skipped, is the mean of the three projections' input sparsities, (2 s_x + s_s)
+  / 3: Prox's cost model without proxies, so the rows compare at equal cost.
+--splits paper,search is the same as --methods prox-paper,prox-search. A greedy row measures its layer errors once
+(on the first --allocation-tokens calibration tokens, every --allocation-step of e from 0 to 0.9) and allocates
+every e from them; a thresholds file (--thresholds, --teal-thresholds) keeps them for the next run.
+The realized sparsity on the evaluation text is measured with the runtime counters (Prox's, or TEAL-style's: s1
+and s2 are then x's and s's entries skipped); a row whose realized e is more than REALIZED_TOLERANCE (1.5 points)
+from its target is marked "(!)" in the table and logged.
 
 FP8 (``--fp8 channel|block128``): every MLP's gate, up and down projection is quantized to FP8 e4m3 with prox's
 rule (prox.fp8.quantize: amax / 448 per output channel, or per 128 x 128 block as the official Qwen3-*-FP8
