@@ -236,9 +236,14 @@ def layer_errors_for(run: Run, split: str, configs: list):
 
 
 def row_fields(cfg, how: str, backend: str) -> dict:
-    return {"split": cfg.split, "allocation": cfg.allocation, "how": how, "backend_used": backend,
-            "layer_e": [r.e for r in cfg.layers], "layer_splits": [[r.s1, r.s2] for r in cfg.layers],
-            "mean_ffn_error": sum(r.output_error for r in cfg.layers) / len(cfg.layers)}
+    """A row's fields from its config (a greedy one's: also its layer errors' measurement, "layer_errors")."""
+    row = {"split": cfg.split, "allocation": cfg.allocation, "how": how, "backend_used": backend,
+           "layer_e": [r.e for r in cfg.layers], "layer_splits": [[r.s1, r.s2] for r in cfg.layers],
+           "mean_ffn_error": sum(r.output_error for r in cfg.layers) / len(cfg.layers)}
+    rec = cfg.calibration.get("allocation")
+    if rec:
+        row["layer_errors"] = {"tokens": rec["tokens"], "grid": rec["grid"], "seconds": rec["info"].get("seconds")}
+    return row
 
 
 def prox_method(split: str, allocation: str = "uniform") -> Method:
