@@ -313,6 +313,38 @@ def test_eval_ppl_quick_cpu_command(tmp_path):
 
 
 @needs_smollm2
+def test_eval_ppl_greedy_and_teal_rows(tmp_path):
+    """The greedy and TEAL-style rows on SmolLM2 (small windows, a coarse grid): each greedy method measures its
+    layer errors once for both e (recorded in its thresholds file), its layers' e have the target's mean; each row
+    records its realized e and whether it lies within 1.5 points; a second run loads every row from the files and
+    scores the same perplexities."""
+    from prox import eval_ppl
+    argv = ["--model", "smollm2", "--device", "cpu", "--calib-tokens", "127", "--eval-tokens", "127", "--seq-len",
+            "128", "--e", "0.5,0.6", "--methods", "prox-greedy,teal-uniform,teal-greedy", "--allocation-tokens", "64",
+            "--allocation-step", "0.45", "--thresholds", str(tmp_path / "prox.json"),
+            "--teal-thresholds", str(tmp_path / "teal.json")]
+    assert eval_ppl.main(argv + ["--json", str(tmp_path / "a.json"), "--out", str(tmp_path / "a.md")]) == 0
+    first = json.loads((tmp_path / "a.json").read_text())
+    rows = {(r["method"], r["e"]): r for r in first["rows"]}
+    assert len(rows) == 6 and first["realized_tolerance"] == 0.015
+    for (method, e), r in rows.items():
+        assert r["how"] == "calibrated" and r["ppl"] > first["dense_ppl"] and len(r["layer_e"]) == 30
+        assert r["realized_within_tolerance"] == (abs(r["realized"]["effective"] - e) <= 0.015)
+        assert abs(sum(r["layer_e"]) / 30 - e) < 1e-9
+        if method.endswith("greedy"):
+            assert r["allocation"] == "greedy" and r["layer_errors"]["grid"] == [0.0, 0.45, 0.9]
+            assert r["layer_errors"] == rows[(method, 0.5)]["layer_errors"]  # measured once
+            assert min(r["layer_e"]) < e < max(r["layer_e"])
+        else:
+            assert r["allocation"] == "uniform" and r["split"] == "teal"
+    assert "| 50 % | TEAL-style, greedy |" in (tmp_path / "a.md").read_text()
+    assert eval_ppl.main(argv + ["--json", str(tmp_path / "b.json")]) == 0
+    again = {(r["method"], r["e"]): r for r in json.loads((tmp_path / "b.json").read_text())["rows"]}
+    for key, r in again.items():
+        assert r["how"] == "loaded" and r["ppl"] == pytest.approx(rows[key]["ppl"], rel=1e-9)
+
+
+@needs_smollm2
 def test_readme_python_example_runs_verbatim(tmp_path, monkeypatch):
     """README.md's "From PyTorch" snippet, executed as written (on the CPU: the torch reference)."""
     block = re.search(r"\*\*From PyTorch\*\*.*?```python\n(.*?)```", _read("README.md"), re.S).group(1)
