@@ -395,6 +395,7 @@ def parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     p = parser()
     args = p.parse_args(argv)
+    commit = git_commit()  # the code that runs (a long run outlives commits made meanwhile)
     if args.device.startswith("cuda") and prox.cuda_unavailable_reason():
         p.error(f"--device {args.device}: {prox.cuda_unavailable_reason()}")
     dtype = DTYPES[args.dtype] if args.dtype else (torch.float16 if args.device.startswith("cuda") else torch.float32)
@@ -507,7 +508,7 @@ def main(argv=None) -> int:
         with open(args.json, "w") as f:
             json.dump({"model": desc, "dtype": str(dtype), "device": args.device,
                        "device_name": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
-                       "torch": torch.__version__, "commit": git_commit(), "seq_len": args.seq_len,
+                       "torch": torch.__version__, "commit": commit, "seq_len": args.seq_len,
                        "eval_tokens": n_scored, "calibration_tokens": int(sum(w.numel() for w in cal_w)),
                        "dense_ppl": dense_ppl, "bos_token_id": bos, "tokenizer": tokenizer_path, "checks": checks,
                        "greedy": {"prompt": args.check_prompt, "continuation": continuation},
