@@ -42,6 +42,7 @@ join by one entry), each at every --e, all on the same windows:
   the calibration tokens (prox.sparsify(split="search"));
 - "prox-greedy": each layer its own e, their mean (weighted by the layers' FFN cost) e, chosen by each layer's
   measured KL divergence of the logits (prox.sparsify(allocation="greedy"), the paper's split of each layer's e);
+  "prox-greedy-search" the same allocation (the same layer errors) with each layer's split searched;
 - "teal-uniform", "teal-greedy": TEAL-style input sparsity (prox.eval_teal: x into gate/up and s into down skip
   their entries of small magnitude, each projection at the layer's e, thresholds calibrated sequentially), every
   layer at e or each its own by the same KL measurement and allocator as prox-greedy. Its e, the fraction of the
@@ -221,15 +222,15 @@ class Run(NamedTuple):
     cache: dict
 
 
-def layer_errors_for(run: Run, split: str, configs: list):
-    """The layer errors a greedy row of ``split`` may allocate by without measuring: an earlier row's (this run),
-    else a greedy config of the file measured as this run would (the same grid step and token count); None:
-    measure them."""
-    if (split, "errors") in run.cache:
-        return run.cache[(split, "errors")]
+def layer_errors_for(run: Run, family: str, configs: list):
+    """The layer errors a greedy row of ``family`` ("prox" or "teal") may allocate by without measuring: an earlier
+    row's (this run; Prox's are measured with the paper's split whatever the row's split), else a greedy config of
+    the family's file measured as this run would (the same grid step and token count); None: measure them."""
+    if family in run.cache:
+        return run.cache[family]
     want = min(run.args.allocation_tokens, sum(w.numel() for w in run.calibration))
     for c in configs:
-        rec = c.calibration.get("allocation") if c.split == split and c.allocation == "greedy" else None
+        rec = c.calibration.get("allocation") if c.allocation == "greedy" else None
         if rec and rec["tokens"] == want and abs(rec["info"].get("step", -1) - run.args.allocation_step) < 1e-12:
             return prox.LayerErrors.from_dict(rec)
     return None
@@ -260,7 +261,7 @@ def prox_method(split: str, allocation: str = "uniform") -> Method:
         except prox.thresholds.MissingThresholds:
             greedy = {}
             if allocation == "greedy":
-                errors = layer_errors_for(run, split, run.known)
+                errors = layer_errors_for(run, "prox", run.known)
                 greedy = dict(layer_errors=errors, allocation_tokens=a.allocation_tokens,
                               allocation_step=a.allocation_step, progress=log if errors is None else None)
             cfg = prox.sparsify(run.model, e, [w[None] for w in run.calibration], **greedy, **kw)
@@ -269,7 +270,7 @@ def prox_method(split: str, allocation: str = "uniform") -> Method:
             if a.thresholds:
                 prox.save_thresholds(a.thresholds, cfg, model=run.desc)
         if allocation == "greedy":
-            run.cache.setdefault((split, "errors"), prox.LayerErrors.from_dict(cfg.calibration["allocation"]))
+            run.cache.setdefault("prox", prox.LayerErrors.from_dict(cfg.calibration["allocation"]))
         return row_fields(cfg, how, backend_used(run.model))
     label = f"Prox, {split} split" if allocation == "uniform" else f"Prox {allocation}, {split} split"
     return Method(label, apply, prox.sparsity_report)
@@ -284,7 +285,7 @@ def teal_method(allocation: str) -> Method:
             cfg = eval_teal.apply(run.model, run.teal_known, e, allocation)
             how = "loaded"
         except prox.thresholds.MissingThresholds:
-            errors = layer_errors_for(run, eval_teal.SPLIT, run.teal_known) if allocation == "greedy" else None
+            errors = layer_errors_for(run, "teal", run.teal_known) if allocation == "greedy" else None
             cfg = eval_teal.calibrate(run.model, e, [w[None] for w in run.calibration], allocation=allocation,
                                       layer_errors=errors, allocation_tokens=a.allocation_tokens,
                                       allocation_step=a.allocation_step, model_name=run.desc,
@@ -294,13 +295,13 @@ def teal_method(allocation: str) -> Method:
             if a.teal_thresholds:
                 prox.save_thresholds(a.teal_thresholds, cfg, model=run.desc)
         if allocation == "greedy":
-            run.cache.setdefault((eval_teal.SPLIT, "errors"), eval_teal.layer_errors_of(cfg))
+            run.cache.setdefault("teal", eval_teal.layer_errors_of(cfg))
         return row_fields(cfg, how, "torch")
     return Method(f"TEAL-style, {allocation}", apply, eval_teal.teal_report)
 
 
 METHODS = {"prox-paper": prox_method("paper"), "prox-search": prox_method("search"),
-           "prox-greedy": prox_method("paper", "greedy"),
+           "prox-greedy": prox_method("paper", "greedy"), "prox-greedy-search": prox_method("search", "greedy"),
            "teal-uniform": teal_method("uniform"), "teal-greedy": teal_method("greedy")}
 #: A row's realized e on the evaluation text must lie this close to its target (issue 48); a row outside is flagged.
 REALIZED_TOLERANCE = 0.015
