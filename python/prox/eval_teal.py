@@ -46,7 +46,8 @@ from prox.allocation import LAYER_E_MAX, LAYER_GRID_STEP, LayerErrors, StageSpar
 from prox.calibration import DEFAULT_CAPACITY, DEFAULT_SEED, calibrate_layer
 from prox.layerwise import LayerWalk, as_sequences, first_tokens, layer_kl_errors
 from prox.nn import detect_act, find_mlps, set_submodule
-from prox.thresholds import LayerRecord, ThresholdConfig, describe, find_config, fingerprint_mismatch, layer_fingerprint
+from prox.thresholds import (LayerRecord, MissingThresholds, ThresholdConfig, describe, find_config, fingerprint_mismatch,
+                             layer_fingerprint)
 
 SPLIT = "teal"  #: a TEAL-style config's split (prox.ThresholdConfig.split)
 ALLOCATIONS = ("uniform", "greedy")
@@ -270,7 +271,14 @@ def apply(model: nn.Module, configs, e: float, allocation: str = "uniform") -> T
     """Swap the model's dense MLPs for TealMLPs with the thresholds of the config (e, "teal", allocation) among
     ``configs`` (a MissingThresholds when there is none), after checking every layer's name, shape and weight
     fingerprint (all or nothing: a mismatch raises before any swap). Returns the config."""
-    cfg = find_config(configs, e, SPLIT, allocation)
+    teal = [c for c in configs if c.split == SPLIT]
+    try:
+        cfg = find_config(teal, e, SPLIT, allocation)
+    except MissingThresholds:
+        raise MissingThresholds(f"prox: the TEAL-style thresholds hold no config for e={e}, allocation="
+                                f"{allocation!r}; they hold {', '.join(describe(c) for c in teal) or 'none'}. "
+                                "Calibrate it: prox.eval_teal.calibrate(model, e, calibration_ids, "
+                                f"allocation={allocation!r})") from None
     mlps = _dense_mlps(model)
     recs = cfg.by_name()
     problems = []

@@ -167,8 +167,9 @@ def test_calibrate_uniform_is_sequential(tiny, tmp_path):
         assert torch.equal(_logits(model, ids), sparse)
     finally:
         _restore(model, originals)
-    with pytest.raises(prox.thresholds.MissingThresholds):
-        eval_teal.apply(model, configs, 0.6)
+    with pytest.raises(prox.thresholds.MissingThresholds, match=r"hold \(e=0.5, teal\)\. Calibrate it: "
+                       r"prox.eval_teal.calibrate\(model, e, calibration_ids, allocation='greedy'\)"):
+        eval_teal.apply(model, configs, 0.5, "greedy")
     w = model.model.layers[0].mlp.up_proj.weight
     with torch.no_grad():
         w[0, 0] += 1.0
