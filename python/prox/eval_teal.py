@@ -46,8 +46,8 @@ from prox.allocation import LAYER_E_MAX, LAYER_GRID_STEP, LayerErrors, StageSpar
 from prox.calibration import DEFAULT_CAPACITY, DEFAULT_SEED, calibrate_layer
 from prox.layerwise import LayerWalk, as_sequences, first_tokens, layer_kl_errors
 from prox.nn import detect_act, find_mlps, set_submodule
-from prox.thresholds import (LayerRecord, MissingThresholds, ThresholdConfig, describe, find_config, fingerprint_mismatch,
-                             layer_fingerprint)
+from prox.thresholds import (LayerRecord, MissingThresholds, ThresholdConfig, describe, find_config,
+                             fingerprint_mismatch, layer_fingerprint)
 
 SPLIT = "teal"  #: a TEAL-style config's split (prox.ThresholdConfig.split)
 ALLOCATIONS = ("uniform", "greedy")
