@@ -3,6 +3,7 @@
 
     python -m prox.bench_decode                       # the default sweep (about 6-7 min on an H100)
     python -m prox.bench_decode --models 8b --dtypes bf16 --contexts 512 --steps lean
+    python -m prox.bench_decode --models 8b --dtypes bf16 --contexts 512 --steps lean --allocation uniform,greedy
     torchrun --nproc-per-node 2 -m prox.bench_decode --tp 2 --models 32b   # tensor parallel: prox.bench_tp
     python -m prox.bench_decode --device cpu --models tiny   # a smoke test of the code paths: no timings
     python -m prox.bench_decode --models 8b --fp8 block128   # Qwen3-8B-FP8-shaped: FP8 MLPs (prox.bench_decode_fp8)
@@ -27,7 +28,11 @@ Setup (the same for dense and Prox; only the MLPs differ):
 - thresholds calibrated per layer (the paper's split of e) on the MLP inputs of a 64-token dense prefill of
   random tokens: the timing depends only on the densities, reported as realized during the timed tokens.
   One Prox graph per step serves every e: the thresholds live in device memory and are switched between
-  runs (no re-capture).
+  runs (no re-capture);
+- with --allocation uniform,greedy, also a per-layer allocation at each e (prox.sparsify(allocation="greedy") on
+  the same random tokens: each layer's e chosen by its measured KL of the logits, their cost-weighted mean e,
+  calibrated sequentially), timed in the same graphs after the uniform thresholds ("prox_greedy" beside "prox",
+  with "vs_uniform": the uniform step's time over the greedy one's).
 
 Steps measured:
 - "hf": the transformers model's forward (sdpa attention, static cache), no torch.compile, in a CUDA graph;
@@ -61,10 +66,11 @@ from transformers import StaticCache
 
 import prox
 from prox import bench_decode_fp8, bench_generate, bench_tp
+from prox.allocation import weighted_mean
 from prox.nn import SparseMLP
-from prox.benchlib import (DTYPES, HelpFormatter, LeanDecoder, MODELS, Runner, ZeroMLP, build_model, calibrate_random,
-                           dtype_name, git_commit, hf_step, log, realized, require_op, reset_cache_position, set_mlps,
-                           time_cell, time_graph, write_plot)
+from prox.benchlib import (DTYPES, HelpFormatter, LeanDecoder, MODELS, Runner, ZeroMLP, build_model, calibrate_greedy,
+                           calibrate_random, dtype_name, git_commit, hf_step, log, realized, require_op,
+                           reset_cache_position, set_mlps, time_cell, time_graph, write_plot)
 
 
 def run_model(args, name: str, requested: str, results: dict, save):
@@ -91,13 +97,26 @@ def run_model(args, name: str, requested: str, results: dict, save):
     log(f"{name} {label}: model built in {time.time() - t:.1f} s; Prox adds "
         f"{mem['proxies'] / 2**30:.2f} GiB proxies + {mem['w_down_t'] / 2**30:.2f} GiB W_down^T "
         f"(+{mem['scales'] / 2**20:.1f} MiB scales)")
-    tables, xs = calibrate_random(model, sparse, args.e, args.calib_tokens, dev, cfg.vocab_size, args.alpha)
+    ids = torch.randint(0, cfg.vocab_size, (1, args.calib_tokens), device=dev)
+    tables, xs = calibrate_random(model, sparse, args.e, args.calib_tokens, dev, cfg.vocab_size, args.alpha, ids=ids)
     log(f"  thresholds calibrated for e = {args.e}")
+    greedy = None
+    if "greedy" in args.allocation:
+        t = time.time()
+        greedy, layer_e = calibrate_greedy(model, sparse, dense_mlps, args.e, ids, args.alpha)
+        seconds = time.time() - t
+        results.setdefault("greedy", {})[f"{name}/{label}"] = {
+            "calibration_s": seconds, "tokens": args.calib_tokens, "layer_e": {str(e): v for e, v in layer_e.items()}}
+        costs = [3.0 * sp.d_model * sp.d_ff for sp in sparse]
+        log(f"  greedy allocation calibrated in {seconds:.1f} s (layer errors measured once, on the same "
+            f"{args.calib_tokens} random tokens): " + "; ".join(
+                f"e={e}: layer e {min(v):.2f}..{max(v):.2f}, mean {weighted_mean(v, costs):.3f}"
+                for e, v in layer_e.items()))
 
     if args.smoke:
         log("  smoke test: the FFN alone is not timed")
         return run_cells(args, name, label, results, save, model, cfg, dense_mlps, sparse, thresholds, tables,
-                         max_len, use_graph, None, dtype)
+                         max_len, use_graph, None, dtype, greedy)
     # the FFN alone, dense vs Prox, on the inputs captured from the model: the speed-up of this run
     lean_tmp = LeanDecoder(model, cfg, 8, dense_mlps, compile=not args.no_compile)
     xs1 = [x[-1:].contiguous() for x in xs]
@@ -114,15 +133,23 @@ def run_model(args, name: str, requested: str, results: dict, save):
         thresholds.copy_(tables[e])
         ffn["prox_us"][str(e)] = time_graph(ffn_prox, args.ffn_iters, use_graph) * 1e6 / len(sparse)
     ffn["speedup"] = {k: ffn["dense_us"] / v for k, v in ffn["prox_us"].items()}
+    if greedy is not None:
+        ffn["greedy_us"] = {}
+        for e in args.e:
+            thresholds.copy_(greedy[e])
+            ffn["greedy_us"][str(e)] = time_graph(ffn_prox, args.ffn_iters, use_graph) * 1e6 / len(sparse)
+        ffn["greedy_speedup"] = {k: ffn["dense_us"] / v for k, v in ffn["greedy_us"].items()}
 
     log(f"  FFN alone: dense {ffn['dense_us']:.1f} us/layer; Prox "
-        + ", ".join(f"e={k}: {v:.1f} us ({ffn['speedup'][k]:.2f}x)" for k, v in ffn["prox_us"].items()))
+        + ", ".join(f"e={k}: {v:.1f} us ({ffn['speedup'][k]:.2f}x)" for k, v in ffn["prox_us"].items())
+        + ("" if greedy is None else "; greedy " + ", ".join(
+            f"e={k}: {v:.1f} us ({ffn['greedy_speedup'][k]:.2f}x)" for k, v in ffn["greedy_us"].items())))
     run_cells(args, name, label, results, save, model, cfg, dense_mlps, sparse, thresholds, tables, max_len,
-              use_graph, ffn, dtype)
+              use_graph, ffn, dtype, greedy)
 
 
 def run_cells(args, name, label, results, save, model, cfg, dense_mlps, sparse, thresholds, tables, max_len,
-              use_graph, ffn, dtype):
+              use_graph, ffn, dtype, greedy=None):
     dev = torch.device(args.device)
     zero = [ZeroMLP() for _ in dense_mlps]
     tok = torch.ones(1, 1, dtype=torch.long, device=dev)
@@ -133,7 +160,7 @@ def run_cells(args, name, label, results, save, model, cfg, dense_mlps, sparse, 
             t = time.time()
             try:
                 cell = run_cell(args, kind, model, cfg, dense_mlps, sparse, zero, thresholds, tables, tok, pos, ctx,
-                                max_len, use_graph, ffn, dtype)
+                                max_len, use_graph, ffn, dtype, greedy)
             except Exception as exc:  # noqa: BLE001  (one failing step kind must not lose the others)
                 log(f"  {key}: FAILED: {type(exc).__name__}: {exc}")
                 cell = {"error": f"{type(exc).__name__}: {exc}"}
@@ -144,17 +171,23 @@ def run_cells(args, name, label, results, save, model, cfg, dense_mlps, sparse, 
             if "error" not in cell and args.smoke:
                 log(f"  {key}: smoke test passed (dense, no-MLP and Prox steps ran; realized e "
                     + ", ".join(f"{k}: {v['realized']['effective']:.2f}" for k, v in cell["prox"].items())
+                    + ("" if greedy is None else "; greedy " + ", ".join(
+                        f"{k}: {v['realized']['effective']:.2f}" for k, v in cell["prox_greedy"].items()))
                     + f"; nothing timed) [{time.time() - t:.0f} s]")
             elif "error" not in cell:
                 log(f"  {key}: dense {cell['dense']['tok_s']:.1f} tok/s ({cell['dense']['ms']:.2f} ms), MLP share "
                     f"{cell['mlp_share']:.0%}; Prox " + ", ".join(
                         f"e={k}: {v['speedup']:.2f}x (bound {v['amdahl_bound']:.2f}x, {v['fraction_of_bound']:.0%})"
-                        for k, v in cell["prox"].items()) + f" [{time.time() - t:.0f} s]")
+                        for k, v in cell["prox"].items())
+                    + ("" if greedy is None else "; greedy " + ", ".join(
+                        f"e={k}: {v['speedup']:.2f}x ({v['vs_uniform']:.3f} of uniform's speed, realized e "
+                        f"{v['realized']['effective']:.3f} against {cell['prox'][k]['realized']['effective']:.3f})"
+                        for k, v in cell["prox_greedy"].items())) + f" [{time.time() - t:.0f} s]")
     set_mlps(model, dense_mlps)  # the caller frees the model (this frame's references end here)
 
 
 def run_cell(args, kind, model, cfg, dense_mlps, sparse, zero, thresholds, tables, tok, pos, ctx, max_len, use_graph,
-             ffn, dtype):
+             ffn, dtype, greedy=None):
     runners = {}
     if kind == "lean":
         lean = LeanDecoder(model, cfg, ctx + args.new_tokens, dense_mlps, compile=not args.no_compile)
@@ -173,7 +206,7 @@ def run_cell(args, kind, model, cfg, dense_mlps, sparse, zero, thresholds, table
             if name == "dense":
                 compile_s = time.time() - t
         set_mlps(model, dense_mlps)
-    cell = time_cell(args, runners, thresholds, tables, sparse, ffn, compile_s, realized)
+    cell = time_cell(args, runners, thresholds, tables, sparse, ffn, compile_s, realized, greedy)
     del runners
     return cell
 
@@ -211,6 +244,10 @@ def parser() -> argparse.ArgumentParser:
                         "with --fp8)")
     p.add_argument("--contexts", default="512,2048", help="comma list of tokens in the KV cache before the timed ones")
     p.add_argument("--e", default="0.4,0.5,0.6,0.7", help="comma list of effective sparsities")
+    p.add_argument("--allocation", default="uniform",
+                   help="comma list of uniform (every layer at e, the paper's) and greedy (each layer its own e at the "
+                        "cost-weighted mean e: prox.sparsify(allocation='greedy') on the same random calibration "
+                        "tokens, timed beside uniform in the same graph; the lean and hf steps)")
     p.add_argument("--steps", default=None, help="comma list of hf, lean, hfc (transformers + torch.compile: slow) "
                                                  "(default: hf,lean; lean with --fp8)")
     p.add_argument("--fp8", choices=("channel", "block128"), default=None,
@@ -259,6 +296,13 @@ def main(argv=None) -> int:
     args.contexts = [int(c) for c in args.contexts.split(",") if c]
     args.e = [float(e) for e in args.e.split(",") if e]
     args.steps = [s for s in args.steps.split(",") if s]
+    args.allocation = [a for a in args.allocation.split(",") if a]
+    if not args.allocation or any(a not in ("uniform", "greedy") for a in args.allocation) \
+            or "uniform" not in args.allocation:
+        p.error(f"--allocation: a comma list of uniform and greedy, uniform included (greedy is timed beside it), "
+                f"got {','.join(args.allocation)!r}")
+    if "greedy" in args.allocation and (args.fp8 or args.generate):
+        p.error("--allocation greedy times the fp16/bf16 lean and hf steps (not --fp8 or --generate)")
     for m in args.models:
         if m not in MODELS:
             p.error(f"unknown model {m!r} (one of {', '.join(MODELS)})")
@@ -301,7 +345,7 @@ def main(argv=None) -> int:
                "ops_import_error": prox.ops_import_error(),
                "argv": sys.argv[1:] if argv is None else list(argv),
                "config": {"new_tokens": args.new_tokens, "repeats": args.repeats, "e": args.e,
-                          "calibration_tokens": args.calib_tokens}, "cells": {},
+                          "calibration_tokens": args.calib_tokens, "allocation": args.allocation}, "cells": {},
                "fp8": args.fp8, "alpha": args.alpha if args.alpha is not None else prox.ALPHA}
     if args.fp8:
         results["non_mlp"] = "+".join(args.dtypes)

