@@ -239,14 +239,7 @@ def calibrate(model: nn.Module, e: float, calibration_inputs, *, allocation: str
         cfg.calibration["allocation"] = layer_errors.to_dict()
     for li, (name, mlp) in enumerate(mlps):
         t1 = time.time()
-        xs = []
-        hk = mlp.register_forward_pre_hook(lambda mod, args: xs.append(args[0].reshape(-1, args[0].shape[-1])))
-        try:
-            for i in range(len(seqs)):
-                walk.run(li, i, hidden[i])
-        finally:
-            hk.remove()
-        x = torch.cat(xs)
+        x, _ = walk.mlp_inputs(li, mlp, hidden)
         teal = TealMLP(mlp)
         lt = calibrate_layer(x, layer_e[li], layer_e[li], teal.proxy_values, capacity=capacity, seed=seed)
         teal.set_thresholds(lt.tau_x, lt.tau_s)
@@ -257,8 +250,7 @@ def calibrate(model: nn.Module, e: float, calibration_inputs, *, allocation: str
                                       layer_fingerprint(mlp.gate_proj.weight, mlp.up_proj.weight,
                                                         mlp.down_proj.weight), "native", layer_e[li]))
         set_submodule(model, name, teal)
-        for i in range(len(seqs)):  # this layer's outputs with its TEAL thresholds: the next layer's inputs
-            hidden[i] = walk.run(li, i, hidden[i])
+        hidden = walk.outputs(li, hidden)  # this layer's outputs with its TEAL thresholds: the next layer's inputs
         say(f"  {name}: e={layer_e[li]:.3f} tau_x={lt.tau_x:.4g} tau_s={lt.tau_s:.4g} (realized "
             f"{lt.realized_s1:.3f}/{lt.realized_s2:.3f}) ffn rel. error {err:.4f} [{time.time() - t1:.1f} s]")
     for _, m in teal_mlps(model):

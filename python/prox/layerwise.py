@@ -125,6 +125,21 @@ class LayerWalk:
         args, kwargs = with_hidden(*self.calls[li][i], h)
         return output_hidden(self.layers[li](*args, **kwargs))
 
+    def outputs(self, li: int, hidden: list) -> list:
+        """Layer li on each sequence's hidden states: its outputs, per sequence (the next layer's inputs)."""
+        return [self.run(li, i, h) for i, h in enumerate(hidden)]
+
+    def mlp_inputs(self, li: int, mlp: nn.Module, hidden: list):
+        """Layer li on each sequence's hidden states: (the inputs of ``mlp``, the MLP inside it, as one
+        tokens x d_model tensor; the layer's outputs, per sequence)."""
+        xs = []
+        hk = mlp.register_forward_pre_hook(lambda mod, args: xs.append(args[0].reshape(-1, args[0].shape[-1])))
+        try:
+            out = self.outputs(li, hidden)
+        finally:
+            hk.remove()
+        return torch.cat(xs), out
+
 
 class _Replay(nn.Module):
     """Stands in for the decoder layers before the one measured: returns that layer's input (the current
@@ -161,14 +176,7 @@ def layer_kl_errors(walk: LayerWalk, layer_names: Sequence[str], mlp_names: Sequ
     for li, layer in enumerate(walk.layers):
         t0 = time.time()
         mlp = model.get_submodule(mlp_names[li])
-        xs, nxt = [], []
-        hk = mlp.register_forward_pre_hook(lambda mod, args: xs.append(args[0].reshape(-1, args[0].shape[-1])))
-        try:
-            for i in range(len(seqs)):
-                nxt.append(walk.run(li, i, hidden[i]))
-        finally:
-            hk.remove()
-        x = torch.cat(xs)
+        x, nxt = walk.mlp_inputs(li, mlp, hidden)
         sp = sparse_of(li)
         cal = Calibrator(capacity, seed)
         cal.add(x)

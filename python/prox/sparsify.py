@@ -201,14 +201,7 @@ def sparsify(model: nn.Module, e: float, calibration_inputs=None, *, thresholds=
     search_rows = {}
     for li, ((name, mlp), layer) in enumerate(zip(mlps, layers)):
         t1 = time.time()
-        xs = []
-        hk = mlp.register_forward_pre_hook(lambda mod, args: xs.append(args[0].reshape(-1, args[0].shape[-1])))
-        try:
-            for i in range(len(seqs)):
-                walk.run(li, i, hidden[i])
-        finally:
-            hk.remove()
-        x = torch.cat(xs)
+        x, _ = walk.mlp_inputs(li, mlp, hidden)
         sp = mlp if isinstance(mlp, SparseMLP) else built.get(li) or SparseMLP.from_mlp(
             mlp, prefill="sparse", **mlp_kwargs(mlp, kw, act_dtype))
         sp.prefill = "sparse"
@@ -228,8 +221,7 @@ def sparsify(model: nn.Module, e: float, calibration_inputs=None, *, thresholds=
                                       float(layer_e[li])))
         if sp is not mlp:
             set_submodule(model, name, sp)
-        for i in range(len(seqs)):  # this layer's outputs, with its sparse rule: the next layer's inputs
-            hidden[i] = walk.run(li, i, hidden[i])
+        hidden = walk.outputs(li, hidden)  # this layer's outputs, with its sparse rule: the next layer's inputs
         say(f"  {name}: e={layer_e[li]:.3f} s1={choice.s1:.3f} s2={choice.s2:.3f} tau_x={lt.tau_x:.4g} "
             f"tau_s={lt.tau_s:.4g} (realized {lt.realized_s1:.3f}/{lt.realized_s2:.3f}) ffn rel. error {err:.4f} "
             f"[{time.time() - t1:.1f} s]")
