@@ -15,10 +15,6 @@ HAS_CUDA = torch.cuda.is_available()
 requires_cuda = pytest.mark.skipif(not (HAS_CUDA and prox.ops_available()),
                                    reason="needs a CUDA GPU and the compiled extension")
 requires_ext = pytest.mark.skipif(not prox.ops_available(), reason="needs the compiled extension prox._C")
-#: Tests that calibrate a real model on the CPU end to end (minutes each on the 2-core build machine): skipped unless
-#: PROX_SLOW_TESTS=1, so that CI's run stays well inside its limit; run them by hand after changing the allocation.
-slow = pytest.mark.skipif(os.environ.get("PROX_SLOW_TESTS") != "1",
-                          reason="slow (minutes of CPU): PROX_SLOW_TESTS=1 runs it")
 
 
 def pytest_report_header(config):

