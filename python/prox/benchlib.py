@@ -7,8 +7,8 @@ the other way round.
   gate/up storage; ``build_fp8_model`` with FP8 e4m3 MLPs);
 - the lean decode step (``LeanDecoder``: a gpt-fast-like step on the model's weights) and the transformers step
   (``hf_step``);
-- timing: ``Runner`` (a step captured in a CUDA graph, timed per token), ``time_graph``, ``time_cell`` (one
-  cell's dense / no-MLP / Prox timings) and the Amdahl bound (``amdahl``);
+- timing: ``Runner`` (a step captured in a CUDA graph, timed per token), ``capture_graph``, ``time_graph``,
+  ``time_cell`` (one cell's dense / no-MLP / Prox timings) and the Amdahl bound (``amdahl``);
 - thresholds from a prefill of random tokens (``calibrate_random``: every layer at e; ``calibrate_greedy``: each
   layer its own e, prox.sparsify(allocation="greedy"));
 - the dense FP8 FFN through ``torch._scaled_mm`` (``make_scaled_mm``: bench_decode --fp8's and bench_ffn_fp8's
@@ -352,6 +352,20 @@ class Runner:
         return best[len(best) // 2]
 
 
+def capture_graph(fn):
+    """fn() once on a side stream (the warm-up torch.cuda.graph asks for), then captured: (the graph, the output of
+    the captured call)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = fn()
+    return g, out
+
+
 def time_graph(fn, iters: int, use_graph: bool) -> float:
     """Seconds per call of fn (captured in a graph on CUDA)."""
     with torch.no_grad():
@@ -363,14 +377,7 @@ def time_graph(fn, iters: int, use_graph: bool) -> float:
                 fn()
             return (time.perf_counter() - t) / iters
         torch.cuda.synchronize()
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            fn()
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            fn()
+        g, _ = capture_graph(fn)
         g.replay()
         torch.cuda.synchronize()
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

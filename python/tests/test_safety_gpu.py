@@ -10,6 +10,7 @@ import torch
 import torch.nn as nn
 
 import prox
+from prox.benchlib import capture_graph
 from conftest import requires_cuda
 
 pytestmark = requires_cuda
@@ -145,18 +146,6 @@ def test_one_model_on_two_streams_takes_a_workspace_per_stream():
     assert len(prox.workspace_pool(ma)) == 0
 
 
-def _capture(fn):
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        out = fn()
-    return g, out
-
-
 def test_plan_cache_never_evicts_a_captured_or_pinned_plan():
     cap = prox.plan_cache_capacity()
     prox.clear_plan_cache()
@@ -170,7 +159,7 @@ def test_plan_cache_never_evicts_a_captured_or_pinned_plan():
         layer = prox.LayerTensors(w_gate=wg, w_up=wu, w_down_t=prox.transpose(wd), proxy_gate=pg, scale_gate=sg,
                                   proxy_up=pu, scale_up=su).tensors()
         call = lambda: torch.ops.prox.sparse_ffn(x, layer, 0, th, ws, 0, prox.PlanOptions().encode())[0]  # noqa: E731
-        g, y = _capture(call)  # planned eagerly in the warm-up, then used during capture: kept
+        g, y = capture_graph(call)  # planned eagerly in the warm-up, then used during capture: kept
         assert prox.plan_cache_pinned() == 1
         others = [prox.PlannedFfn(*(t.weight.detach() for t in linears(64, 128, torch.float16, seed=10 + i)))
                   for i in range(4)]  # PlannedFfn pins its plans while it lives
@@ -179,7 +168,7 @@ def test_plan_cache_never_evicts_a_captured_or_pinned_plan():
             th2 = torch.zeros(2, device="cuda")
             torch.ops.prox.sparse_ffn(x, layer, 0, th2, ws, 0, prox.PlanOptions().encode())
         assert prox.plan_cache_size() == 5 + 2
-        g2, y2 = _capture(call)  # captured again: its plan is still there (no "no plan yet" refusal)
+        g2, y2 = capture_graph(call)  # captured again: its plan is still there (no "no plan yet" refusal)
         g2.replay()
         torch.cuda.synchronize()
         assert torch.equal(y2, call())
@@ -227,7 +216,7 @@ def test_refresh_updates_a_captured_graph_in_place():
     x = torch.randn(1, 256, device="cuda").half()
     with torch.no_grad():
         sp.plan()
-        g, y = _capture(lambda: sp(x))
+        g, y = capture_graph(lambda: sp(x))
         with torch.no_grad():
             for t in lin:
                 t.weight.mul_(0.5)
